@@ -1,0 +1,68 @@
+"""The ``nexrl`` command line."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from nexrl_core import __version__
+from nexrl_core.commands.config import config
+from nexrl_core.registry import RegistryError, get_registry
+
+
+@click.group()
+@click.version_option(__version__, prog_name="nexrl")
+def cli() -> None:
+    """NexRL: reinforcement-learning post-training of language models."""
+
+
+def plugin_rows() -> list[dict[str, object]]:
+    """One row per plugin: where it comes from, what it registers, and why it failed."""
+    registry = get_registry()
+    rows = []
+    for info in registry.plugins.infos:
+        rows.append(
+            {
+                "name": info.name,
+                "distribution": info.distribution,
+                "version": info.version,
+                "registers": registry.provided_by(info.name),
+                "error": info.error or registry.hook_errors.get(info.name),
+            }
+        )
+    return rows
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def plugins(as_json: bool) -> None:
+    """List installed plugins and what each registers."""
+    try:
+        rows = plugin_rows()
+    except RegistryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="NexRL plugins")
+    for column in ("plugin", "distribution", "registers", "status"):
+        table.add_column(column)
+    for row in rows:
+        registers = "\n".join(
+            f"{kind}: {', '.join(names)}" for kind, names in row["registers"].items() if names  # type: ignore[union-attr]
+        )
+        distribution = f"{row['distribution']} {row['version']}" if row["distribution"] else "(in process)"
+        status = f"[red]{row['error']}[/red]" if row["error"] else "[green]ok[/green]"
+        table.add_row(str(row["name"]), distribution, registers or "-", status)
+    Console().print(table)
+
+
+cli.add_command(config)
+
+
+def main() -> None:
+    cli()

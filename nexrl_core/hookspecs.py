@@ -1,0 +1,88 @@
+"""Hook specifications: what a NexRL plugin can provide.
+
+Every hook takes no arguments and returns a list of spec records (see `nexrl_core.specs`).
+A plugin implements only the hooks it needs. Full documentation, with examples, is in
+``docs/plugins.md``.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from nexrl_core.specs import (
+    AdvantageEstimatorSpec,
+    PolicyLossSpec,
+    ServiceHolderSpec,
+    TrainerSpec,
+    TransportSpec,
+)
+
+PROJECT = "nexrl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --- algorithms -------------------------------------------------------------------------
+
+
+@hookspec
+def nexrl_advantage_estimators() -> list[AdvantageEstimatorSpec]:
+    """Register advantage estimators.
+
+    Called once, when the registries are first built.
+
+    :return: the plugin's `AdvantageEstimatorSpec` records, looked up by name through
+        ``get_advantage_estimator(name)`` and ``algorithm.advantage.name`` in a recipe.
+    """
+
+
+@hookspec
+def nexrl_policy_losses() -> list[PolicyLossSpec]:
+    """Register policy losses.
+
+    Called once, when the registries are first built. Every place that computes a loss
+    (self-hosted workers, the local Tinker and Weaver services) looks it up here by name,
+    so there is one source of loss math.
+
+    :return: the plugin's `PolicyLossSpec` records, looked up through
+        ``get_policy_loss(name)`` and ``algorithm.loss.name``.
+    """
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+@hookspec
+def nexrl_trainers() -> list[TrainerSpec]:
+    """Register trainers.
+
+    Called once, when the registries are first built.
+
+    :return: the plugin's `TrainerSpec` records, looked up through ``get_trainer(name)``
+        and ``trainer.name`` in a recipe.
+    """
+
+
+# --- backends -----------------------------------------------------------------------------
+
+
+@hookspec
+def nexrl_service_holders() -> list[ServiceHolderSpec]:
+    """Register service holders: clients that sample from and train a model on a backend.
+
+    Called once, when the registries are first built.
+
+    :return: the plugin's `ServiceHolderSpec` records, looked up through
+        ``get_service_holder(name)`` and ``backend.service_holder`` in a recipe.
+    """
+
+
+@hookspec
+def nexrl_transports() -> list[TransportSpec]:
+    """Register transports that carry batches from a trainer to its training workers.
+
+    Called once, when the registries are first built.
+
+    :return: the plugin's `TransportSpec` records, looked up through
+        ``get_transport(name)`` and ``backend.transport`` in a recipe.
+    """

@@ -1,0 +1,108 @@
+"""Spec records that registration hooks return.
+
+A spec names one implementation and says how to build it, without building it: the
+factory is resolved and called only when a run chooses the name, so importing a plugin
+module stays cheap even when the implementation needs torch or a network SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, ClassVar, Union
+
+import attrs
+
+Factory = Union[str, Callable[..., Any]]
+"""A callable that builds the implementation from its config, or a ``"module:attr"``
+reference to one, imported on first use."""
+
+
+def _no_options() -> type:
+    return NoOptions
+
+
+@attrs.frozen
+class NoOptions:
+    """Config class for implementations that take no options."""
+
+
+@attrs.frozen(kw_only=True)
+class ComponentSpec:
+    """What every registered component declares.
+
+    The factory is called as ``factory(config)`` with an instance of ``config_class``.
+    """
+
+    kind: ClassVar[str] = "component"
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z0-9][a-z0-9_.\-]*$"))
+    """Name users write in config, e.g. ``grpo``. Lower case; third parties may namespace
+    it with a dot (``acme.median``)."""
+    factory: Factory
+    """Builds the implementation; heavy imports belong inside it."""
+    config_class: type = attrs.field(factory=_no_options)
+    """attrs class holding the implementation's options; YAML is structured into it."""
+    description: str = ""
+    """One line shown by ``nexrl plugins``."""
+    capabilities: frozenset[str] = attrs.field(factory=frozenset, converter=frozenset)
+    """Free-form flags the conformance kit and the loop can check (e.g. ``group_relative``)."""
+
+    def resolve_factory(self) -> Callable[..., Any]:
+        """Import the factory if it is a string reference and return the callable."""
+        if callable(self.factory):
+            return self.factory
+        module_name, _, attr_path = self.factory.partition(":")
+        if not attr_path:
+            raise ValueError(
+                f"{self.kind} {self.name!r}: factory {self.factory!r} must look like 'package.module:attribute'"
+            )
+        target: Any = importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            target = getattr(target, part)
+        return target
+
+    def build(self, config: Any = None) -> Any:
+        """Build the implementation with ``config`` (default: the config class's defaults)."""
+        if config is None:
+            config = self.config_class()
+        elif not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{self.kind} {self.name!r} takes a {self.config_class.__name__} config, "
+                f"got {type(config).__name__}"
+            )
+        return self.resolve_factory()(config)
+
+
+@attrs.frozen(kw_only=True)
+class AdvantageEstimatorSpec(ComponentSpec):
+    """Registers an advantage estimator (see `nexrl_core.algorithms.AdvantageEstimator`)."""
+
+    kind: ClassVar[str] = "advantage_estimator"
+
+
+@attrs.frozen(kw_only=True)
+class PolicyLossSpec(ComponentSpec):
+    """Registers a policy loss (see `nexrl_core.algorithms.PolicyLoss`)."""
+
+    kind: ClassVar[str] = "policy_loss"
+
+
+@attrs.frozen(kw_only=True)
+class TrainerSpec(ComponentSpec):
+    """Registers a trainer: turns trajectories into updates on a backend."""
+
+    kind: ClassVar[str] = "trainer"
+
+
+@attrs.frozen(kw_only=True)
+class ServiceHolderSpec(ComponentSpec):
+    """Registers a service holder: one client for sampling and training on a backend."""
+
+    kind: ClassVar[str] = "service_holder"
+
+
+@attrs.frozen(kw_only=True)
+class TransportSpec(ComponentSpec):
+    """Registers a transport that carries batches from a trainer to its workers."""
+
+    kind: ClassVar[str] = "transport"

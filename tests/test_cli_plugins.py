@@ -1,0 +1,39 @@
+"""`nexrl plugins`, through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+NEXRL = shutil.which("nexrl") or str(Path(sys.executable).parent / "nexrl")
+
+
+def run_nexrl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([NEXRL, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
+    completed = run_nexrl("plugins", "--json")
+    assert completed.returncode == 0, completed.stderr
+    rows = {row["name"]: row for row in json.loads(completed.stdout)}
+    grpo = rows["grpo"]
+    assert set(grpo) == {"name", "distribution", "version", "registers", "error"}
+    assert grpo["distribution"] == "nexrl-grpo"
+    assert grpo["error"] is None
+    assert grpo["registers"] == {
+        "advantage_estimators": ["dr_grpo", "grpo", "reinforce_plus_plus", "rloo"],
+        "policy_losses": ["cispo", "cross_entropy", "gspo", "importance_sampling", "ppo"],
+        "trainers": [],
+        "service_holders": [],
+        "transports": [],
+    }
+
+
+def test_plugins_table() -> None:
+    completed = run_nexrl("plugins")
+    assert completed.returncode == 0, completed.stderr
+    assert "nexrl-grpo" in completed.stdout
+    assert "importance_sampling" in completed.stdout
