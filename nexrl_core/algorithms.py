@@ -8,7 +8,7 @@ Tensors are torch tensors; torch is only named here for type checkers, never imp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Protocol, Sequence, Union
 
 import attrs
 
@@ -68,8 +68,8 @@ class AdvantageEstimator(Protocol):
     a group whose rewards are all equal get advantage 0.
     """
 
-    requires: ClassVar[frozenset[str]]
-    group_relative: ClassVar[bool]
+    requires: frozenset[str]
+    group_relative: bool
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput: ...
 
@@ -107,10 +107,11 @@ class PolicyLossOutput:
 class PolicyLoss(Protocol):
     """Computes a scalar loss from per-token logprobs.
 
-    ``requires`` names the optional `PolicyLossInputs` fields it reads.
+    ``requires`` names the optional `PolicyLossInputs` fields it reads; it may depend on
+    the loss's config (an entropy bonus needs ``entropy``).
     """
 
-    requires: ClassVar[frozenset[str]]
+    requires: frozenset[str]
 
     def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput: ...
 

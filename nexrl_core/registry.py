@@ -111,7 +111,7 @@ def _collect(plugins: LoadedPlugins, kind: str, hook_errors: dict[str, str]) -> 
     expected = KINDS[kind]
     caller = getattr(plugins.manager.hook, f"nexrl_{kind}")
     collected = []
-    for impl in reversed(caller.get_hookimpls()):
+    for impl in caller.get_hookimpls():
         try:
             returned = impl.function()
             specs = list(returned or [])

@@ -48,7 +48,12 @@ def _row_list(rows: torch.Tensor) -> str:
 
 
 def _check(name: str, requires: frozenset[str], inputs: AdvantageInputs) -> torch.Tensor:
-    """Check presence, shapes and finiteness; return ``valid_rows`` as a CPU bool tensor."""
+    """Check presence, shapes and finiteness; return the rows that count as a CPU bool tensor.
+
+    A row counts when it is valid and has at least one trained token: a row without any
+    has no score (scores are read through the mask), so letting it in would pull its
+    group's baseline towards a made-up 0.
+    """
     check_inputs_present(_WHAT, name, requires, inputs)
     rewards, mask, valid = inputs.token_rewards, inputs.loss_mask, inputs.valid_rows
     if rewards.dim() != 2:
@@ -70,12 +75,12 @@ def _check(name: str, requires: frozenset[str], inputs: AdvantageInputs) -> torc
         bad_rows = torch.nonzero(valid & ~torch.isfinite(tensor.detach()).all(dim=-1).cpu()).flatten()
         if bad_rows.numel():
             raise ValueError(f"{_WHAT} {name!r}: {field} has NaN or inf values in valid rows {_row_list(bad_rows)}")
-    return valid
+    return valid & (mask.detach() != 0).any(dim=-1).cpu()
 
 
-def _trained(inputs: AdvantageInputs, valid: torch.Tensor) -> torch.Tensor:
-    """[B, T] bool on the inputs' device: tokens that are trained in rows that count."""
-    return (inputs.loss_mask != 0) & valid.to(inputs.loss_mask.device)[:, None]
+def _trained(inputs: AdvantageInputs, counted: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool on the inputs' device: trained tokens of the rows in ``counted``."""
+    return (inputs.loss_mask != 0) & counted.to(inputs.loss_mask.device)[:, None]
 
 
 def _masked_rewards(inputs: AdvantageInputs, trained: torch.Tensor) -> torch.Tensor:
@@ -126,20 +131,20 @@ def _segment_extreme(values: torch.Tensor, index: torch.Tensor, size: int, reduc
 
 @attrs.frozen(kw_only=True)
 class _GroupStats:
-    """Per-group statistics of the valid rows, with the maps back to rows.
+    """Per-group statistics of the counted rows, with the maps back to rows.
 
-    Indices are over the valid rows only (``rows`` holds their batch positions), runs are
+    Indices are over the counted rows only (``rows`` holds their batch positions), runs are
     keyed by (group, run) so equal run ids in different groups never merge.
     """
 
     rows: torch.Tensor
-    """[V] batch index of each valid row."""
+    """[V] batch index of each counted row."""
     scores: torch.Tensor
-    """[V] float64 score of each valid row."""
+    """[V] float64 score of each counted row."""
     group_of_row: torch.Tensor
-    """[V] group index of each valid row."""
+    """[V] group index of each counted row."""
     run_of_row: torch.Tensor
-    """[V] run index of each valid row."""
+    """[V] run index of each counted row."""
     run_means: torch.Tensor
     """[R] mean score of each run's rows."""
     group_of_run: torch.Tensor
@@ -163,9 +168,9 @@ class _GroupStats:
         return torch.sqrt(sums / (self.runs_per_group - 1).clamp_min(1))
 
 
-def _group_stats(scores: torch.Tensor, valid: torch.Tensor, inputs: AdvantageInputs) -> _GroupStats:
-    """Index groups and runs of the valid rows and reduce ``scores`` [B] (float64, CPU) over them."""
-    rows = torch.nonzero(valid).flatten()
+def _group_stats(scores: torch.Tensor, counted: torch.Tensor, inputs: AdvantageInputs) -> _GroupStats:
+    """Index groups and runs of the counted rows and reduce ``scores`` [B] (float64, CPU) over them."""
+    rows = torch.nonzero(counted).flatten()
     group_keys, run_keys = _keys(inputs.group_ids), _keys(inputs.run_ids)
     group_index: dict[GroupKey, int] = {}
     run_index: dict[tuple[GroupKey, GroupKey], int] = {}
@@ -215,14 +220,14 @@ def _group_stats(scores: torch.Tensor, valid: torch.Tensor, inputs: AdvantageInp
 
 def _outcome_output(
     inputs: AdvantageInputs,
-    valid: torch.Tensor,
+    counted: torch.Tensor,
     stats: _GroupStats,
     row_advantages: torch.Tensor,
 ) -> AdvantageOutput:
     """Zero degenerate groups, scatter [V] advantages to [B], broadcast over trained tokens."""
     row_advantages = torch.where(stats.degenerate[stats.group_of_row], 0.0, row_advantages)
-    per_row = torch.zeros(valid.shape[0], dtype=torch.float64).index_copy_(0, stats.rows, row_advantages)
-    trained = _trained(inputs, valid)
+    per_row = torch.zeros(counted.shape[0], dtype=torch.float64).index_copy_(0, stats.rows, row_advantages)
+    trained = _trained(inputs, counted)
     per_row = per_row.to(device=trained.device, dtype=_output_dtype(inputs))
     advantages = torch.where(trained, per_row[:, None], torch.zeros((), dtype=per_row.dtype, device=trained.device))
     score_mean = _sorted_sum(stats.scores) / stats.scores.numel() if stats.scores.numel() else torch.tensor(0.0)
@@ -238,9 +243,9 @@ def _outcome_output(
 def _group_relative(
     name: str, requires: frozenset[str], inputs: AdvantageInputs
 ) -> tuple[torch.Tensor, _GroupStats]:
-    valid = _check(name, requires, inputs)
-    scores = _masked_rewards(inputs, _trained(inputs, valid)).sum(dim=-1).cpu()
-    return valid, _group_stats(scores, valid, inputs)
+    counted = _check(name, requires, inputs)
+    scores = _masked_rewards(inputs, _trained(inputs, counted)).sum(dim=-1).cpu()
+    return counted, _group_stats(scores, counted, inputs)
 
 
 # --- estimators ----------------------------------------------------------------------------------
@@ -260,11 +265,11 @@ class GrpoEstimator:
         self.config = config
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput:
-        valid, stats = _group_relative(self.name, self.requires, inputs)
+        counted, stats = _group_relative(self.name, self.requires, inputs)
         advantages = stats.scores - stats.baselines[stats.group_of_row]
         if self.config.norm_by_std:
             advantages = advantages / (stats.run_std() + self.config.eps)[stats.group_of_row]
-        return _outcome_output(inputs, valid, stats, advantages)
+        return _outcome_output(inputs, counted, stats, advantages)
 
 
 class DrGrpoEstimator:
@@ -278,8 +283,8 @@ class DrGrpoEstimator:
         self.config = config
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput:
-        valid, stats = _group_relative(self.name, self.requires, inputs)
-        return _outcome_output(inputs, valid, stats, stats.scores - stats.baselines[stats.group_of_row])
+        counted, stats = _group_relative(self.name, self.requires, inputs)
+        return _outcome_output(inputs, counted, stats, stats.scores - stats.baselines[stats.group_of_row])
 
 
 class RlooEstimator:
@@ -293,11 +298,11 @@ class RlooEstimator:
         self.config = config
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput:
-        valid, stats = _group_relative(self.name, self.requires, inputs)
+        counted, stats = _group_relative(self.name, self.requires, inputs)
         group, run = stats.group_of_row, stats.run_of_row
         others = (stats.runs_per_group[group] - 1).clamp_min(1)
         baselines = (stats.run_mean_sums[group] - stats.run_means[run]) / others
-        return _outcome_output(inputs, valid, stats, stats.scores - baselines)
+        return _outcome_output(inputs, counted, stats, stats.scores - baselines)
 
 
 class ReinforcePlusPlusEstimator:
@@ -329,8 +334,8 @@ class ReinforcePlusPlusEstimator:
         return torch.where(trained, returns, torch.zeros_like(returns))
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput:
-        valid = _check(self.name, self.requires, inputs)
-        trained = _trained(inputs, valid)
+        counted = _check(self.name, self.requires, inputs)
+        trained = _trained(inputs, counted)
         rewards = _masked_rewards(inputs, trained)
         returns = self._returns(rewards, trained)
 
@@ -342,12 +347,12 @@ class ReinforcePlusPlusEstimator:
 
         dtype = _output_dtype(inputs)
         advantages, returns = whitened.to(dtype), returns.to(dtype)
-        n_valid = int(valid.sum())
-        scores = rewards.sum(dim=-1)[valid.to(rewards.device)]
+        n_counted = int(counted.sum())
+        scores = rewards.sum(dim=-1)[counted.to(rewards.device)]
         metrics = {
             **_token_metrics(advantages, trained),
             "returns/mean": float(mean),
-            "score/mean": float(_sorted_sum(scores) / n_valid) if n_valid else 0.0,
+            "score/mean": float(_sorted_sum(scores) / n_counted) if n_counted else 0.0,
         }
         return AdvantageOutput(advantages=advantages, returns=returns, metrics=metrics)
 

@@ -76,8 +76,6 @@ def _number(requirement: str, check: Callable[[float], bool]) -> Callable[[Any, 
     """Build a validator that names the class, the field, the rule and the bad value."""
 
     def validate(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is None:
-            return
         ok = (
             isinstance(value, (int, float))
             and not isinstance(value, bool)
@@ -99,7 +97,7 @@ def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 _positive = _number("a finite number > 0", lambda v: v > 0)
 _non_negative = _number("a finite number >= 0", lambda v: v >= 0)
 _clip_low = _number("in (0, 1] so that 1 - clip_low stays >= 0", lambda v: 0 < v <= 1)
-_dual_clip = _number("> 1 (or null to disable dual clipping)", lambda v: v > 1)
+_dual_clip = attrs.validators.optional(_number("> 1 (or null to disable dual clipping)", lambda v: v > 1))
 _discount = _number("in [0, 1]", lambda v: 0 <= v <= 1)
 _to_agg_mode = _enum_converter(AggMode)
 
@@ -147,7 +145,7 @@ def _agg_mode_field(default: AggMode) -> Any:
 
 
 def _norm_constant_field() -> Any:
-    return attrs.field(default=None, validator=_positive)
+    return attrs.field(default=None, validator=attrs.validators.optional(_positive))
 
 
 def _entropy_coeff_field() -> Any:

@@ -1,0 +1,1 @@
+"""Subcommands of the ``nexrl`` command line, one module per command group."""

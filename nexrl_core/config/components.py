@@ -1,0 +1,63 @@
+"""Resolve the options of components chosen by name against their registered config class.
+
+A recipe names components (``algorithm.loss.name: ppo``) whose options belong to a
+plugin, so they can only be checked once the registry says which config class the
+name maps to. The registry is imported on first use, which keeps `import
+nexrl_core.config` free of plugin discovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from nexrl_core.config.converter import structure_config
+from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.schema import REGISTRY_KIND, ComponentChoice
+
+
+def resolve_options(kind: str, choice: ComponentChoice, path: str) -> Any:
+    """Structure ``choice.options`` into the config class registered for ``choice.name``.
+
+    :param kind: registry kind, e.g. ``"policy_losses"``.
+    :param path: dotted key path of the choice in the recipe (``algorithm.loss``), so
+        problems read ``algorithm.loss.options.clip_low: ...``.
+    :raises ConfigError: when the name is unknown or an option is invalid.
+    """
+    from nexrl_core.registry import UnknownComponentError, find_spec
+
+    try:
+        spec = find_spec(kind, choice.name)
+    except UnknownComponentError as error:
+        raise ConfigError([f"{path}.name: {error}"]) from None
+    return structure_config(choice.options, spec.config_class, path=f"{path}.options")
+
+
+def component_choices(config: Any, path: str = "") -> Iterator[tuple[str, str, ComponentChoice]]:
+    """Every `ComponentChoice` field inside the attrs ``config``, as (path, kind, choice)."""
+    for field in attrs.fields(type(config)):
+        value = getattr(config, field.name)
+        field_path = f"{path}.{field.name}" if path else field.name
+        if REGISTRY_KIND in field.metadata:
+            yield field_path, field.metadata[REGISTRY_KIND], value
+        elif attrs.has(type(value)):
+            yield from component_choices(value, field_path)
+
+
+def resolve_all_options(config: Any) -> dict[str, Any]:
+    """Resolve every component choice in ``config``, keyed by its dotted path.
+
+    :raises ConfigError: listing the problems of every component at once.
+    """
+    resolved = {}
+    problems = []
+    for path, kind, choice in component_choices(config):
+        try:
+            resolved[path] = resolve_options(kind, choice, path)
+        except ConfigError as error:
+            problems += error.problems
+    if problems:
+        raise ConfigError(problems)
+    return resolved

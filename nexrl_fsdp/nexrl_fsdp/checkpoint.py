@@ -1,0 +1,115 @@
+"""Checkpoints as safetensors plus a JSON manifest, and merged HF exports.
+
+No pickle anywhere: a checkpoint may come from another tenant of a shared service, and
+unpickling runs code. A checkpoint directory holds
+
+* ``weights.safetensors``: the trainable parameters by name (LoRA adapters only for
+  LoRA, every parameter for full fine-tuning);
+* ``optimizer.safetensors`` (optional): AdamW moments and step counts by parameter name;
+* ``nexrl_checkpoint.json``: base model, dtype, LoRA settings, optimizer step, files.
+
+The manifest is written last, so a directory with a manifest is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import torch
+from safetensors.torch import load_file, save_file
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointManifest",
+    "MANIFEST_NAME",
+    "OPTIMIZER_NAME",
+    "WEIGHTS_NAME",
+    "read_manifest",
+    "read_optimizer",
+    "read_weights",
+    "write_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "nexrl-fsdp-checkpoint"
+CHECKPOINT_VERSION = 1
+MANIFEST_NAME = "nexrl_checkpoint.json"
+WEIGHTS_NAME = "weights.safetensors"
+OPTIMIZER_NAME = "optimizer.safetensors"
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointManifest:
+    """What a checkpoint was saved from; loading checks it against the engine."""
+
+    base_model: str
+    dtype: str
+    lora: dict[str, Any] | None
+    """`LoraSettings` as a dict, or None for full fine-tuning."""
+    step: int
+    has_optimizer: bool
+    parameters: list[str]
+    format: str = CHECKPOINT_FORMAT
+    version: int = CHECKPOINT_VERSION
+
+
+def _save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+def write_checkpoint(
+    directory: str | Path,
+    manifest: CheckpointManifest,
+    weights: Mapping[str, torch.Tensor],
+    optimizer_state: Mapping[str, torch.Tensor] | None,
+) -> Path:
+    """Write a checkpoint directory (created if missing, files replaced if present)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest_path = directory / MANIFEST_NAME
+    if manifest_path.exists():
+        manifest_path.unlink()
+    _save_tensors(weights, directory / WEIGHTS_NAME)
+    optimizer_path = directory / OPTIMIZER_NAME
+    if optimizer_state is not None:
+        _save_tensors(optimizer_state, optimizer_path)
+    elif optimizer_path.exists():
+        optimizer_path.unlink()
+    tmp = manifest_path.with_name(MANIFEST_NAME + ".tmp")
+    tmp.write_text(json.dumps(attrs.asdict(manifest), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, manifest_path)
+    return directory
+
+
+def read_manifest(directory: str | Path) -> CheckpointManifest:
+    """Read and check a manifest; a missing or foreign one is a ValueError."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        raise ValueError(f"{str(directory)!r} is not a nexrl-fsdp checkpoint: {MANIFEST_NAME} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"checkpoint manifest {str(path)!r} is not valid JSON: {exc}") from None
+    if data.get("format") != CHECKPOINT_FORMAT or data.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(
+            f"checkpoint manifest {str(path)!r} has format {data.get('format')!r} version {data.get('version')!r}; "
+            f"expected {CHECKPOINT_FORMAT!r} version {CHECKPOINT_VERSION}"
+        )
+    fields = {field.name for field in attrs.fields(CheckpointManifest)}
+    return CheckpointManifest(**{key: value for key, value in data.items() if key in fields})
+
+
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(directory) / WEIGHTS_NAME))
+
+
+def read_optimizer(directory: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(directory) / OPTIMIZER_NAME
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(directory)!r} was saved without optimizer state")
+    return load_file(str(path))

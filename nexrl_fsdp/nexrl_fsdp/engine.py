@@ -1,0 +1,411 @@
+"""The single-process compute engine: one model, its tokenizer, sampling and training.
+
+It is the one place where torch runs for NexRL's self-hosted paths: the local
+Tinker/Weaver-compatible services call it per request, and the FSDP workers wrap the
+same pieces. Its surface is Tinker's, so those services stay thin:
+
+* `Engine.sample` ~ ``SamplingClient.sample`` (raw-model logprobs, stop rules, seeds);
+* `Engine.forward` / `Engine.forward_backward` ~ ``TrainingClient.forward[_backward]``
+  (losses by registry name, Tinker sum semantics, gradients accumulate);
+* `Engine.optim_step` ~ ``optim_step(AdamParams)``;
+* `Engine.save_state` / `Engine.load_state` / `Engine.export_hf` for checkpoints and
+  for handing merged weights to a sampler.
+
+Public methods hold a lock, so a threaded server may share one engine safely (calls
+run one at a time).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import attrs
+import torch
+
+from nexrl_fsdp import checkpoint as ckpt
+from nexrl_fsdp.config import EngineConfig
+from nexrl_fsdp.loading import SHIPPED_MODELS, load_model, load_tokenizer, resolve_model_dir, torch_dtype
+from nexrl_fsdp.lora import apply_training_mode
+from nexrl_fsdp.loss_fns import (
+    CheckedDatum,
+    LossFn,
+    build_loss_fn,
+    check_datums,
+    collate,
+    policy_loss_inputs,
+    split_microbatches,
+    target_logprobs,
+)
+from nexrl_fsdp.optim import AdamW
+from nexrl_fsdp.sampling import make_stop_rule, sample_batch
+from nexrl_fsdp.types import (
+    AdamParams,
+    Datum,
+    DatumOutput,
+    ForwardResult,
+    OptimStepResult,
+    SampleResult,
+    SamplingParams,
+)
+
+__all__ = ["Engine"]
+
+_DEFAULT_MAX_POSITIONS = 4096
+
+
+def _token_list(value: Any, what: str) -> list[int]:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{what} must be a list of token ids, got {type(value).__name__}")
+    try:
+        tokens = [int(token) for token in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must contain only integer token ids") from None
+    if any(isinstance(token, bool) for token in value):
+        raise ValueError(f"{what} must contain integer token ids, not booleans")
+    return tokens
+
+
+class _MetricSum:
+    """Combines the metrics of micro-batches into Tinker ``name:reduction`` keys."""
+
+    def __init__(self, sums: frozenset[str]) -> None:
+        self.sums = sums
+        self.values: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, metrics: Mapping[str, float], weight: float) -> None:
+        for key, value in metrics.items():
+            value = float(value)
+            if key in self.sums:
+                name = f"{key}:sum"
+                self.values[name] = self.values.get(name, 0.0) + value
+            elif key.endswith("/min") or key.endswith("/max"):
+                name = f"{key}:{key[-3:]}"
+                pick = min if key.endswith("/min") else max
+                self.values[name] = pick(self.values.get(name, value), value)
+            else:
+                name = f"{key}:mean"
+                # Token-weighted across micro-batches; a chunk with no weighted token counts once.
+                w = weight if weight > 0 else 1e-12
+                self.values[name] = self.values.get(name, 0.0) + value * w
+                self.weights[name] = self.weights.get(name, 0.0) + w
+
+    def result(self) -> dict[str, float]:
+        out = {}
+        for name, value in self.values.items():
+            out[name] = value / self.weights[name] if name in self.weights else value
+        return out
+
+
+class Engine:
+    """One causal LM (full fine-tuning or LoRA) with sampling, losses, AdamW and checkpoints.
+
+    Build it with an `EngineConfig` or the same fields as keywords:
+    ``Engine(model="nexrl-tiny")``, ``Engine(EngineConfig(model=path, lora_rank=8))``.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, **fields: Any) -> None:
+        if config is None:
+            config = EngineConfig(**fields)
+        elif fields:
+            config = attrs.evolve(config, **fields)
+        self.config = config
+        self._lock = threading.RLock()
+        self.model_dir = resolve_model_dir(config.model)
+        self.base_model_id = config.model if config.model in SHIPPED_MODELS else str(self.model_dir)
+        """How checkpoints name the base model: the shipped name, or the resolved path."""
+        self.tokenizer = load_tokenizer(self.model_dir)
+        base = load_model(self.model_dir, torch_dtype(config.dtype), device="cpu")
+        self.model, self._peft = apply_training_mode(base, config.lora, config.seed)
+        self.device = torch.device(config.device)
+        self.model.to(self.device)
+        self.model.eval()
+        self._trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        self._optimizer: AdamW | None = None
+        self._loss_cache: dict[str, LossFn] = {}
+        self._seed_stream = random.Random(config.seed)
+
+        model_config = self.model.config
+        self.vocab_size: int = int(self.model.get_input_embeddings().num_embeddings)
+        self.max_positions: int = int(getattr(model_config, "max_position_embeddings", 0) or _DEFAULT_MAX_POSITIONS)
+        self.eos_token_ids: tuple[int, ...] = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0))
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids: list[int] = []
+        generation = getattr(self.model, "generation_config", None)
+        eos = getattr(generation, "eos_token_id", None) if generation is not None else None
+        for value in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+        if self.tokenizer.eos_token_id is not None and int(self.tokenizer.eos_token_id) not in ids:
+            ids.append(int(self.tokenizer.eos_token_id))
+        return tuple(ids)
+
+    # --- introspection ----------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (restored by `load_state` with optimizer)."""
+        return self._optimizer.steps if self._optimizer is not None else 0
+
+    @property
+    def is_lora(self) -> bool:
+        return self._peft is not None
+
+    def trainable_parameter_names(self) -> list[str]:
+        return [name for name, _ in self._trainable]
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        params = [p for _, p in self._trainable] if trainable_only else list(self.model.parameters())
+        return sum(p.numel() for p in params)
+
+    # --- sampling ---------------------------------------------------------------------------
+
+    def _check_prompt(self, prompt: Any, index: int) -> list[int]:
+        tokens = _token_list(prompt, f"prompt {index}")
+        if not tokens:
+            raise ValueError(f"prompt {index} is empty; a prompt needs at least one token")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {index} has token ids {sorted(set(bad))[:5]} outside the vocabulary [0, {self.vocab_size})")
+        if len(tokens) >= self.max_positions:
+            raise ValueError(
+                f"prompt {index} has {len(tokens)} tokens; the model's context is {self.max_positions}, "
+                f"leaving no room for a new token"
+            )
+        return tokens
+
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        num_samples: int = 1,
+        include_prompt_logprobs: bool = False,
+    ) -> list[SampleResult]:
+        """Sample ``num_samples`` continuations of each prompt (token id lists).
+
+        Returns one `SampleResult` per prompt. See `SamplingParams` for temperature,
+        top-k/top-p, stop and seed semantics. Logprobs are those of the raw model
+        distribution and match a teacher-forced pass over prompt + tokens.
+        """
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, Mapping):
+            params = SamplingParams(**params)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+            raise ValueError("prompts must be a non-empty list of token id lists")
+        checked = [self._check_prompt(prompt, index) for index, prompt in enumerate(prompts)]
+        with self._lock:
+            rule = make_stop_rule(params.stop, self.eos_token_ids, self.vocab_size)
+            base_seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
+            return sample_batch(
+                self.model,
+                checked,
+                params,
+                num_samples=num_samples,
+                stop_rule=rule,
+                pad_id=self.pad_token_id,
+                max_positions=self.max_positions,
+                decode=self._decode_raw,
+                base_seed=base_seed,
+                include_prompt_logprobs=include_prompt_logprobs,
+            )
+
+    def _decode_raw(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def compute_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float | None]]:
+        """Teacher-forced logprobs of whole sequences: None at position 0, then
+        log p(seq[t] | seq[:t]). Tinker's ``compute_logprobs``."""
+        if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Sequence) or len(sequences) == 0:
+            raise ValueError("sequences must be a non-empty list of token id lists")
+        checked = []
+        for index, sequence in enumerate(sequences):
+            tokens = self._check_prompt(sequence, index)
+            checked.append(CheckedDatum(tokens[:-1] or tokens[:1], {"target_tokens": tokens[1:] or tokens[:1]}))
+        results: list[list[float | None]] = []
+        with self._lock, torch.no_grad():
+            for group in split_microbatches(checked, self.config.max_tokens_per_microbatch):
+                batch = collate([checked[i] for i in group], self.pad_token_id, self.device)
+                logprobs, _ = target_logprobs(self.model, batch)
+                for slot, index in enumerate(group):
+                    n = len(sequences[index]) - 1
+                    results.append([None] + logprobs[slot, :n].tolist())
+        return results
+
+    # --- training -------------------------------------------------------------------------------
+
+    def _loss_fn(self, name: str, loss_fn_config: Mapping[str, Any] | None) -> LossFn:
+        key = json.dumps([name, dict(loss_fn_config or {})], sort_keys=True, default=str)
+        fn = self._loss_cache.get(key)
+        if fn is None:
+            fn = build_loss_fn(name, loss_fn_config)
+            self._loss_cache[key] = fn
+        return fn
+
+    def forward(
+        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None
+    ) -> ForwardResult:
+        """Loss and per-token target logprobs without touching gradients."""
+        return self._run(datums, loss_fn, loss_fn_config, backward=False)
+
+    def forward_backward(
+        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None
+    ) -> ForwardResult:
+        """Like `forward`, then back-propagate; gradients add up until `optim_step`."""
+        return self._run(datums, loss_fn, loss_fn_config, backward=True)
+
+    def _run(
+        self, datums: Sequence[Datum], loss_name: str, loss_fn_config: Mapping[str, Any] | None, backward: bool
+    ) -> ForwardResult:
+        fn = self._loss_fn(loss_name, loss_fn_config)
+        checked = check_datums(datums, fn, self.vocab_size)
+        agg_mode = getattr(getattr(fn.config, "agg_mode", None), "value", getattr(fn.config, "agg_mode", None))
+        sums = frozenset({"loss", "entropy"}) if agg_mode in (None, "token-sum") else frozenset()
+        metrics = _MetricSum(sums)
+        outputs: list[DatumOutput | None] = [None] * len(checked)
+        num_tokens = 0.0
+        with self._lock, torch.set_grad_enabled(backward):
+            for group in split_microbatches(checked, self.config.max_tokens_per_microbatch):
+                batch = collate([checked[i] for i in group], self.pad_token_id, self.device)
+                logprobs, entropy = target_logprobs(self.model, batch, with_entropy=fn.needs_entropy)
+                result = fn.loss(policy_loss_inputs(batch, logprobs, entropy))
+                if backward:
+                    result.loss.backward()
+                weight = float(batch.loss_mask.sum())
+                num_tokens += weight
+                metrics.add({"loss": float(result.loss.detach()), **result.metrics}, weight)
+                detached = logprobs.detach().to("cpu")
+                for slot, index in enumerate(group):
+                    outputs[index] = DatumOutput(detached[slot, : batch.lengths[slot]].tolist())
+        combined = metrics.result()
+        combined["num_tokens:sum"] = num_tokens
+        combined["num_sequences:sum"] = float(len(checked))
+        return ForwardResult(outputs=[o for o in outputs if o is not None], metrics=combined, loss_fn=loss_name)
+
+    def _optimizer_or_new(self) -> AdamW:
+        if self._optimizer is None:
+            self._optimizer = AdamW(self._trainable)
+        return self._optimizer
+
+    def optim_step(self, adam_params: AdamParams | Mapping[str, Any] | None = None, **overrides: float) -> OptimStepResult:
+        """One AdamW step on the accumulated gradients, then zero them.
+
+        ``adam_params`` (an `AdamParams` or a dict of its fields) and keyword overrides,
+        e.g. ``optim_step(learning_rate=1e-3, grad_clip_norm=1.0)``; unspecified fields
+        take Tinker's defaults. Hyper-parameters apply to this step only.
+        """
+        if adam_params is None:
+            adam_params = AdamParams()
+        elif isinstance(adam_params, Mapping):
+            adam_params = self._adam_from(dict(adam_params))
+        if overrides:
+            adam_params = self._adam_from({**attrs.asdict(adam_params), **overrides})
+        with self._lock:
+            return self._optimizer_or_new().step(adam_params)
+
+    @staticmethod
+    def _adam_from(values: dict[str, Any]) -> AdamParams:
+        valid = [field.name for field in attrs.fields(AdamParams)]
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown AdamParams fields {unknown}; valid: {', '.join(valid)}")
+        return AdamParams(**values)
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients without stepping."""
+        with self._lock:
+            for _, parameter in self._trainable:
+                parameter.grad = None
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save_state(self, path: str | Path, include_optimizer: bool = True) -> Path:
+        """Save the trainable weights (and by default the optimizer state) to a directory."""
+        with self._lock:
+            optimizer_state = None
+            if include_optimizer:
+                optimizer_state = self._optimizer.state_tensors() if self._optimizer is not None else {}
+            manifest = ckpt.CheckpointManifest(
+                base_model=self.base_model_id,
+                dtype=self.config.dtype,
+                lora=self.config.lora.to_json() if self.is_lora else None,
+                step=self.step,
+                has_optimizer=include_optimizer,
+                parameters=self.trainable_parameter_names(),
+            )
+            return ckpt.write_checkpoint(path, manifest, dict(self._trainable), optimizer_state)
+
+    def load_state(self, path: str | Path, load_optimizer: bool = True) -> ckpt.CheckpointManifest:
+        """Load weights saved by `save_state` into this engine; with ``load_optimizer``
+        also the AdamW moments and step count, otherwise the optimizer starts fresh.
+
+        The checkpoint must come from the same base model and LoRA settings.
+        Accumulated gradients are dropped.
+        """
+        manifest = ckpt.read_manifest(path)
+        own_lora = self.config.lora.to_json() if self.is_lora else None
+        if manifest.base_model != self.base_model_id:
+            raise ValueError(
+                f"checkpoint {str(path)!r} was saved from base model {manifest.base_model!r}, "
+                f"this engine runs {self.base_model_id!r}"
+            )
+        if manifest.lora != own_lora:
+            raise ValueError(f"checkpoint {str(path)!r} has LoRA settings {manifest.lora}, this engine has {own_lora}")
+        if load_optimizer and not manifest.has_optimizer:
+            raise ValueError(f"checkpoint {str(path)!r} was saved without optimizer state; load it with load_optimizer=False")
+        weights = ckpt.read_weights(path)
+        own = dict(self._trainable)
+        missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {str(path)!r} does not match this engine's trainable parameters: "
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+            )
+        for name, tensor in weights.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(f"checkpoint parameter {name!r} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}")
+        optimizer_state = ckpt.read_optimizer(path) if load_optimizer else None
+        with self._lock, torch.no_grad():
+            for name, tensor in weights.items():
+                own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+            self._optimizer = AdamW(self._trainable)
+            if optimizer_state is not None:
+                self._optimizer.load_state_tensors(optimizer_state, manifest.step)
+        return manifest
+
+    def export_hf(self, path: str | Path) -> Path:
+        """Write merged weights (LoRA folded into the base) and the tokenizer as an HF
+        directory, loadable by ``Engine(model=path)`` or any transformers code."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if self._peft is None:
+                model = self.model
+            else:
+                model = copy.deepcopy(self._peft).merge_and_unload()
+            model.save_pretrained(str(path))
+            self.tokenizer.save_pretrained(str(path))
+        return path
+
+    def __repr__(self) -> str:
+        mode = f"lora rank {self.config.lora_rank}" if self.is_lora else "full fine-tuning"
+        return f"Engine(model={self.base_model_id!r}, dtype={self.config.dtype}, {mode}, step={self.step})"
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)

@@ -1,0 +1,83 @@
+"""Find and load a causal LM and its tokenizer from local files only.
+
+The engine never downloads: a model is either one shipped inside this package (by
+name) or a local directory an HF ``save_pretrained`` wrote. Everything else fails
+with a ValueError that lists what would have worked.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["SHIPPED_MODELS", "load_model", "load_tokenizer", "resolve_model_dir", "shipped_model_dir", "torch_dtype"]
+
+SHIPPED_MODELS: dict[str, str] = {"nexrl-tiny": "models/nexrl-tiny"}
+"""Shipped model name → directory inside the ``nexrl_fsdp`` package."""
+
+
+def shipped_model_dir(name: str) -> Path:
+    """Directory of a shipped model (it may not exist in a checkout that never built it)."""
+    try:
+        relative = SHIPPED_MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown shipped model {name!r}; shipped: {', '.join(SHIPPED_MODELS)}") from None
+    return Path(str(importlib.resources.files("nexrl_fsdp").joinpath(relative)))
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    """A shipped name or a local directory holding ``config.json`` → that directory."""
+    text = str(model)
+    if text in SHIPPED_MODELS:
+        path = shipped_model_dir(text)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"shipped model {text!r} is missing at {path}; rebuild it with "
+                f"`python -m nexrl_fsdp.tiny.build`"
+            )
+        return path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model directory {str(path)!r} has no config.json; expected an HF save_pretrained directory")
+        return path.resolve()
+    raise ValueError(
+        f"unknown model {text!r}: not a shipped model name ({', '.join(SHIPPED_MODELS)}) and not a local "
+        f"directory; models are never downloaded, pass a directory written by save_pretrained"
+    )
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Canonical dtype name (see `nexrl_fsdp.config.DTYPES`) → torch dtype."""
+    mapping = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    try:
+        return mapping[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; use float32 or bfloat16") from None
+
+
+def load_model(path: Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> Any:
+    """Load an HF causal LM from a local directory, in eval mode.
+
+    Eval mode for good: dropout would make the training forward pass disagree with the
+    sampler's logprobs, and on-policy ratios must be 1.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The tokenizer saved next to the model."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises several types for a missing tokenizer
+        raise ValueError(f"cannot load a tokenizer from {str(path)!r}: {exc}") from exc

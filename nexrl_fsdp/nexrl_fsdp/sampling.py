@@ -1,0 +1,226 @@
+"""Batched sampling with a KV cache, returning the raw model's logprobs.
+
+Why a hand-written loop instead of ``generate``: the logprobs an RL loss divides by
+must be those of the unprocessed model distribution (``generate``'s scores are
+renormalised after top-k/top-p and min-length processing), each sample needs its own
+random stream so that batching does not change results, and stop strings, stop token
+ids and "no stop at all" are Tinker semantics that ``generate`` does not all have.
+
+Layout: prompts are left-padded into one batch and prefilled once; the cache is then
+repeated ``num_samples`` times per prompt; each decode step feeds one token per live
+row with explicit ``position_ids`` (pads do not count) and a growing attention mask.
+Rows that finish are dropped from the batch and the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+
+from nexrl_fsdp.types import SampledSequence, SampleResult, SamplingParams
+
+__all__ = ["StopRule", "derive_seed", "make_stop_rule", "sample_batch"]
+
+
+@attrs.frozen
+class StopRule:
+    """When a row stops: after a token in ``token_ids``, or once the decoded text of the
+    last ``window`` tokens contains one of ``strings``."""
+
+    token_ids: frozenset[int]
+    strings: tuple[str, ...]
+    window: int
+
+    def hit(self, tokens: list[int], decode: Callable[[list[int]], str]) -> bool:
+        if tokens[-1] in self.token_ids:
+            return True
+        if self.strings:
+            text = decode(tokens[-self.window :])
+            return any(stop in text for stop in self.strings)
+        return False
+
+
+def make_stop_rule(stop: tuple[str, ...] | tuple[int, ...] | None, eos_token_ids: Sequence[int], vocab_size: int) -> StopRule:
+    """Turn ``SamplingParams.stop`` into a rule (see `SamplingParams` for the semantics)."""
+    if stop is None:
+        return StopRule(frozenset(eos_token_ids), (), 0)
+    if all(isinstance(item, str) for item in stop) and stop:
+        # A stop string completed by the newest token ends inside that token and starts
+        # at most len(bytes) - 1 bytes earlier; every token has at least one byte, so
+        # decoding the last len(bytes) + 1 tokens always sees the whole occurrence.
+        window = max(len(item.encode("utf-8")) for item in stop) + 1  # type: ignore[union-attr]
+        return StopRule(frozenset(), tuple(stop), window)  # type: ignore[arg-type]
+    bad = [item for item in stop if not 0 <= int(item) < vocab_size]
+    if bad:
+        raise ValueError(f"stop token ids {bad} are outside the vocabulary [0, {vocab_size})")
+    return StopRule(frozenset(int(item) for item in stop), (), 0)
+
+
+def derive_seed(base_seed: int, prompt_index: int, sample_index: int) -> int:
+    """A 63-bit seed for one sample, stable across runs, platforms and batch layouts."""
+    digest = hashlib.blake2b(f"{base_seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _draw_uniforms(seeds: Sequence[int], count: int) -> torch.Tensor:
+    """[rows, count] uniforms in [0, 1), each row from its own generator."""
+    rows = []
+    generator = torch.Generator(device="cpu")
+    for seed in seeds:
+        generator.manual_seed(seed)
+        rows.append(torch.rand(count, generator=generator, dtype=torch.float64))
+    return torch.stack(rows) if rows else torch.empty(0, count, dtype=torch.float64)
+
+
+def _choose(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from the temperature/top-k/top-p distribution by inverse
+    CDF with the row's own uniform; temperature 0 is argmax."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    scores = logits.double() / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    cdf = probs.cumsum(dim=-1)
+    targets = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    chosen = torch.searchsorted(cdf, targets, right=True)[:, 0]
+    # Rounding can put the target at the very end of the cdf; fall back to the mode.
+    bad = (chosen >= vocab) | (probs.gather(-1, chosen.clamp(max=vocab - 1)[:, None])[:, 0] <= 0)
+    if bool(bad.any()):
+        chosen = torch.where(bad, probs.argmax(dim=-1), chosen)
+    return chosen
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: 0 at each row's first real token."""
+    return (mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+@torch.inference_mode()
+def sample_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    num_samples: int,
+    stop_rule: StopRule,
+    pad_id: int,
+    max_positions: int,
+    decode: Callable[[list[int]], str],
+    base_seed: int,
+    include_prompt_logprobs: bool = False,
+) -> list[SampleResult]:
+    """Sample ``num_samples`` continuations of every prompt; one `SampleResult` per prompt.
+
+    Inputs are assumed validated (non-empty prompts of in-vocabulary ids).
+    """
+    device = next(model.parameters()).device
+    n_prompts = len(prompts)
+    limits = []
+    for prompt in prompts:
+        room = max_positions - len(prompt)
+        limits.append(room if params.max_tokens is None else min(params.max_tokens, room))
+    max_new = max(limits)
+
+    ids, mask = _left_pad(prompts, pad_id, device)
+    positions = positions_from_mask(mask)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=0 if include_prompt_logprobs else 1,
+    )
+    cache = out.past_key_values
+    prompt_logprobs: list[list[float | None] | None] = [None] * n_prompts
+    if include_prompt_logprobs:
+        scored = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        width = ids.shape[1]
+        for row, prompt in enumerate(prompts):
+            start = width - len(prompt)
+            prompt_logprobs[row] = [None] + scored[row, start:].tolist()
+    logits = out.logits[:, -1].float()
+    del out
+
+    if num_samples > 1:
+        cache.batch_repeat_interleave(num_samples)
+        logits = logits.repeat_interleave(num_samples, dim=0)
+        mask = mask.repeat_interleave(num_samples, dim=0)
+        positions = positions.repeat_interleave(num_samples, dim=0)
+    n_rows = n_prompts * num_samples
+    row_limits = [limits[row // num_samples] for row in range(n_rows)]
+    seeds = [derive_seed(base_seed, row // num_samples, row % num_samples) for row in range(n_rows)]
+    uniforms = _draw_uniforms(seeds, max_new).to(device)
+
+    tokens: list[list[int]] = [[] for _ in range(n_rows)]
+    logprobs: list[list[float]] = [[] for _ in range(n_rows)]
+    reasons: list[str] = ["length"] * n_rows
+    live = list(range(n_rows))
+    last_position = positions[:, -1:]
+    step = 0
+    while True:
+        raw = torch.log_softmax(logits, dim=-1)
+        chosen = _choose(logits, params, uniforms[live, step] if live else uniforms[:0, 0])
+        chosen_logprobs = raw.gather(-1, chosen[:, None])[:, 0]
+        keep: list[int] = []
+        for slot, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist())):
+            row = live[slot]
+            tokens[row].append(token)
+            logprobs[row].append(logprob)
+            if stop_rule.hit(tokens[row], decode):
+                reasons[row] = "stop"
+            elif len(tokens[row]) < row_limits[row]:
+                keep.append(slot)
+        if not keep:
+            break
+        if len(keep) < len(live):
+            index = torch.tensor(keep, dtype=torch.long, device=device)
+            cache.batch_select_indices(index)
+            mask = mask.index_select(0, index)
+            last_position = last_position.index_select(0, index)
+            chosen = chosen.index_select(0, index)
+            live = [live[slot] for slot in keep]
+        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+        last_position = last_position + 1
+        out = model(
+            input_ids=chosen[:, None],
+            attention_mask=mask,
+            position_ids=last_position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1].float()
+        step += 1
+
+    results = []
+    for prompt_index in range(n_prompts):
+        rows = range(prompt_index * num_samples, (prompt_index + 1) * num_samples)
+        results.append(
+            SampleResult(
+                sequences=[SampledSequence(tokens[row], logprobs[row], reasons[row]) for row in rows],  # type: ignore[arg-type]
+                prompt_logprobs=prompt_logprobs[prompt_index],
+            )
+        )
+    return results

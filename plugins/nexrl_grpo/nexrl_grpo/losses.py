@@ -1,0 +1,304 @@
+"""Policy losses: PPO, importance sampling, cross-entropy, CISPO and GSPO.
+
+Each loss builds a [B, T] tensor of per-token losses and reduces it with `aggregate`, so
+the reduction mode means the same for all of them. Inputs are zeroed off the mask before
+any arithmetic: a NaN logprob on a padding token then cannot leak into the loss or, via
+``0 * inf`` in the backward pass, into the gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from nexrl_core.algorithms import PolicyLossInputs, PolicyLossOutput, check_inputs_present
+from nexrl_grpo.aggregation import aggregate, masked_mean
+from nexrl_grpo.config import (
+    CispoLossConfig,
+    CrossEntropyLossConfig,
+    GspoLossConfig,
+    ImportanceSamplingLossConfig,
+    PPOLossConfig,
+)
+
+__all__ = [
+    "CispoLoss",
+    "CrossEntropyLoss",
+    "GspoLoss",
+    "ImportanceSamplingLoss",
+    "PPOLoss",
+    "build_cispo_loss",
+    "build_cross_entropy_loss",
+    "build_gspo_loss",
+    "build_importance_sampling_loss",
+    "build_ppo_loss",
+]
+
+_WHAT = "policy loss"
+_LOG_RATIO_LIMIT = 20.0
+"""Log ratios are clamped to ±20 before exp: e^20 is already far outside any clip range,
+and an unclamped ratio from a stale sample would overflow to inf."""
+
+
+@attrs.frozen(kw_only=True)
+class _Tokens:
+    """Checked inputs in the compute dtype, each zeroed where ``trained`` is false."""
+
+    logprobs: torch.Tensor
+    weights: torch.Tensor
+    """[B, T] loss_mask in the compute dtype."""
+    trained: torch.Tensor
+    """[B, T] bool: ``weights > 0``."""
+    old_logprobs: torch.Tensor | None
+    advantages: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+    def log_ratio(self) -> torch.Tensor:
+        """log(pi / pi_old), clamped to ±20 (see ``_LOG_RATIO_LIMIT``)."""
+        assert self.old_logprobs is not None
+        return (self.logprobs - self.old_logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+
+    def mean(self, values: torch.Tensor) -> float:
+        """Weighted mean over trained tokens as a detached float, for metrics."""
+        return float(masked_mean(values.detach(), self.weights))
+
+    def fraction(self, condition: torch.Tensor) -> float:
+        """Weighted fraction of trained tokens where ``condition`` holds."""
+        return self.mean(condition.to(self.weights.dtype))
+
+
+def _prepare(name: str, requires: frozenset[str], inputs: PolicyLossInputs, entropy_coeff: float) -> _Tokens:
+    """Check presence, shapes and finiteness, upcast to at least float32 and zero the padding."""
+    check_inputs_present(_WHAT, name, requires, inputs)
+    if entropy_coeff > 0 and inputs.entropy is None:
+        raise ValueError(
+            f"{_WHAT} {name!r} has entropy_coeff={entropy_coeff} but the batch carries no entropy; "
+            f"fill PolicyLossInputs.entropy or set entropy_coeff to 0"
+        )
+    logprobs, mask = inputs.logprobs, inputs.loss_mask
+    if logprobs.dim() != 2:
+        raise ValueError(f"{_WHAT} {name!r}: logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    shape = tuple(logprobs.shape)
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"{_WHAT} {name!r}: loss_mask must have logprobs' shape {shape}, got {tuple(mask.shape)}")
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    weights = mask.detach().to(dtype)
+    bad_mask = int((~torch.isfinite(weights) | (weights < 0)).sum())
+    if bad_mask:
+        raise ValueError(f"{_WHAT} {name!r}: loss_mask has {bad_mask} negative, NaN or inf entries")
+    trained = weights > 0
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+
+    def checked(field: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{_WHAT} {name!r}: {field} must have logprobs' shape {shape}, got {tuple(tensor.shape)}")
+        bad = int((trained & ~torch.isfinite(tensor.detach())).sum())
+        if bad:
+            raise ValueError(f"{_WHAT} {name!r}: {field} has {bad} NaN or inf entries where loss_mask > 0")
+        return torch.where(trained, tensor.to(dtype), zero)
+
+    def optional(field: str) -> torch.Tensor | None:
+        tensor = getattr(inputs, field)
+        return None if tensor is None else checked(field, tensor)
+
+    return _Tokens(
+        logprobs=checked("logprobs", logprobs),
+        weights=weights,
+        trained=trained,
+        old_logprobs=optional("old_logprobs"),
+        advantages=optional("advantages"),
+        entropy=optional("entropy"),
+    )
+
+
+def _approx_kl(tokens: _Tokens, log_ratio: torch.Tensor) -> dict[str, float]:
+    """k3 estimate of KL(pi_old || pi): mean of (r - 1) - log r, non-negative per token."""
+    return {"approx_kl": tokens.mean(torch.expm1(log_ratio) - log_ratio)}
+
+
+def _ratio_stats(tokens: _Tokens, ratio: torch.Tensor) -> dict[str, float]:
+    """Importance-ratio diagnostics over trained tokens; min/max are 1 when nothing is trained."""
+    trained_ratios = ratio.detach()[tokens.trained]
+    has_tokens = trained_ratios.numel() > 0
+    return {
+        "ratio/mean": tokens.mean(ratio),
+        "ratio/min": float(trained_ratios.min()) if has_tokens else 1.0,
+        "ratio/max": float(trained_ratios.max()) if has_tokens else 1.0,
+    }
+
+
+def _finish(
+    loss_tokens: torch.Tensor,
+    tokens: _Tokens,
+    config: Any,
+    entropy_coeff: float,
+    metrics: dict[str, float],
+) -> PolicyLossOutput:
+    """Aggregate, subtract the entropy bonus and attach the loss and entropy metrics."""
+    loss = aggregate(loss_tokens, tokens.weights, config.agg_mode, config.norm_constant)
+    metrics["loss"] = float(loss.detach())
+    if tokens.entropy is not None:
+        entropy = aggregate(tokens.entropy, tokens.weights, config.agg_mode, config.norm_constant)
+        metrics["entropy"] = float(entropy.detach())
+        if entropy_coeff > 0:
+            loss = loss - entropy_coeff * entropy
+    return PolicyLossOutput(loss=loss, metrics=metrics)
+
+
+class PPOLoss:
+    """PPO clipped surrogate: max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)) per token,
+    optionally capped at -A * dual_clip_c where A < 0 (dual clip)."""
+
+    name: ClassVar[str] = "ppo"
+    requires: ClassVar[frozenset[str]] = frozenset({"old_logprobs", "advantages"})
+
+    def __init__(self, config: PPOLossConfig) -> None:
+        self.config = config
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        config = self.config
+        tokens = _prepare(self.name, self.requires, inputs, config.entropy_coeff)
+        advantages = tokens.advantages
+        assert advantages is not None
+        log_ratio = tokens.log_ratio()
+        ratio = torch.exp(log_ratio)
+        unclipped = -advantages * ratio
+        clipped = -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+        loss_tokens = torch.maximum(unclipped, clipped)
+        clip_active = clipped > unclipped
+        metrics = {
+            "clip_frac": tokens.fraction(clip_active),
+            "clip_frac/low": tokens.fraction(clip_active & (ratio < 1.0)),
+            "clip_frac/high": tokens.fraction(clip_active & (ratio > 1.0)),
+            **_approx_kl(tokens, log_ratio),
+            **_ratio_stats(tokens, ratio),
+        }
+        if config.dual_clip_c is not None:
+            cap = -advantages * config.dual_clip_c
+            dual_active = (advantages < 0) & (loss_tokens > cap)
+            loss_tokens = torch.where(dual_active, cap, loss_tokens)
+            metrics["dual_clip_frac"] = tokens.fraction(dual_active)
+        return _finish(loss_tokens, tokens, config, config.entropy_coeff, metrics)
+
+
+class ImportanceSamplingLoss:
+    """Unclipped off-policy policy gradient: -r * A per token."""
+
+    name: ClassVar[str] = "importance_sampling"
+    requires: ClassVar[frozenset[str]] = frozenset({"old_logprobs", "advantages"})
+
+    def __init__(self, config: ImportanceSamplingLossConfig) -> None:
+        self.config = config
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        config = self.config
+        tokens = _prepare(self.name, self.requires, inputs, config.entropy_coeff)
+        assert tokens.advantages is not None
+        log_ratio = tokens.log_ratio()
+        ratio = torch.exp(log_ratio)
+        metrics = {**_approx_kl(tokens, log_ratio), **_ratio_stats(tokens, ratio)}
+        return _finish(-ratio * tokens.advantages, tokens, config, config.entropy_coeff, metrics)
+
+
+class CrossEntropyLoss:
+    """Weighted negative log-likelihood: -logp per token, weighted by the mask."""
+
+    name: ClassVar[str] = "cross_entropy"
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, config: CrossEntropyLossConfig) -> None:
+        self.config = config
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        tokens = _prepare(self.name, self.requires, inputs, 0.0)
+        return _finish(-tokens.logprobs, tokens, self.config, 0.0, {})
+
+
+class CispoLoss:
+    """CISPO: -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * logp per token.
+
+    The clipped ratio is a constant weight, so every token keeps a gradient through
+    logp, including those PPO would clip away.
+    """
+
+    name: ClassVar[str] = "cispo"
+    requires: ClassVar[frozenset[str]] = frozenset({"old_logprobs", "advantages"})
+
+    def __init__(self, config: CispoLossConfig) -> None:
+        self.config = config
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        config = self.config
+        tokens = _prepare(self.name, self.requires, inputs, config.entropy_coeff)
+        assert tokens.advantages is not None
+        log_ratio = tokens.log_ratio()
+        ratio = torch.exp(log_ratio)
+        low, high = 1.0 - config.clip_low, 1.0 + config.clip_high
+        weight = ratio.clamp(low, high).detach()
+        metrics = {
+            "clip_frac": tokens.fraction((ratio < low) | (ratio > high)),
+            **_approx_kl(tokens, log_ratio),
+            **_ratio_stats(tokens, ratio),
+        }
+        loss_tokens = -weight * tokens.advantages * tokens.logprobs
+        return _finish(loss_tokens, tokens, config, config.entropy_coeff, metrics)
+
+
+class GspoLoss:
+    """GSPO (token form): PPO clipping on the sequence ratio s = exp(mean_t log r).
+
+    Each token carries s_t = sg(s) * exp(logp - sg(logp)), equal to s in value, so the
+    gradient of a token is s * grad(logp) and the clipping decision is per sequence.
+    """
+
+    name: ClassVar[str] = "gspo"
+    requires: ClassVar[frozenset[str]] = frozenset({"old_logprobs", "advantages"})
+
+    def __init__(self, config: GspoLossConfig) -> None:
+        self.config = config
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        config = self.config
+        tokens = _prepare(self.name, self.requires, inputs, config.entropy_coeff)
+        advantages = tokens.advantages
+        assert advantages is not None
+        log_ratio = tokens.log_ratio()
+        row_weights = tokens.weights.sum(dim=-1)
+        row_weights = torch.where(row_weights > 0, row_weights, torch.ones_like(row_weights))
+        sequence_log_ratio = (log_ratio * tokens.weights).sum(dim=-1) / row_weights
+        sequence_ratio = torch.exp(sequence_log_ratio).detach()[:, None]
+        token_ratio = sequence_ratio * torch.exp(tokens.logprobs - tokens.logprobs.detach())
+        unclipped = -advantages * token_ratio
+        clipped = -advantages * token_ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+        loss_tokens = torch.maximum(unclipped, clipped)
+        metrics = {
+            "clip_frac": tokens.fraction(clipped > unclipped),
+            **_approx_kl(tokens, log_ratio),
+            **_ratio_stats(tokens, token_ratio),
+        }
+        return _finish(loss_tokens, tokens, config, config.entropy_coeff, metrics)
+
+
+# --- factories (the spec records name these) -----------------------------------------------------
+
+
+def build_ppo_loss(config: PPOLossConfig) -> PPOLoss:
+    return PPOLoss(config)
+
+
+def build_importance_sampling_loss(config: ImportanceSamplingLossConfig) -> ImportanceSamplingLoss:
+    return ImportanceSamplingLoss(config)
+
+
+def build_cross_entropy_loss(config: CrossEntropyLossConfig) -> CrossEntropyLoss:
+    return CrossEntropyLoss(config)
+
+
+def build_cispo_loss(config: CispoLossConfig) -> CispoLoss:
+    return CispoLoss(config)
+
+
+def build_gspo_loss(config: GspoLossConfig) -> GspoLoss:
+    return GspoLoss(config)

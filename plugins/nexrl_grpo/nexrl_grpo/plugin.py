@@ -1,0 +1,96 @@
+"""Entry-point module: registers this plugin's advantage estimators and policy losses.
+
+The core loads it through the ``nexrl.plugins`` entry point whenever it builds its
+registries, including for ``nexrl plugins`` on a machine without a GPU, so it imports
+only the config classes and names every factory as a ``"module:attr"`` string that is
+resolved when a run picks that name.
+"""
+
+from __future__ import annotations
+
+from nexrl_core.hookspecs import hookimpl
+from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec
+from nexrl_grpo.config import (
+    CispoLossConfig,
+    CrossEntropyLossConfig,
+    DrGrpoConfig,
+    GrpoConfig,
+    GspoLossConfig,
+    ImportanceSamplingLossConfig,
+    PPOLossConfig,
+    ReinforcePlusPlusConfig,
+    RlooConfig,
+)
+
+_GROUP_RELATIVE = frozenset({"group_relative"})
+
+
+@hookimpl
+def nexrl_advantage_estimators() -> list[AdvantageEstimatorSpec]:
+    """GRPO-family estimators; the group-relative ones say so in their capabilities."""
+    return [
+        AdvantageEstimatorSpec(
+            name="grpo",
+            factory="nexrl_grpo.advantages:build_grpo",
+            config_class=GrpoConfig,
+            description="GRPO: score minus the group mean of run scores, divided by their std",
+            capabilities=_GROUP_RELATIVE,
+        ),
+        AdvantageEstimatorSpec(
+            name="dr_grpo",
+            factory="nexrl_grpo.advantages:build_dr_grpo",
+            config_class=DrGrpoConfig,
+            description="Dr. GRPO: score minus the group mean of run scores, no std division",
+            capabilities=_GROUP_RELATIVE,
+        ),
+        AdvantageEstimatorSpec(
+            name="rloo",
+            factory="nexrl_grpo.advantages:build_rloo",
+            config_class=RlooConfig,
+            description="RLOO: score minus the mean of the other runs in the group",
+            capabilities=_GROUP_RELATIVE,
+        ),
+        AdvantageEstimatorSpec(
+            name="reinforce_plus_plus",
+            factory="nexrl_grpo.advantages:build_reinforce_plus_plus",
+            config_class=ReinforcePlusPlusConfig,
+            description="REINFORCE++: discounted per-token returns whitened over the batch",
+        ),
+    ]
+
+
+@hookimpl
+def nexrl_policy_losses() -> list[PolicyLossSpec]:
+    """The policy losses, the single source of loss math for every backend."""
+    return [
+        PolicyLossSpec(
+            name="ppo",
+            factory="nexrl_grpo.losses:build_ppo_loss",
+            config_class=PPOLossConfig,
+            description="PPO clipped surrogate, optional dual clip and entropy bonus",
+        ),
+        PolicyLossSpec(
+            name="importance_sampling",
+            factory="nexrl_grpo.losses:build_importance_sampling_loss",
+            config_class=ImportanceSamplingLossConfig,
+            description="Unclipped importance-weighted policy gradient: -ratio * A",
+        ),
+        PolicyLossSpec(
+            name="cross_entropy",
+            factory="nexrl_grpo.losses:build_cross_entropy_loss",
+            config_class=CrossEntropyLossConfig,
+            description="Weighted negative log-likelihood (supervised fine-tuning)",
+        ),
+        PolicyLossSpec(
+            name="cispo",
+            factory="nexrl_grpo.losses:build_cispo_loss",
+            config_class=CispoLossConfig,
+            description="CISPO: clipped, detached importance weight times A times -logp",
+        ),
+        PolicyLossSpec(
+            name="gspo",
+            factory="nexrl_grpo.losses:build_gspo_loss",
+            config_class=GspoLossConfig,
+            description="GSPO: PPO clipping on the length-normalised sequence ratio",
+        ),
+    ]
