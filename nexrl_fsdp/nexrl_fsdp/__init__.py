@@ -1,0 +1,43 @@
+"""nexrl-fsdp: NexRL's self-hosted torch backend.
+
+The compute engine (`Engine`: loading, sampling with raw-model logprobs, registered
+policy losses with Tinker semantics, AdamW, checkpoints) and the shipped tiny model
+``nexrl-tiny``. Names are imported lazily so that ``import nexrl_fsdp.tiny.addition``
+(the demo task, pure Python) does not pull in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Engine": "nexrl_fsdp.engine",
+    "EngineConfig": "nexrl_fsdp.config",
+    "LoraSettings": "nexrl_fsdp.config",
+    "AdamParams": "nexrl_fsdp.types",
+    "Datum": "nexrl_fsdp.types",
+    "DatumOutput": "nexrl_fsdp.types",
+    "ForwardResult": "nexrl_fsdp.types",
+    "OptimStepResult": "nexrl_fsdp.types",
+    "SampleResult": "nexrl_fsdp.types",
+    "SampledSequence": "nexrl_fsdp.types",
+    "SamplingParams": "nexrl_fsdp.types",
+    "SHIPPED_MODELS": "nexrl_fsdp.loading",
+    "resolve_model_dir": "nexrl_fsdp.loading",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nexrl_fsdp' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import threading
 from pathlib import Path
@@ -406,6 +405,3 @@ class Engine:
         mode = f"lora rank {self.config.lora_rank}" if self.is_lora else "full fine-tuning"
         return f"Engine(model={self.base_model_id!r}, dtype={self.config.dtype}, {mode}, step={self.step})"
 
-
-def _finite(value: float) -> bool:
-    return math.isfinite(value)

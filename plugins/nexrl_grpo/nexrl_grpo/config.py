@@ -37,28 +37,6 @@ class AggMode(str, enum.Enum):
     """Plain weighted sum over every trained token, the reduction Tinker's losses use."""
 
 
-class KLControllerKind(str, enum.Enum):
-    """Which controller sets the KL coefficient over training."""
-
-    FIXED = "fixed"
-    """Keep the coefficient constant."""
-    ADAPTIVE = "adaptive"
-    """Move the coefficient so the measured KL tracks a target."""
-
-
-class KLPenaltyKind(str, enum.Enum):
-    """Per-token estimator of KL(policy || reference) from two logprobs."""
-
-    KL = "kl"
-    """``logp - ref``: unbiased k1 estimator, can be negative per token."""
-    ABS = "abs"
-    """``|logp - ref|``."""
-    MSE = "mse"
-    """``0.5 * (logp - ref)^2``: the k2 estimator."""
-    LOW_VAR_KL = "low_var_kl"
-    """``exp(ref - logp) - (ref - logp) - 1``: the non-negative, low-variance k3 estimator."""
-
-
 def _enum_converter(enum_class: type[E]) -> Callable[[Any], E]:
     """Accept an enum member or its string value and say which values exist on a typo."""
 
@@ -229,25 +207,3 @@ class GspoLossConfig:
     """Divisor of ``seq-mean-token-sum-norm``; null uses the batch's column count T."""
     entropy_coeff: float = _entropy_coeff_field()
     """Weight of the entropy bonus subtracted from the loss; 0 disables it."""
-
-
-# --- KL control ------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class KLConfig:
-    """How a KL(policy || reference) penalty is measured and weighted."""
-
-    controller: KLControllerKind = attrs.field(
-        default=KLControllerKind.FIXED, converter=_enum_converter(KLControllerKind)
-    )
-    """``fixed`` keeps ``coef``; ``adaptive`` moves it so the measured KL tracks ``target``."""
-    coef: float = attrs.field(default=1e-3, validator=_non_negative)
-    """The coefficient, or the adaptive controller's starting value."""
-    target: float = attrs.field(default=0.1, validator=_positive)
-    """KL per token the adaptive controller aims for; ignored by ``fixed``."""
-    horizon: int = attrs.field(default=10000, validator=_positive)
-    """Steps over which the adaptive controller may change the coefficient by about 20%;
-    larger is slower. Ignored by ``fixed``."""
-    penalty: KLPenaltyKind = attrs.field(default=KLPenaltyKind.KL, converter=_enum_converter(KLPenaltyKind))
-    """Per-token KL estimator (see `KLPenaltyKind`)."""

@@ -13,7 +13,9 @@ from typing import Any, Callable, Union
 import attrs
 import torch
 
-from nexrl_grpo.config import KLConfig, KLControllerKind, KLPenaltyKind
+from nexrl_core.config.schema import KLController as KLControllerKind
+from nexrl_core.config.schema import KLPenalty as KLPenaltyKind
+from nexrl_core.config.schema import KLSettings
 
 __all__ = [
     "AdaptiveKLController",
@@ -75,7 +77,7 @@ class AdaptiveKLController:
 KLController = Union[FixedKLController, AdaptiveKLController]
 
 
-def build_kl_controller(config: KLConfig) -> KLController:
+def build_kl_controller(config: KLSettings) -> KLController:
     """Build the controller ``config.controller`` names, starting at ``config.coef``."""
     if config.controller is KLControllerKind.ADAPTIVE:
         return AdaptiveKLController(init_coef=config.coef, target_kl=config.target, horizon=config.horizon)

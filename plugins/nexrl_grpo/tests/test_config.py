@@ -15,9 +15,6 @@ from nexrl_grpo.config import (
     GrpoConfig,
     GspoLossConfig,
     ImportanceSamplingLossConfig,
-    KLConfig,
-    KLControllerKind,
-    KLPenaltyKind,
     PPOLossConfig,
     ReinforcePlusPlusConfig,
 )
@@ -31,13 +28,10 @@ def test_defaults() -> None:
     assert (ppo.agg_mode, ppo.norm_constant, ppo.entropy_coeff) == (AggMode.TOKEN_MEAN, None, 0.0)
     gspo = GspoLossConfig()
     assert (gspo.clip_low, gspo.clip_high, gspo.agg_mode) == (3e-4, 4e-4, AggMode.SEQ_MEAN_TOKEN_MEAN)
-    kl = KLConfig()
-    assert (kl.controller, kl.penalty) == (KLControllerKind.FIXED, KLPenaltyKind.KL)
 
 
 def test_enum_fields_accept_their_string_values() -> None:
     assert PPOLossConfig(agg_mode="token-sum").agg_mode is AggMode.TOKEN_SUM
-    assert KLConfig(controller="adaptive", penalty="low_var_kl").penalty is KLPenaltyKind.LOW_VAR_KL
 
 
 def test_cattrs_structures_yaml_values() -> None:
@@ -69,9 +63,6 @@ def test_configs_are_frozen() -> None:
         (lambda: CrossEntropyLossConfig(norm_constant=0), r"CrossEntropyLossConfig\.norm_constant must be"),
         (lambda: CispoLossConfig(clip_high=0), r"CispoLossConfig\.clip_high must be"),
         (lambda: ImportanceSamplingLossConfig(agg_mode="mean"), r"'mean' is not a valid AggMode; choose one of"),
-        (lambda: KLConfig(penalty="k4"), r"'k4' is not a valid KLPenaltyKind; choose one of .*'low_var_kl'"),
-        (lambda: KLConfig(controller="pid"), r"'pid' is not a valid KLControllerKind"),
-        (lambda: KLConfig(target=0), r"KLConfig\.target must be a finite number > 0"),
     ],
 )
 def test_bad_values_are_rejected_clearly(build, message: str) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nexrl_grpo.config import KLConfig
+from nexrl_core.config.schema import KLController, KLSettings
 from nexrl_grpo.kl import AdaptiveKLController, FixedKLController, build_kl_controller, kl_penalty
 
 # logp - ref = [0.5, -1.0]
@@ -86,9 +86,9 @@ def test_controllers_reject_bad_arguments() -> None:
 
 
 def test_build_kl_controller() -> None:
-    fixed = build_kl_controller(KLConfig(coef=0.05))
+    fixed = build_kl_controller(KLSettings(coef=0.05))
     assert isinstance(fixed, FixedKLController)
     assert fixed.value == 0.05
-    adaptive = build_kl_controller(KLConfig(controller="adaptive", coef=0.2, target=0.5, horizon=100))
+    adaptive = build_kl_controller(KLSettings(controller=KLController.ADAPTIVE, coef=0.2, target=0.5, horizon=100))
     assert isinstance(adaptive, AdaptiveKLController)
     assert (adaptive.value, adaptive.target_kl, adaptive.horizon) == (0.2, 0.5, 100)

@@ -1,0 +1,35 @@
+"""Every estimator and loss this plugin registers passes NexRL's conformance contracts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nexrl_core.registry import find_spec, get_advantage_estimator, get_policy_loss
+from nexrl_core.testing import AdvantageEstimatorContract, PolicyLossContract
+
+ESTIMATORS = ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"]
+LOSSES: list[tuple[str, dict[str, Any]]] = [
+    ("ppo", {}),
+    ("ppo", {"dual_clip_c": 3.0, "clip_high": 0.28, "agg_mode": "seq-mean-token-sum-norm"}),
+    ("ppo", {"entropy_coeff": 0.01, "agg_mode": "seq-mean-token-mean"}),
+    ("importance_sampling", {"agg_mode": "token-sum"}),
+    ("importance_sampling", {"agg_mode": "seq-mean-token-sum"}),
+    ("cross_entropy", {}),
+    ("cispo", {}),
+    ("gspo", {"entropy_coeff": 0.01}),
+]
+
+
+class TestEstimatorContracts(AdvantageEstimatorContract):
+    @pytest.fixture(params=ESTIMATORS)
+    def estimator(self, request: pytest.FixtureRequest) -> Any:
+        return get_advantage_estimator(request.param)
+
+
+class TestLossContracts(PolicyLossContract):
+    @pytest.fixture(params=LOSSES, ids=lambda case: f"{case[0]}{case[1] or ''}")
+    def policy_loss(self, request: pytest.FixtureRequest) -> Any:
+        name, options = request.param
+        return get_policy_loss(name, find_spec("policy_losses", name).config_class(**options))
