@@ -26,10 +26,6 @@ __all__ = [
     "GrpoEstimator",
     "ReinforcePlusPlusEstimator",
     "RlooEstimator",
-    "build_dr_grpo",
-    "build_grpo",
-    "build_reinforce_plus_plus",
-    "build_rloo",
 ]
 
 _WHAT = "advantage estimator"
@@ -355,22 +351,3 @@ class ReinforcePlusPlusEstimator:
             "score/mean": float(_sorted_sum(scores) / n_counted) if n_counted else 0.0,
         }
         return AdvantageOutput(advantages=advantages, returns=returns, metrics=metrics)
-
-
-# --- factories (the spec records name these) -------------------------------------------------------
-
-
-def build_grpo(config: GrpoConfig) -> GrpoEstimator:
-    return GrpoEstimator(config)
-
-
-def build_dr_grpo(config: DrGrpoConfig) -> DrGrpoEstimator:
-    return DrGrpoEstimator(config)
-
-
-def build_rloo(config: RlooConfig) -> RlooEstimator:
-    return RlooEstimator(config)
-
-
-def build_reinforce_plus_plus(config: ReinforcePlusPlusConfig) -> ReinforcePlusPlusEstimator:
-    return ReinforcePlusPlusEstimator(config)

@@ -29,11 +29,6 @@ __all__ = [
     "GspoLoss",
     "ImportanceSamplingLoss",
     "PPOLoss",
-    "build_cispo_loss",
-    "build_cross_entropy_loss",
-    "build_gspo_loss",
-    "build_importance_sampling_loss",
-    "build_ppo_loss",
 ]
 
 _WHAT = "policy loss"
@@ -129,6 +124,16 @@ def _ratio_stats(tokens: _Tokens, ratio: torch.Tensor) -> dict[str, float]:
     }
 
 
+def _clipped_surrogate(
+    advantages: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)), and where the
+    clipped term is the larger one (the token then gets no gradient)."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
 def _finish(
     loss_tokens: torch.Tensor,
     tokens: _Tokens,
@@ -164,10 +169,7 @@ class PPOLoss:
         assert advantages is not None
         log_ratio = tokens.log_ratio()
         ratio = torch.exp(log_ratio)
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
-        loss_tokens = torch.maximum(unclipped, clipped)
-        clip_active = clipped > unclipped
+        loss_tokens, clip_active = _clipped_surrogate(advantages, ratio, config.clip_low, config.clip_high)
         metrics = {
             "clip_frac": tokens.fraction(clip_active),
             "clip_frac/low": tokens.fraction(clip_active & (ratio < 1.0)),
@@ -270,35 +272,10 @@ class GspoLoss:
         sequence_log_ratio = (log_ratio * tokens.weights).sum(dim=-1) / row_weights
         sequence_ratio = torch.exp(sequence_log_ratio).detach()[:, None]
         token_ratio = sequence_ratio * torch.exp(tokens.logprobs - tokens.logprobs.detach())
-        unclipped = -advantages * token_ratio
-        clipped = -advantages * token_ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
-        loss_tokens = torch.maximum(unclipped, clipped)
+        loss_tokens, clip_active = _clipped_surrogate(advantages, token_ratio, config.clip_low, config.clip_high)
         metrics = {
-            "clip_frac": tokens.fraction(clipped > unclipped),
+            "clip_frac": tokens.fraction(clip_active),
             **_approx_kl(tokens, log_ratio),
             **_ratio_stats(tokens, token_ratio),
         }
         return _finish(loss_tokens, tokens, config, config.entropy_coeff, metrics)
-
-
-# --- factories (the spec records name these) -----------------------------------------------------
-
-
-def build_ppo_loss(config: PPOLossConfig) -> PPOLoss:
-    return PPOLoss(config)
-
-
-def build_importance_sampling_loss(config: ImportanceSamplingLossConfig) -> ImportanceSamplingLoss:
-    return ImportanceSamplingLoss(config)
-
-
-def build_cross_entropy_loss(config: CrossEntropyLossConfig) -> CrossEntropyLoss:
-    return CrossEntropyLoss(config)
-
-
-def build_cispo_loss(config: CispoLossConfig) -> CispoLoss:
-    return CispoLoss(config)
-
-
-def build_gspo_loss(config: GspoLossConfig) -> GspoLoss:
-    return GspoLoss(config)

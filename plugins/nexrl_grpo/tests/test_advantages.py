@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nexrl_core.algorithms import AdvantageInputs, GroupKey
-from nexrl_grpo.advantages import build_dr_grpo, build_grpo, build_reinforce_plus_plus, build_rloo
+from nexrl_grpo.advantages import DrGrpoEstimator, GrpoEstimator, ReinforcePlusPlusEstimator, RlooEstimator
 from nexrl_grpo.config import DrGrpoConfig, GrpoConfig, ReinforcePlusPlusConfig, RlooConfig
 
 T = 3
@@ -44,15 +44,15 @@ def assert_values(actual: torch.Tensor, expected: list[list[float]], atol: float
 
 
 def grpo(**options: object):
-    return build_grpo(GrpoConfig(**options))
+    return GrpoEstimator(GrpoConfig(**options))
 
 
 GROUP_RELATIVE = {
-    "grpo": lambda: build_grpo(GrpoConfig()),
-    "dr_grpo": lambda: build_dr_grpo(DrGrpoConfig()),
-    "rloo": lambda: build_rloo(RlooConfig()),
+    "grpo": lambda: GrpoEstimator(GrpoConfig()),
+    "dr_grpo": lambda: DrGrpoEstimator(DrGrpoConfig()),
+    "rloo": lambda: RlooEstimator(RlooConfig()),
 }
-ALL = {**GROUP_RELATIVE, "reinforce_plus_plus": lambda: build_reinforce_plus_plus(ReinforcePlusPlusConfig())}
+ALL = {**GROUP_RELATIVE, "reinforce_plus_plus": lambda: ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig())}
 
 # Group "a": scores 1, 0, 0; group "b": scores 2, 4; every row its own run.
 TWO_GROUPS = outcome_batch([1.0, 0.0, 0.0, 2.0, 4.0], ["a", "a", "a", "b", "b"])
@@ -93,16 +93,16 @@ def test_grpo_averages_a_multi_trajectory_run_first() -> None:
 
 
 def test_dr_grpo() -> None:
-    out = build_dr_grpo(DrGrpoConfig())(TWO_GROUPS)
+    out = DrGrpoEstimator(DrGrpoConfig())(TWO_GROUPS)
     # a: mean 1/3 -> 2/3, -1/3, -1/3; b: mean 3 -> -1, 1
     assert row_values(out.advantages) == pytest.approx([2 / 3, -1 / 3, -1 / 3, -1.0, 1.0])
-    multi = build_dr_grpo(DrGrpoConfig())(MULTI_TRAJECTORY)
+    multi = DrGrpoEstimator(DrGrpoConfig())(MULTI_TRAJECTORY)
     # baseline = mean of run means (1 + 0) / 2 = 0.5
     assert row_values(multi.advantages) == pytest.approx([0.5, 0.5, 0.5, -0.5])
 
 
 def test_rloo() -> None:
-    out = build_rloo(RlooConfig())(TWO_GROUPS)
+    out = RlooEstimator(RlooConfig())(TWO_GROUPS)
     # a: row 0 baseline (0 + 0) / 2 = 0 -> 1; rows 1, 2 baseline (1 + 0) / 2 = 0.5 -> -0.5
     # b: row 3 baseline 4 -> -2; row 4 baseline 2 -> 2
     assert row_values(out.advantages) == pytest.approx([1.0, -0.5, -0.5, -2.0, 2.0])
@@ -110,12 +110,12 @@ def test_rloo() -> None:
 
 def test_rloo_leaves_out_the_whole_run() -> None:
     batch = outcome_batch([1.0, 0.0, 0.0, 1.0], ["g"] * 4, ["r1", "r1", "r2", "r3"])
-    out = build_rloo(RlooConfig())(batch)
+    out = RlooEstimator(RlooConfig())(batch)
     # run means: r1 0.5, r2 0, r3 1
     # r1 rows: baseline (0 + 1) / 2 = 0.5 -> 1 - 0.5 = 0.5, 0 - 0.5 = -0.5
     # r2: baseline (0.5 + 1) / 2 = 0.75 -> -0.75; r3: baseline (0.5 + 0) / 2 = 0.25 -> 0.75
     assert row_values(out.advantages) == pytest.approx([0.5, -0.5, -0.75, 0.75])
-    multi = build_rloo(RlooConfig())(MULTI_TRAJECTORY)
+    multi = RlooEstimator(RlooConfig())(MULTI_TRAJECTORY)
     # r1 baseline = r2's mean 0 -> 1; r2 baseline = r1's mean 1 -> -1
     assert row_values(multi.advantages) == pytest.approx([1.0, 1.0, 1.0, -1.0])
 
@@ -129,7 +129,7 @@ RPP_BATCH = AdvantageInputs(
 
 
 def test_reinforce_plus_plus_gamma_one() -> None:
-    out = build_reinforce_plus_plus(ReinforcePlusPlusConfig(gamma=1.0))(RPP_BATCH)
+    out = ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig(gamma=1.0))(RPP_BATCH)
     # returns-to-go: row 0 [1, 1, 1]; row 1: t2 = -1, t1 = 0.5 - 1 = -0.5, t0 = -0.5
     assert_values(out.returns, [[1.0, 1.0, 1.0], [-0.5, -0.5, -1.0]])
     # mean (3 - 2) / 6 = 1/6; deviations 5/6 (x3), -4/6 (x2), -7/6;
@@ -140,7 +140,7 @@ def test_reinforce_plus_plus_gamma_one() -> None:
 
 
 def test_reinforce_plus_plus_gamma_half() -> None:
-    out = build_reinforce_plus_plus(ReinforcePlusPlusConfig(gamma=0.5))(RPP_BATCH)
+    out = ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig(gamma=0.5))(RPP_BATCH)
     # row 0: t2 = 1, t1 = 0 + 0.5 * 1 = 0.5, t0 = 0 + 0.5 * 0.5 = 0.25
     # row 1: t2 = -1, t1 = 0.5 + 0.5 * -1 = 0, t0 = 0 + 0.5 * 0 = 0
     assert_values(out.returns, [[0.25, 0.5, 1.0], [0.0, 0.0, -1.0]])
@@ -157,7 +157,7 @@ def test_reinforce_plus_plus_discounts_trained_tokens_only() -> None:
         loss_mask=torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
         valid_rows=torch.tensor([True, True]),
     )
-    out = build_reinforce_plus_plus(ReinforcePlusPlusConfig(gamma=0.5))(batch)
+    out = ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig(gamma=0.5))(batch)
     # The untrained middle token neither adds its 9 nor counts as a discount step:
     # row 0 returns t2 = 1, t0 = 0 + 0.5 * 1 = 0.5; the middle one is 0 (untrained).
     assert out.returns.tolist() == [[0.5, 0.0, 1.0], [0.0, 0.0, 0.0]]
@@ -201,7 +201,7 @@ def test_single_run_with_several_trajectories_gives_zero(name: str) -> None:
 
 def test_equal_run_ids_in_different_groups_are_different_runs() -> None:
     batch = outcome_batch([1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"], [0, 1, 0, 1])
-    out = build_dr_grpo(DrGrpoConfig())(batch)
+    out = DrGrpoEstimator(DrGrpoConfig())(batch)
     assert row_values(out.advantages) == pytest.approx([0.5, -0.5, 0.5, -0.5])
 
 
@@ -214,7 +214,7 @@ def test_tensor_group_ids_group_by_value() -> None:
         group_ids=torch.tensor([0, 0, 1, 1]),
         run_ids=torch.arange(4),
     )
-    out = build_dr_grpo(DrGrpoConfig())(batch)
+    out = DrGrpoEstimator(DrGrpoConfig())(batch)
     assert row_values(out.advantages) == pytest.approx([0.5, -0.5, -1.0, 1.0])
 
 

@@ -19,19 +19,19 @@ from nexrl_grpo.config import (
     PPOLossConfig,
 )
 from nexrl_grpo.losses import (
-    build_cispo_loss,
-    build_cross_entropy_loss,
-    build_gspo_loss,
-    build_importance_sampling_loss,
-    build_ppo_loss,
+    CispoLoss,
+    CrossEntropyLoss,
+    GspoLoss,
+    ImportanceSamplingLoss,
+    PPOLoss,
 )
 
 LOSSES: dict[str, Callable[..., object]] = {
-    "ppo": lambda **o: build_ppo_loss(PPOLossConfig(**o)),
-    "importance_sampling": lambda **o: build_importance_sampling_loss(ImportanceSamplingLossConfig(**o)),
-    "cross_entropy": lambda **o: build_cross_entropy_loss(CrossEntropyLossConfig(**o)),
-    "cispo": lambda **o: build_cispo_loss(CispoLossConfig(**o)),
-    "gspo": lambda **o: build_gspo_loss(GspoLossConfig(**o)),
+    "ppo": lambda **o: PPOLoss(PPOLossConfig(**o)),
+    "importance_sampling": lambda **o: ImportanceSamplingLoss(ImportanceSamplingLossConfig(**o)),
+    "cross_entropy": lambda **o: CrossEntropyLoss(CrossEntropyLossConfig(**o)),
+    "cispo": lambda **o: CispoLoss(CispoLossConfig(**o)),
+    "gspo": lambda **o: GspoLoss(GspoLossConfig(**o)),
 }
 WITH_ENTROPY = ["ppo", "importance_sampling", "cispo", "gspo"]
 
@@ -81,7 +81,7 @@ def test_ppo_clips_on_both_sides() -> None:
     # token 2: A = -2, r = 1.1: max(2.2, 2.2) = 2.2   (inside)
     # token 3: A = 1,  r = 0.7: max(-0.7, -0.8) = -0.7 (below range, but A > 0: not clipped)
     inputs = ratio_inputs([[1.5, 0.5, 1.1, 0.7]], [[1.0, -1.0, -2.0, 1.0]])
-    out = build_ppo_loss(PPOLossConfig())(inputs)
+    out = PPOLoss(PPOLossConfig())(inputs)
     # (-1.2 + 0.8 + 2.2 - 0.7) / 4 = 0.275
     assert out.loss.item() == pytest.approx(0.275)
     assert out.metrics["loss"] == pytest.approx(0.275)
@@ -104,7 +104,7 @@ def test_ppo_clips_on_both_sides() -> None:
 def test_ppo_asymmetric_clip() -> None:
     # clip range [0.8, 1.3]: token 0 (A = 1, r = 1.5) now gives max(-1.5, -1.3) = -1.3
     inputs = ratio_inputs([[1.5, 1.25]], [[1.0, 1.0]])
-    out = build_ppo_loss(PPOLossConfig(clip_high=0.3))(inputs)
+    out = PPOLoss(PPOLossConfig(clip_high=0.3))(inputs)
     # (-1.3 - 1.25) / 2
     assert out.loss.item() == pytest.approx(-1.275)
     assert out.metrics["clip_frac/high"] == pytest.approx(0.5)
@@ -116,7 +116,7 @@ def test_ppo_dual_clip() -> None:
     # token 1: A = -1, r = 2: max(2, 1.2) = 2 < 3 -> 2
     # token 2: A = 1,  r = 5: max(-5, -1.2) = -1.2 (no dual clip for A > 0)
     inputs = ratio_inputs([[5.0, 2.0, 5.0]], [[-1.0, -1.0, 1.0]])
-    out = build_ppo_loss(PPOLossConfig(dual_clip_c=3.0))(inputs)
+    out = PPOLoss(PPOLossConfig(dual_clip_c=3.0))(inputs)
     # (3 + 2 - 1.2) / 3
     assert out.loss.item() == pytest.approx(3.8 / 3)
     assert out.metrics["dual_clip_frac"] == pytest.approx(1 / 3)
@@ -127,7 +127,7 @@ def test_ppo_dual_clip() -> None:
 def test_entropy_bonus() -> None:
     inputs = ratio_inputs([[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]])
     inputs = attrs.evolve(inputs, entropy=torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64))
-    out = build_ppo_loss(PPOLossConfig(entropy_coeff=0.1))(inputs)
+    out = PPOLoss(PPOLossConfig(entropy_coeff=0.1))(inputs)
     # pg loss: -A r = -1 per token; entropy token mean (1 + 2 + 3 + 4) / 4 = 2.5
     # loss = -1 - 0.1 * 2.5 = -1.25
     assert out.loss.item() == pytest.approx(-1.25)
@@ -147,7 +147,7 @@ def test_entropy_coeff_without_entropy_is_an_error(name: str) -> None:
 
 def test_importance_sampling() -> None:
     inputs = ratio_inputs([[1.5, 0.5]], [[1.0, -2.0]])
-    out = build_importance_sampling_loss(ImportanceSamplingLossConfig())(inputs)
+    out = ImportanceSamplingLoss(ImportanceSamplingLossConfig())(inputs)
     # (-1.5 * 1 + -0.5 * -2) / 2 = (-1.5 + 1) / 2 = -0.25
     assert out.loss.item() == pytest.approx(-0.25)
     # d(-r A)/d logp = -r A: [-1.5, 1.0] / 2
@@ -156,14 +156,14 @@ def test_importance_sampling() -> None:
 
 def test_cross_entropy() -> None:
     logprobs = torch.tensor([[-1.0, -2.0, -3.0]], dtype=torch.float64, requires_grad=True)
-    loss = build_cross_entropy_loss(CrossEntropyLossConfig())
+    loss = CrossEntropyLoss(CrossEntropyLossConfig())
     out = loss(PolicyLossInputs(logprobs=logprobs, loss_mask=torch.tensor([[1.0, 1.0, 0.0]])))
     # (1 + 2) / 2
     assert out.loss.item() == pytest.approx(1.5)
     weighted = loss(PolicyLossInputs(logprobs=logprobs, loss_mask=torch.tensor([[0.5, 1.0, 0.0]])))
     # (0.5 * 1 + 1 * 2) / 1.5
     assert weighted.loss.item() == pytest.approx(2.5 / 1.5)
-    summed = build_cross_entropy_loss(CrossEntropyLossConfig(agg_mode="token-sum"))(
+    summed = CrossEntropyLoss(CrossEntropyLossConfig(agg_mode="token-sum"))(
         PolicyLossInputs(logprobs=logprobs, loss_mask=torch.tensor([[0.5, 1.0, 0.0]]))
     )
     # 0.5 * 1 + 1 * 2
@@ -173,7 +173,7 @@ def test_cross_entropy() -> None:
 def test_cispo() -> None:
     # clip range [0.8, 1.2]: weights sg(clip(r)) = [1.2, 0.8, 1.1]; logp = ln r
     inputs = ratio_inputs([[1.5, 0.5, 1.1]], [[1.0, -1.0, 2.0]])
-    out = build_cispo_loss(CispoLossConfig())(inputs)
+    out = CispoLoss(CispoLossConfig())(inputs)
     # -1.2 * 1 * 0.4054651 = -0.4865581; -0.8 * -1 * -0.6931472 = -0.5545177;
     # -1.1 * 2 * 0.0953102 = -0.2096824; sum -1.2507582, / 3
     assert out.loss.item() == pytest.approx(-0.4169194, abs=1e-7)
@@ -186,7 +186,7 @@ def test_cispo_gradient_is_clipped_ratio_times_advantage() -> None:
     torch.manual_seed(0)
     inputs = random_inputs(seed=3, log_ratio_scale=0.5)
     config = CispoLossConfig(clip_low=0.1, clip_high=0.1)
-    out = build_cispo_loss(config)(inputs)
+    out = CispoLoss(config)(inputs)
     out.loss.backward()
     ratio = torch.exp(inputs.logprobs.detach() - inputs.old_logprobs)
     clipped = ratio.clamp(0.9, 1.1)
@@ -207,7 +207,7 @@ def test_gspo() -> None:
         advantages=torch.tensor([[1.0] * 3, [-1.0] * 3], dtype=torch.float64),
         loss_mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64),
     )
-    out = build_gspo_loss(GspoLossConfig(clip_low=0.2, clip_high=0.2))(inputs)
+    out = GspoLoss(GspoLossConfig(clip_low=0.2, clip_high=0.2))(inputs)
     # seq-mean-token-mean: (-1.2 + 1) / 2 = -0.1
     assert out.loss.item() == pytest.approx(-0.1)
     # 2 clipped tokens of 5
@@ -228,7 +228,7 @@ def test_gspo_default_clip_is_tight() -> None:
         advantages=torch.ones(2, 2, dtype=torch.float64),
         loss_mask=torch.ones(2, 2, dtype=torch.float64),
     )
-    out = build_gspo_loss(GspoLossConfig())(inputs)
+    out = GspoLoss(GspoLossConfig())(inputs)
     # row 0: -e^0.0001 = -1.0001000; row 1: -(1 + 4e-4) = -1.0004; mean -1.0002500
     assert out.loss.item() == pytest.approx(-1.00025, abs=1e-7)
     assert out.metrics["clip_frac"] == pytest.approx(0.5)
@@ -250,14 +250,14 @@ def test_gspo_default_clip_is_tight() -> None:
 )
 def test_loss_uses_the_configured_aggregation(mode: str, expected: float) -> None:
     inputs = ratio_inputs([[1.0] * 3] * 2, [[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], mask=[[1, 1, 1], [1, 0, 0]])
-    assert build_ppo_loss(PPOLossConfig(agg_mode=mode))(inputs).loss.item() == pytest.approx(expected)
+    assert PPOLoss(PPOLossConfig(agg_mode=mode))(inputs).loss.item() == pytest.approx(expected)
 
 
 def test_norm_constant_reaches_the_aggregation() -> None:
     inputs = ratio_inputs([[1.0] * 3] * 2, [[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], mask=[[1, 1, 1], [1, 0, 0]])
     config = ImportanceSamplingLossConfig(agg_mode="seq-mean-token-sum-norm", norm_constant=10.0)
     # (-6 / 10 - 4 / 10) / 2
-    assert build_importance_sampling_loss(config)(inputs).loss.item() == pytest.approx(-0.5)
+    assert ImportanceSamplingLoss(config)(inputs).loss.item() == pytest.approx(-0.5)
 
 
 # --- gradients -------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def test_ppo_gradcheck(mode: str) -> None:
     ratio = torch.exp(inputs.logprobs.detach() - inputs.old_logprobs)
     # gradcheck steps logp by 1e-6: keep every ratio well away from the clip boundaries
     assert all((ratio - boundary).abs().min() > 1e-3 for boundary in (0.8, 1.2, 1.5))
-    loss = build_ppo_loss(PPOLossConfig(agg_mode=mode, dual_clip_c=1.5, entropy_coeff=0.01))
+    loss = PPOLoss(PPOLossConfig(agg_mode=mode, dual_clip_c=1.5, entropy_coeff=0.01))
     metrics = loss(inputs).metrics
     # the case exercises both clip sides, the dual clip and unclipped tokens
     assert metrics["clip_frac/low"] > 0 and metrics["clip_frac/high"] > 0 and metrics["dual_clip_frac"] > 0
@@ -299,7 +299,7 @@ def test_gspo_gradcheck() -> None:
     inputs = random_inputs(seed=2)
     assert inputs.advantages is not None
     per_sequence = attrs.evolve(inputs, advantages=inputs.advantages[:, :1].expand_as(inputs.advantages))
-    loss = build_gspo_loss(GspoLossConfig(clip_low=0.2, clip_high=0.2))
+    loss = GspoLoss(GspoLossConfig(clip_low=0.2, clip_high=0.2))
     assert 0 < loss(per_sequence).metrics["clip_frac"] < 1
     gradcheck(loss, per_sequence)
 
@@ -311,7 +311,7 @@ def test_cispo_gradcheck() -> None:
     torch.manual_seed(0)
     inputs = random_inputs(seed=4, log_ratio_scale=0.5)
     delta = inputs.logprobs.detach() - inputs.old_logprobs
-    loss = build_cispo_loss(CispoLossConfig(entropy_coeff=0.01))
+    loss = CispoLoss(CispoLossConfig(entropy_coeff=0.01))
 
     def value(logprobs: torch.Tensor) -> torch.Tensor:
         return loss(attrs.evolve(inputs, logprobs=logprobs, old_logprobs=logprobs - delta)).loss
@@ -381,7 +381,7 @@ def test_low_precision_inputs_are_computed_in_float32() -> None:
         advantages=inputs.advantages.bfloat16(),
         loss_mask=inputs.loss_mask.bfloat16(),
     )
-    out = build_ppo_loss(PPOLossConfig())(half)
+    out = PPOLoss(PPOLossConfig())(half)
     assert out.loss.dtype == torch.float32
     out.loss.backward()
     assert half.logprobs.grad is not None and half.logprobs.grad.dtype == torch.bfloat16
@@ -416,7 +416,7 @@ def test_non_finite_entropy_is_rejected() -> None:
     entropy = inputs.entropy.clone()
     entropy[tuple((inputs.loss_mask > 0).nonzero()[0])] = math.nan
     with pytest.raises(ValueError, match="entropy has 1 NaN or inf entries"):
-        build_ppo_loss(PPOLossConfig(entropy_coeff=0.1))(attrs.evolve(inputs, entropy=entropy))
+        PPOLoss(PPOLossConfig(entropy_coeff=0.1))(attrs.evolve(inputs, entropy=entropy))
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan])
@@ -425,7 +425,7 @@ def test_bad_mask_is_rejected(bad: float) -> None:
     mask = inputs.loss_mask.clone()
     mask[0, 0] = bad
     with pytest.raises(ValueError, match="loss_mask has 1 negative, NaN or inf entries"):
-        build_ppo_loss(PPOLossConfig())(attrs.evolve(inputs, loss_mask=mask))
+        PPOLoss(PPOLossConfig())(attrs.evolve(inputs, loss_mask=mask))
 
 
 @pytest.mark.parametrize("field", ["old_logprobs", "advantages", "loss_mask"])
@@ -433,12 +433,12 @@ def test_shape_mismatch_is_rejected(field: str) -> None:
     inputs = random_inputs(seed=12)
     wrong = getattr(inputs, field)[:, :-1]
     with pytest.raises(ValueError, match=rf"'ppo': {field} must have logprobs' shape \(3, 5\), got \(3, 4\)"):
-        build_ppo_loss(PPOLossConfig())(attrs.evolve(inputs, **{field: wrong}))
+        PPOLoss(PPOLossConfig())(attrs.evolve(inputs, **{field: wrong}))
 
 
 def test_logprobs_must_be_two_dimensional() -> None:
     with pytest.raises(ValueError, match=r"logprobs must be \[B, T\]"):
-        build_cross_entropy_loss(CrossEntropyLossConfig())(
+        CrossEntropyLoss(CrossEntropyLossConfig())(
             PolicyLossInputs(logprobs=torch.zeros(4), loss_mask=torch.ones(4))
         )
 
