@@ -8,7 +8,8 @@ import click
 
 from nexrl_core import __version__
 from nexrl_core.commands.config import config
-from nexrl_core.registry import RegistryError, get_registry
+from nexrl_core.registry import RegistryError, find_spec, get_registry
+from nexrl_core.serving import ServeOptions
 
 
 @click.group()
@@ -59,6 +60,24 @@ def plugins(as_json: bool) -> None:
         status = f"[red]{row['error']}[/red]" if row["error"] else "[green]ok[/green]"
         table.add_row(str(row["name"]), distribution, registers or "-", status)
     Console().print(table)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free one).")
+@click.option("--db", default=None, help="SQLAlchemy URL of the state store [default: a SQLite file in the data dir].")
+@click.option("--model", default="nexrl-tiny", show_default=True, help="Shipped model name or local HF directory.")
+@click.option("--api-key", default=None, envvar="NEXRL_API_KEY", help="Refuse requests without this key.")
+@click.option("--data-dir", default=None, help="Where checkpoints and the default database live.")
+def serve(name: str, host: str, port: int, db: str | None, model: str, api_key: str | None, data_dir: str | None) -> None:
+    """Run the service a plugin registers as NAME (e.g. `tinker`) until Ctrl-C."""
+    try:
+        spec = find_spec("services", name)
+    except RegistryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    options = ServeOptions(host=host, port=port, db=db, model=model, api_key=api_key, data_dir=data_dir)
+    spec.build(options).serve_forever()
 
 
 cli.add_command(config)

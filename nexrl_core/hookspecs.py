@@ -13,6 +13,7 @@ from nexrl_core.specs import (
     AdvantageEstimatorSpec,
     PolicyLossSpec,
     ServiceHolderSpec,
+    ServiceSpec,
     TrainerSpec,
     TransportSpec,
 )
@@ -85,4 +86,15 @@ def nexrl_transports() -> list[TransportSpec]:
 
     :return: the plugin's `TransportSpec` records, looked up through
         ``get_transport(name)`` and ``backend.transport`` in a recipe.
+    """
+
+
+@hookspec
+def nexrl_services() -> list[ServiceSpec]:
+    """Register servers that NexRL runs itself, such as a local Tinker-compatible service.
+
+    Called once, when the registries are first built.
+
+    :return: the plugin's `ServiceSpec` records, started by ``nexrl serve NAME`` and by
+        ``nexrl train`` when a recipe's ``backend.base_url`` is empty.
     """

@@ -20,6 +20,7 @@ from nexrl_core.specs import (
     ComponentSpec,
     PolicyLossSpec,
     ServiceHolderSpec,
+    ServiceSpec,
     TrainerSpec,
     TransportSpec,
 )
@@ -30,6 +31,7 @@ KINDS: Mapping[str, type[ComponentSpec]] = {
     "trainers": TrainerSpec,
     "service_holders": ServiceHolderSpec,
     "transports": TransportSpec,
+    "services": ServiceSpec,
 }
 """Registry kind → the spec record its hook returns; the hook is ``nexrl_<kind>``."""
 

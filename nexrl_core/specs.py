@@ -106,3 +106,11 @@ class TransportSpec(ComponentSpec):
     """Registers a transport that carries batches from a trainer to its workers."""
 
     kind: ClassVar[str] = "transport"
+
+
+@attrs.frozen(kw_only=True)
+class ServiceSpec(ComponentSpec):
+    """Registers a server NexRL can run itself (``nexrl serve NAME``), such as the local
+    Tinker-compatible service; the factory takes `nexrl_core.serving.ServeOptions`."""
+
+    kind: ClassVar[str] = "service"

@@ -29,6 +29,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
         "trainers": [],
         "service_holders": [],
         "transports": [],
+        "services": [],
     }
 
 
@@ -37,3 +38,9 @@ def test_plugins_table() -> None:
     assert completed.returncode == 0, completed.stderr
     assert "nexrl-grpo" in completed.stdout
     assert "importance_sampling" in completed.stdout
+
+
+def test_serve_unknown_service_names_what_is_known() -> None:
+    completed = run_nexrl("serve", "no-such-service")
+    assert completed.returncode == 1
+    assert "unknown service 'no-such-service'" in completed.stderr

@@ -18,6 +18,7 @@ def test_there_are_hooks() -> None:
         "nexrl_advantage_estimators",
         "nexrl_policy_losses",
         "nexrl_service_holders",
+        "nexrl_services",
         "nexrl_trainers",
         "nexrl_transports",
     ]

@@ -1,0 +1,46 @@
+"""What ``nexrl serve NAME`` and the embedded default of ``nexrl train`` ask of a service.
+
+A service plugin registers a `ServiceSpec` whose factory takes `ServeOptions` and returns
+a `Service`. The core starts it in the foreground for ``nexrl serve`` or in the
+background for a training run, without knowing which web framework it uses.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class ServeOptions:
+    """Options every NexRL-run service understands."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback unless told otherwise."""
+    port: int = attrs.field(default=8000, validator=[attrs.validators.ge(0), attrs.validators.le(65535)])
+    """TCP port; 0 picks a free one (see `Service.start`)."""
+    db: str | None = None
+    """SQLAlchemy URL of the state store; None lets the service choose a SQLite file."""
+    model: str = "nexrl-tiny"
+    """Base model served: a shipped model's name or a local HF directory."""
+    api_key: str | None = None
+    """When set, every request must carry this key."""
+    data_dir: str | None = None
+    """Where checkpoints and the default database live; None lets the service choose."""
+
+
+class Service(Protocol):
+    """A server that can run in the foreground or in a background thread."""
+
+    def start(self) -> str:
+        """Start serving in the background and return the base URL once it accepts requests."""
+        ...
+
+    def stop(self) -> None:
+        """Stop serving and release everything (threads, sockets, database handles)."""
+        ...
+
+    def serve_forever(self) -> None:
+        """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
+        ...
