@@ -14,6 +14,7 @@ from nexrl_core.specs import (
     PolicyLossSpec,
     ServiceHolderSpec,
     ServiceSpec,
+    TaskSpec,
     TrainerSpec,
     TransportSpec,
 )
@@ -47,6 +48,19 @@ def nexrl_policy_losses() -> list[PolicyLossSpec]:
 
     :return: the plugin's `PolicyLossSpec` records, looked up through
         ``get_policy_loss(name)`` and ``algorithm.loss.name``.
+    """
+
+
+# --- tasks ------------------------------------------------------------------------------
+
+
+@hookspec
+def nexrl_tasks() -> list[TaskSpec]:
+    """Register tasks: training and validation items plus the agent that runs them.
+
+    Called once, when the registries are first built.
+
+    :return: the plugin's `TaskSpec` records, looked up by ``task.name`` in a recipe.
     """
 
 

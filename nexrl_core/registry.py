@@ -21,6 +21,7 @@ from nexrl_core.specs import (
     PolicyLossSpec,
     ServiceHolderSpec,
     ServiceSpec,
+    TaskSpec,
     TrainerSpec,
     TransportSpec,
 )
@@ -32,6 +33,7 @@ KINDS: Mapping[str, type[ComponentSpec]] = {
     "service_holders": ServiceHolderSpec,
     "transports": TransportSpec,
     "services": ServiceSpec,
+    "tasks": TaskSpec,
 }
 """Registry kind → the spec record its hook returns; the hook is ``nexrl_<kind>``."""
 

@@ -114,3 +114,10 @@ class ServiceSpec(ComponentSpec):
     Tinker-compatible service; the factory takes `nexrl_core.serving.ServeOptions`."""
 
     kind: ClassVar[str] = "service"
+
+
+@attrs.frozen(kw_only=True)
+class TaskSpec(ComponentSpec):
+    """Registers a task (items plus agent, see `nexrl_core.tasks.Task`) by name."""
+
+    kind: ClassVar[str] = "task"

@@ -30,6 +30,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
         "service_holders": [],
         "transports": [],
         "services": [],
+        "tasks": [],
     }
 
 

@@ -19,6 +19,7 @@ def test_there_are_hooks() -> None:
         "nexrl_policy_losses",
         "nexrl_service_holders",
         "nexrl_services",
+        "nexrl_tasks",
         "nexrl_trainers",
         "nexrl_transports",
     ]
