@@ -26,7 +26,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
     assert grpo["registers"] == {
         "advantage_estimators": ["dr_grpo", "grpo", "reinforce_plus_plus", "rloo"],
         "policy_losses": ["cispo", "cross_entropy", "gspo", "importance_sampling", "ppo"],
-        "trainers": [],
+        "trainers": ["remote_api_grpo"],
         "service_holders": [],
         "transports": [],
         "services": [],

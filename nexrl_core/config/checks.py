@@ -61,6 +61,18 @@ fraction = Check("must be in [0, 1]", lambda value: _finite(value) and 0 <= valu
 positive_fraction = Check("must be in (0, 1]", lambda value: _finite(value) and 0 < value <= 1)
 fraction_below_one = Check("must be in [0, 1)", lambda value: _finite(value) and 0 <= value < 1)
 non_empty = Check("must not be empty", lambda value: isinstance(value, str) and value.strip() != "")
+optional_positive_int = Check(
+    "must be null or an integer > 0",
+    lambda value: value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+)
+optional_non_negative_int = Check(
+    "must be null or an integer >= 0",
+    lambda value: value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
+)
+optional_non_empty = Check(
+    "must be null or a non-empty string",
+    lambda value: value is None or (isinstance(value, str) and value.strip() != ""),
+)
 optional_module_attribute = Check(
     "must be null or look like 'package.module:function'",
     lambda value: value is None or _MODULE_ATTRIBUTE.fullmatch(value) is not None,

@@ -21,6 +21,9 @@ from nexrl_core.config.checks import (
     non_negative,
     optional_http_url,
     optional_module_attribute,
+    optional_non_empty,
+    optional_non_negative_int,
+    optional_positive_int,
     positive,
     positive_fraction,
 )
@@ -84,7 +87,10 @@ class TaskConfig:
     val_data_path: str | None = None
     """JSONL file of validation prompts; null validates on the built-in task's split, if any."""
     agent: str | None = attrs.field(default=None, validator=optional_module_attribute)
-    """Rollout function as ``package.module:function``; null uses the built-in task's agent."""
+    """Rollout function as ``package.module:function``; null uses the built-in task's agent.
+    The recipe's directory and the current directory are searched for the module too."""
+    val_size: int | None = attrs.field(default=None, validator=optional_positive_int)
+    """Validate on the first this many held-out items; null uses all of them."""
 
 
 @attrs.frozen(kw_only=True)
@@ -99,6 +105,13 @@ class BackendConfig:
     """Name of the environment variable holding the API key, so the key never sits in a recipe."""
     trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
     """Registered trainer that turns trajectories into updates on this backend."""
+    service: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Registered service started in the background when ``base_url`` is null; null means
+    the service named like ``service_holder`` (``nexrl serve NAME`` runs the same one)."""
+    options: dict[str, Any] = attrs.field(factory=dict)
+    """Options of the service holder's own config class, checked against it when the run
+    starts. ``base_url``, ``base_model``/``model``, ``lora_rank``, ``dtype``, ``api_key``
+    and ``seed`` are filled in from the recipe when the class has such a field."""
 
 
 @attrs.frozen(kw_only=True)
@@ -170,9 +183,17 @@ class RolloutConfig:
     concurrency: int = attrs.field(default=16, validator=positive)
     """Agent runs in flight at once."""
     max_staleness: int = attrs.field(default=0, validator=non_negative)
-    """How many weight updates old a trajectory may be when trained on; 0 is fully on-policy."""
+    """How many weight updates old a trajectory may be when trained on; 0 is fully on-policy.
+    With 1 (one-step-off), the rollouts of step k+1 are generated while step k trains,
+    with the weights of step k-1; the backend must allow sampling during training."""
     error_budget: float = attrs.field(default=0.1, validator=fraction)
-    """Fraction of a step's runs that may fail (agent exceptions) before the step fails."""
+    """Fraction of a step's runs that may fail (agent exceptions) before the run stops."""
+    max_agent_errors: int | None = attrs.field(default=None, validator=optional_non_negative_int)
+    """Failed agent runs allowed over the whole run (training and validation) before it
+    stops; null sets no total limit."""
+    val_temperature: float = attrs.field(default=1.0, validator=non_negative)
+    """Sampling temperature of validation runs (one run per held-out item); 0 is greedy.
+    The default samples at temperature 1, so validation measures the policy being trained."""
 
 
 @attrs.frozen(kw_only=True)

@@ -14,6 +14,7 @@ from typing import Any
 _CONTRACTS = {
     "AdvantageEstimatorContract": "nexrl_core.testing.advantage_contract",
     "PolicyLossContract": "nexrl_core.testing.loss_contract",
+    "ServiceHolderContract": "nexrl_core.testing.holder_contract",
 }
 
 __all__ = sorted(_CONTRACTS)

@@ -1,4 +1,4 @@
-"""Entry-point module: registers this plugin's advantage estimators and policy losses.
+"""Entry-point module: registers this plugin's advantage estimators, policy losses and trainers.
 
 The core loads it through the ``nexrl.plugins`` entry point whenever it builds its
 registries, including for ``nexrl plugins`` on a machine without a GPU, so it imports
@@ -9,7 +9,8 @@ resolved when a run picks that name.
 from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec
+from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
+from nexrl_core.trainer import RemoteApiTrainerConfig
 from nexrl_grpo.config import (
     CispoLossConfig,
     CrossEntropyLossConfig,
@@ -92,5 +93,18 @@ def nexrl_policy_losses() -> list[PolicyLossSpec]:
             factory="nexrl_grpo.losses:GspoLoss",
             config_class=GspoLossConfig,
             description="GSPO: PPO clipping on the length-normalised sequence ratio",
+        ),
+    ]
+
+
+@hookimpl
+def nexrl_trainers() -> list[TrainerSpec]:
+    """The GRPO trainers; the remote-API one builds its config from the recipe's ``algorithm``."""
+    return [
+        TrainerSpec(
+            name="remote_api_grpo",
+            factory="nexrl_grpo.trainers:RemoteApiGrpoTrainer",
+            config_class=RemoteApiTrainerConfig,
+            description="GRPO on a remote training API (Tinker, Weaver, local services): datums + AdamW step",
         ),
     ]

@@ -1,0 +1,119 @@
+"""``nexrl train``: run the RL loop a recipe describes."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import click
+
+from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, split_file_and_overrides
+from nexrl_core.config import ConfigError, load_config
+
+INTERRUPTED_EXIT_CODE = 130
+"""Exit status after Ctrl-C, as shells report SIGINT."""
+
+QUICKSTART = "quickstart.yaml"
+
+
+def quickstart_recipe(stack: ExitStack) -> Path:
+    """The built-in recipe shipped as package data, as a file path valid while ``stack`` is open."""
+    from importlib.resources import as_file, files
+
+    return stack.enter_context(as_file(files("nexrl_core").joinpath("recipes", QUICKSTART)))
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("nexrl").setLevel(logging.INFO)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM (``kill``, a job scheduler) like Ctrl-C, so the run shuts down cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@click.command()
+@click.argument("arguments", nargs=-1, metavar="[RECIPE] [KEY=VALUE]...")
+@click.option("--resume", is_flag=True, help="Continue the run in output.dir from its last checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Start over, deleting a previous run's files in output.dir.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Force the live progress bar on or off [default: on a terminal, off under CI].",
+)
+@click.pass_context
+def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrite: bool, progress: bool | None) -> None:
+    """Train with the recipe RECIPE (YAML), or the built-in quickstart when none is given.
+
+    Each KEY=VALUE overrides one recipe value by its dotted path, e.g.
+    rollout.group_size=4 or schedule.steps=10; VALUE is YAML. Results go to output.dir:
+    metrics.jsonl, TensorBoard files, reward_curve.png and checkpoints. Ctrl-C (or SIGTERM)
+    stops cleanly and keeps the last checkpoint; --resume continues from it.
+    """
+    from nexrl_core.loop import TrainingInterrupted, row_summary, run_training
+    from nexrl_core.registry import RegistryError
+    from nexrl_core.rollout import RolloutError
+    from nexrl_core.run_state import TrainingError
+
+    path, overrides = split_file_and_overrides(arguments)
+    with ExitStack() as stack:
+        recipe = Path(path) if path is not None else quickstart_recipe(stack)
+        try:
+            config = load_config(recipe, overrides)
+        except ConfigError as error:
+            click.echo(str(error), err=True)
+            ctx.exit(USAGE_ERROR_EXIT_CODE)
+        if path is None:
+            click.echo(f"no recipe given: running the built-in quickstart ({QUICKSTART}) into {config.output.dir}")
+        _configure_logging()
+        stack.enter_context(_sigterm_as_interrupt())
+        try:
+            summary = run_training(
+                config,
+                resume=resume,
+                overwrite=overwrite,
+                recipe_dir=recipe.parent if path is not None else None,
+                progress_bar=progress,
+            )
+        except ConfigError as error:
+            click.echo(str(error), err=True)
+            ctx.exit(USAGE_ERROR_EXIT_CODE)
+        except (TrainingError, RolloutError, RegistryError) as error:
+            raise click.ClickException(str(error)) from error
+        except TrainingInterrupted as interrupted:
+            again = shlex.join(["nexrl", "train", *arguments, "--resume"])
+            where = (
+                f"the last checkpoint (step {interrupted.checkpoint_step}) is intact; continue with: {again}"
+                if interrupted.checkpoint_step is not None
+                else "no checkpoint was saved yet"
+            )
+            click.echo(f"\ninterrupted: {where}", err=True)
+            ctx.exit(INTERRUPTED_EXIT_CODE)
+
+    click.echo(f"done: {summary.steps} steps ({row_summary(summary.last_row)})")
+    click.echo(f"metrics:      {summary.metrics_path}")
+    if summary.reward_curve is not None:
+        click.echo(f"reward curve: {summary.reward_curve}")
+    if summary.tensorboard_dir is not None:
+        click.echo(f"tensorboard:  tensorboard --logdir {summary.tensorboard_dir}")

@@ -1,0 +1,586 @@
+"""Rollout: agents talk to the model through an OpenAI-shaped client, and every call is kept.
+
+An agent is ordinary code that calls ``llm.chat.completions.create(messages=...)`` as it
+would call OpenAI. The `LLMClient` it receives is backed by the service holder's
+``sample_from_messages`` and returns a `ChatCompletion` with OpenAI's fields
+(``choices[0].message.content``, ``.tool_calls``, ``.finish_reason``, ``usage``) plus
+``completion.nexrl``: the `SampleResult` with the exact token ids and logprobs sampled.
+The client records every call; once the agent returns its reward, `build_trajectories`
+turns the calls into `Trajectory` records:
+
+- a call whose prompt starts with the previous call's full sequence (prompt + response)
+  extends that trajectory: the new prompt tokens in between (tool output, the next user
+  turn) get loss mask 0 and the new response tokens loss mask 1;
+- any other call starts a new trajectory;
+- every trajectory of a run carries the run's reward.
+
+The `RolloutRunner` runs many agents at once on a thread pool bounded by
+``rollout.concurrency``. Sampling seeds come from the `RunRequest` (seed of call n =
+``derive_seed(run seed, n)``), so results do not depend on which thread ran what. An
+agent that raises fails only its own run; the loop counts failures against the error
+budget.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import numbers
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from nexrl_core.data import RunRequest
+from nexrl_core.holders import SamplingOptions, ServiceHolder
+from nexrl_core.seeding import derive_seed
+from nexrl_core.tasks import Agent
+from nexrl_core.types import SampleResult, Trajectory
+
+logger = logging.getLogger("nexrl.rollout")
+
+
+class RolloutCancelled(BaseException):
+    """Raised inside an agent's LLM call when the run is stopping (Ctrl-C).
+
+    It derives from BaseException so an agent's ``except Exception`` does not swallow it.
+    """
+
+
+class RolloutError(RuntimeError):
+    """Too many agent runs failed: the error budget is spent."""
+
+
+# --- OpenAI-shaped response objects ----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Function:
+    """The function a tool call invokes; ``arguments`` is a JSON string, as in OpenAI's API."""
+
+    name: str
+    arguments: str
+
+
+@attrs.frozen(kw_only=True)
+class ChatCompletionMessageToolCall:
+    id: str
+    function: Function
+    type: str = "function"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": self.type,
+            "function": {"name": self.function.name, "arguments": self.function.arguments},
+        }
+
+
+@attrs.frozen(kw_only=True)
+class ChatCompletionMessage:
+    """The assistant's turn. Append ``message.to_dict()`` to the conversation to continue it."""
+
+    content: str | None
+    tool_calls: list[ChatCompletionMessageToolCall] | None = None
+    role: str = "assistant"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as an OpenAI chat message dict (``tool_calls`` only when there are any)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        return message
+
+    def model_dump(self, **_: Any) -> dict[str, Any]:
+        """Alias of `to_dict`, for code written against the ``openai`` package's pydantic objects."""
+        return self.to_dict()
+
+
+@attrs.frozen(kw_only=True)
+class Choice:
+    index: int
+    message: ChatCompletionMessage
+    finish_reason: str
+    """``stop``, ``length``, or ``tool_calls`` when the model stopped to call tools."""
+    logprobs: None = None
+
+
+@attrs.frozen(kw_only=True)
+class CompletionUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class ChatCompletion:
+    """Shaped like ``openai.types.chat.ChatCompletion``, plus the sampled tokens in ``nexrl``."""
+
+    id: str
+    choices: list[Choice]
+    created: int
+    model: str
+    usage: CompletionUsage
+    nexrl: SampleResult
+    """Prompt tokens, response tokens and their sampler logprobs: what training uses."""
+    object: str = "chat.completion"
+
+
+def completion_from_sample(sample: SampleResult, *, completion_id: str, model: str) -> ChatCompletion:
+    """Wrap a `SampleResult` as an OpenAI-shaped `ChatCompletion`."""
+    tool_calls = [
+        ChatCompletionMessageToolCall(
+            id=call["id"],
+            type=call["type"],
+            function=Function(name=call["function"]["name"], arguments=call["function"]["arguments"]),
+        )
+        for call in sample.tool_calls
+    ]
+    content: str | None = sample.response_text
+    if tool_calls and not sample.response_text.strip():
+        content = None
+    finish_reason = "tool_calls" if tool_calls and sample.finish_reason == "stop" else sample.finish_reason
+    prompt_count, response_count = len(sample.prompt_tokens), len(sample.response_tokens)
+    return ChatCompletion(
+        id=completion_id,
+        choices=[
+            Choice(
+                index=0,
+                message=ChatCompletionMessage(content=content, tool_calls=tool_calls or None),
+                finish_reason=finish_reason,
+            )
+        ],
+        created=int(time.time()),
+        model=model,
+        usage=CompletionUsage(
+            prompt_tokens=prompt_count, completion_tokens=response_count, total_tokens=prompt_count + response_count
+        ),
+        nexrl=sample,
+    )
+
+
+# --- the client --------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SamplingDefaults:
+    """Sampling settings a call gets when the agent does not pass them."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float = 1.0
+
+
+class _Completions:
+    def __init__(self, client: LLMClient) -> None:
+        self._client = client
+
+    def create(self, **kwargs: Any) -> ChatCompletion:
+        """``openai.OpenAI().chat.completions.create`` for the policy being trained."""
+        return self._client._create(**kwargs)
+
+
+class _Chat:
+    def __init__(self, client: LLMClient) -> None:
+        self.completions = _Completions(client)
+
+
+_IGNORED_TOOL_CHOICES = (None, "auto")
+
+
+def _as_dict(value: Any, what: str) -> dict[str, Any]:
+    """A message or tool as a plain dict; our own `ChatCompletionMessage` (appended to the
+    conversation as OpenAI's SDK allows) becomes its OpenAI dict."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise TypeError(f"{what} must hold mappings (or ChatCompletionMessage objects), got {type(value).__name__}")
+
+
+class LLMClient:
+    """The model as an OpenAI-style client, for one agent run.
+
+    ``llm.chat.completions.create(messages=..., tools=None, max_tokens=None,
+    temperature=None, top_p=None, stop=None)`` samples one assistant turn. Arguments left
+    out take the recipe's ``rollout`` values. ``model`` is accepted and ignored (the run
+    trains one model); ``n`` must be 1; a ``seed`` is mixed into the seed NexRL derives for
+    the call, so equal user seeds do not make a group's runs identical.
+
+    Every call's `SampleResult` is kept in `calls`, in call order. Calls are safe from
+    several threads, but their order (and so their seeds) then follows the threads.
+    """
+
+    def __init__(
+        self,
+        holder: ServiceHolder,
+        defaults: SamplingDefaults,
+        seed: int,
+        model: str = "nexrl-policy",
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        self.chat = _Chat(self)
+        self.calls: list[SampleResult] = []
+        self._holder = holder
+        self._defaults = defaults
+        self._seed = seed
+        self._model = model
+        self._stop_event = stop_event
+        self._lock = threading.Lock()
+        self._started = 0
+
+    def _create(
+        self,
+        *,
+        messages: Sequence[Mapping[str, Any]],
+        model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = None,
+        max_tokens: int | None = None,
+        max_completion_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        n: int | None = None,
+        **unsupported: Any,
+    ) -> ChatCompletion:
+        if unsupported:
+            raise TypeError(
+                "chat.completions.create() got arguments NexRL's LLM client does not support: "
+                f"{', '.join(sorted(unsupported))}; supported: messages, model, tools, tool_choice, max_tokens, "
+                "max_completion_tokens, temperature, top_p, stop, seed, n"
+            )
+        if n not in (None, 1):
+            raise ValueError(f"n={n!r}: NexRL samples one completion per call; make several calls instead")
+        if tool_choice not in _IGNORED_TOOL_CHOICES:
+            raise ValueError(f"tool_choice={tool_choice!r} is not supported; leave it unset or 'auto'")
+        if self._stop_event is not None and self._stop_event.is_set():
+            raise RolloutCancelled("the training run is stopping")
+        with self._lock:
+            index = self._started
+            self._started += 1
+        call_seed = derive_seed(self._seed, index) if seed is None else derive_seed(self._seed, index, seed)
+        options = SamplingOptions(
+            max_tokens=max_tokens or max_completion_tokens or self._defaults.max_tokens,
+            temperature=self._defaults.temperature if temperature is None else temperature,
+            top_p=self._defaults.top_p if top_p is None else top_p,
+            stop=[stop] if isinstance(stop, str) else (list(stop) if stop is not None else None),
+            seed=call_seed,
+        )
+        sample = self._holder.sample_from_messages(
+            [_as_dict(message, "messages") for message in messages],
+            options,
+            tools=[_as_dict(tool, "tools") for tool in tools] if tools else None,
+        )
+        if not isinstance(sample, SampleResult):
+            raise TypeError(
+                f"the service holder's sample_from_messages returned {type(sample).__name__}, not a SampleResult"
+            )
+        with self._lock:
+            self.calls.append(sample)
+        return completion_from_sample(sample, completion_id=f"chatcmpl-{call_seed:08x}", model=model or self._model)
+
+
+# --- trajectories ------------------------------------------------------------------------------------
+
+
+def build_trajectories(
+    calls: Sequence[SampleResult],
+    *,
+    reward: float,
+    group_id: str,
+    run_id: int | str,
+    task_id: str,
+    is_val: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Trajectory]:
+    """Turn one run's LLM calls into trajectories (see the module docstring for the rule)."""
+    pieces: list[tuple[list[int], list[int], list[float], list[int]]] = []
+    for index, call in enumerate(calls):
+        prompt = list(call.prompt_tokens)
+        if pieces and len(prompt) >= len(pieces[-1][0]) and prompt[: len(pieces[-1][0])] == pieces[-1][0]:
+            tokens, mask, logprobs, members = pieces[-1]
+            gap = prompt[len(tokens) :]
+            tokens.extend(gap)
+            mask.extend([0] * len(gap))
+            logprobs.extend([0.0] * len(gap))
+        else:
+            tokens, mask, logprobs, members = list(prompt), [0] * len(prompt), [0.0] * len(prompt), []
+            pieces.append((tokens, mask, logprobs, members))
+        tokens.extend(call.response_tokens)
+        mask.extend([1] * len(call.response_tokens))
+        logprobs.extend(float(value) for value in call.response_logprobs)
+        members.append(index)
+    return [
+        Trajectory(
+            tokens=tokens,
+            loss_mask=mask,
+            logprobs=logprobs,
+            reward=reward,
+            group_id=group_id,
+            run_id=run_id,
+            task_id=task_id,
+            is_val=is_val,
+            extra={**(extra or {}), "trajectory_index": position, "calls": members},
+        )
+        for position, (tokens, mask, logprobs, members) in enumerate(pieces)
+    ]
+
+
+# --- runs --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RunResult:
+    """The outcome of one agent run."""
+
+    step: int
+    item_index: int
+    run_id: int
+    group_id: str
+    task_id: str
+    is_val: bool
+    reward: float | None
+    """None when the run failed."""
+    trajectories: list[Trajectory] = attrs.field(factory=list)
+    metrics: dict[str, float] = attrs.field(factory=dict)
+    """Extra numbers the agent returned next to its reward."""
+    num_calls: int = 0
+    response_tokens: int = 0
+    truncated_calls: int = 0
+    """Calls cut by ``max_tokens`` (finish reason ``length``)."""
+    error: str | None = None
+    """``ExceptionType: message`` when the agent (or a call it made) raised."""
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the run-state file (pending batches of a one-step-off run)."""
+        data = attrs.asdict(self, recurse=False)
+        data["trajectories"] = [attrs.asdict(trajectory) for trajectory in self.trajectories]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunResult:
+        values = dict(data)
+        values["trajectories"] = [Trajectory(**trajectory) for trajectory in values.get("trajectories", [])]
+        return cls(**values)
+
+
+def parse_outcome(outcome: Any) -> tuple[float, dict[str, float]]:
+    """The reward and numeric extras of what an agent returned (a number or a mapping with ``reward``)."""
+    extras: dict[str, float] = {}
+    if isinstance(outcome, Mapping):
+        if "reward" not in outcome:
+            raise ValueError(f"the agent returned a mapping without 'reward' (keys: {', '.join(map(str, outcome))})")
+        reward = outcome["reward"]
+        for key, value in outcome.items():
+            if (
+                key != "reward"
+                and isinstance(value, numbers.Real)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
+                extras[str(key)] = float(value)
+    else:
+        reward = outcome
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise ValueError(f"the agent must return a finite number as its reward, got {reward!r}")
+    return float(reward), extras
+
+
+@attrs.frozen(kw_only=True)
+class RolloutBatch:
+    """The runs of one training step (or one validation), in request order."""
+
+    step: int
+    runs: list[RunResult]
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [trajectory for run in self.runs for trajectory in run.trajectories]
+
+    @property
+    def errors(self) -> list[RunResult]:
+        return [run for run in self.runs if run.failed]
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """Reward and rollout statistics; ``prefix`` is ``val/`` for validation."""
+        ok = [run for run in self.runs if not run.failed]
+        rewards = [run.reward for run in ok if run.reward is not None]
+        metrics: dict[str, float] = {
+            f"{prefix}rollout/runs": float(len(self.runs)),
+            f"{prefix}rollout/agent_errors": float(len(self.runs) - len(ok)),
+        }
+        if rewards:
+            mean = math.fsum(rewards) / len(rewards)
+            metrics[f"{prefix}reward/mean"] = mean
+            metrics[f"{prefix}reward/std"] = math.sqrt(
+                math.fsum((value - mean) ** 2 for value in rewards) / len(rewards)
+            )
+            metrics[f"{prefix}reward/min"] = min(rewards)
+            metrics[f"{prefix}reward/max"] = max(rewards)
+        if ok:
+            calls = sum(run.num_calls for run in ok)
+            metrics[f"{prefix}rollout/trajectories"] = float(sum(len(run.trajectories) for run in ok))
+            metrics[f"{prefix}rollout/calls_per_run"] = calls / len(ok)
+            metrics[f"{prefix}rollout/response_tokens"] = float(sum(run.response_tokens for run in ok))
+            metrics[f"{prefix}rollout/truncated_fraction"] = (
+                sum(run.truncated_calls for run in ok) / calls if calls else 0.0
+            )
+            for key in sorted({key for run in ok for key in run.metrics}):
+                values = [run.metrics[key] for run in ok if key in run.metrics]
+                metrics[f"{prefix}agent/{key}"] = math.fsum(values) / len(values)
+        return metrics
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "runs": [run.to_json() for run in self.runs]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RolloutBatch:
+        return cls(step=data["step"], runs=[RunResult.from_json(run) for run in data["runs"]])
+
+
+def check_error_budget(
+    batch: RolloutBatch, *, fraction: float, total_errors: int, max_total: int | None, what: str
+) -> None:
+    """Raise `RolloutError` when ``batch`` failed more runs than ``fraction`` of its runs, or
+    the run's ``total_errors`` (this batch included) exceed ``max_total``."""
+    failed = batch.errors
+    if not failed:
+        return
+    first = failed[0]
+    example = f"first failure (task {first.task_id}, run {first.run_id}): {first.error}"
+    if len(failed) > fraction * len(batch.runs):
+        raise RolloutError(
+            f"{len(failed)} of {len(batch.runs)} agent runs failed in {what}, more than rollout.error_budget="
+            f"{fraction:g} allows; {example}"
+        )
+    if max_total is not None and total_errors > max_total:
+        raise RolloutError(
+            f"{total_errors} agent runs have failed so far, more than rollout.max_agent_errors={max_total} allows; "
+            f"latest in {what}: {example}"
+        )
+
+
+class PendingBatch:
+    """A batch being rolled out; `result` waits for every run (Ctrl-C interrupts the wait)."""
+
+    def __init__(self, step: int, futures: list[concurrent.futures.Future[RunResult]]) -> None:
+        self.step = step
+        self._futures = futures
+
+    def done(self) -> bool:
+        return all(future.done() for future in self._futures)
+
+    def result(self) -> RolloutBatch:
+        return RolloutBatch(step=self.step, runs=[future.result() for future in self._futures])
+
+
+class CompletedBatch(PendingBatch):
+    """An already rolled-out batch, e.g. restored from a checkpoint."""
+
+    def __init__(self, batch: RolloutBatch) -> None:
+        super().__init__(batch.step, [])
+        self._batch = batch
+
+    def result(self) -> RolloutBatch:
+        return self._batch
+
+
+_LOGGED_TRACEBACKS = 5
+"""Agent failures logged with a full traceback; later ones get one line each."""
+
+
+class RolloutRunner:
+    """Runs agents on a bounded thread pool against one service holder."""
+
+    def __init__(
+        self,
+        holder: ServiceHolder,
+        agent: Agent,
+        *,
+        concurrency: int,
+        defaults: SamplingDefaults,
+        model: str = "nexrl-policy",
+    ) -> None:
+        self._holder = holder
+        self._agent = agent
+        self._defaults = defaults
+        self._model = model
+        self._stop = threading.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=concurrency, thread_name_prefix="nexrl-rollout"
+        )
+        self._failures = 0
+        self._failures_lock = threading.Lock()
+
+    def submit(self, step: int, requests: Sequence[RunRequest], temperature: float | None = None) -> PendingBatch:
+        """Start every request; ``temperature`` replaces the default (validation uses its own)."""
+        defaults = self._defaults if temperature is None else attrs.evolve(self._defaults, temperature=temperature)
+        futures = [self._executor.submit(self._run, request, defaults) for request in requests]
+        return PendingBatch(step, futures)
+
+    def _run(self, request: RunRequest, defaults: SamplingDefaults) -> RunResult:
+        client = LLMClient(self._holder, defaults, request.seed, model=self._model, stop_event=self._stop)
+        base = dict(
+            step=request.step,
+            item_index=request.item_index,
+            run_id=request.run_id,
+            group_id=request.group_id,
+            task_id=request.task_id,
+            is_val=request.is_val,
+        )
+        try:
+            reward, extras = parse_outcome(self._agent(request.item, client))
+            trajectories = build_trajectories(
+                client.calls,
+                reward=reward,
+                group_id=request.group_id,
+                run_id=request.run_id,
+                task_id=request.task_id,
+                is_val=request.is_val,
+                extra={"step": request.step},
+            )
+        except Exception as error:  # an agent's bug fails its own run only
+            self._log_failure(request, error)
+            return RunResult(**base, reward=None, num_calls=len(client.calls), error=f"{type(error).__name__}: {error}")
+        return RunResult(
+            **base,
+            reward=reward,
+            trajectories=trajectories,
+            metrics=extras,
+            num_calls=len(client.calls),
+            response_tokens=sum(len(call.response_tokens) for call in client.calls),
+            truncated_calls=sum(call.finish_reason == "length" for call in client.calls),
+        )
+
+    def _log_failure(self, request: RunRequest, error: Exception) -> None:
+        with self._failures_lock:
+            self._failures += 1
+            count = self._failures
+        where = (
+            f"{'validation' if request.is_val else 'step'} {request.step}, task {request.task_id}, run {request.run_id}"
+        )
+        if count <= _LOGGED_TRACEBACKS:
+            logger.warning(
+                "agent run failed (%s):\n%s",
+                where,
+                "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            )
+        else:
+            logger.warning("agent run failed (%s): %s: %s", where, type(error).__name__, error)
+
+    def close(self) -> None:
+        """Stop: agents still running fail at their next LLM call, queued runs never start,
+        and every worker thread has ended when this returns."""
+        self._stop.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,67 @@
+"""The recipe keys the training loop added: checked strictly, with the key path."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import pytest
+
+from nexrl_core.config import ConfigError, TrainConfig, load_config
+
+
+def problems(*overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, list(overrides))
+    return caught.value.problems
+
+
+def test_new_defaults() -> None:
+    config = TrainConfig()
+    assert config.task.val_size is None
+    assert config.backend.service is None and config.backend.options == {}
+    assert config.rollout.max_agent_errors is None and config.rollout.val_temperature == 1.0
+    assert config.rollout.max_staleness == 0 and config.rollout.error_budget == 0.1
+
+
+def test_new_keys_take_values() -> None:
+    config = load_config(
+        None,
+        [
+            "task.val_size=50",
+            "backend.service=tinker",
+            "backend.options={renderer: qwen3, timeout_s: 30}",
+            "rollout.max_agent_errors=0",
+            "rollout.val_temperature=0",
+            "rollout.max_staleness=1",
+        ],
+    )
+    assert config.task.val_size == 50 and config.backend.service == "tinker"
+    assert config.backend.options == {"renderer": "qwen3", "timeout_s": 30}
+    assert config.rollout.max_agent_errors == 0 and config.rollout.val_temperature == 0.0
+    assert config.rollout.max_staleness == 1
+
+
+def test_new_keys_are_strict() -> None:
+    assert problems(
+        "task.val_size=0",
+        "backend.service=''",
+        "backend.options=[1]",
+        "rollout.max_agent_errors=-1",
+        "rollout.val_temperature=-0.5",
+        "rollout.error_budget=2",
+    ) == [
+        "task.val_size: must be null or an integer > 0, got 0",
+        "backend.service: must be null or a non-empty string, got ''",
+        "backend.options: expected a mapping, got [1] (list)",
+        "rollout.error_budget: must be in [0, 1], got 2.0",
+        "rollout.max_agent_errors: must be null or an integer >= 0, got -1",
+        "rollout.val_temperature: must be a finite number >= 0, got -0.5",
+    ]
+
+
+def test_the_quickstart_recipe_ships_and_loads() -> None:
+    recipe = files("nexrl_core").joinpath("recipes", "quickstart.yaml")
+    config = load_config(str(recipe))
+    assert config.task.name == "addition" and config.backend.service_holder == "tinker"
+    assert config.backend.base_url is None and config.backend.trainer == "remote_api_grpo"
+    assert config.model.name == "nexrl-tiny" and config.output.dir == "runs/quickstart"

@@ -1,0 +1,605 @@
+"""`nexrl train` end to end against a small fake service holder whose "skill" training moves.
+
+The fake answers ``a+b=`` prompts correctly with probability sigmoid(skill); ``train``
+moves the skill along the advantage-weighted policy gradient, with weight decay and
+gradient clipping, so GRPO on it really learns. Everything is seeded: two runs of one
+recipe give the same metrics, and so does a run interrupted and resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from nexrl_core.cli import cli
+from nexrl_core.config import ConfigError, TrainConfig, load_config
+from nexrl_core.holders import SamplingOptions, TrainStepConfig
+from nexrl_core.loop import TrainingInterrupted, run_training
+from nexrl_core.metrics import WALL_CLOCK_PREFIXES
+from nexrl_core.plugins import load_plugins
+from nexrl_core.registry import KINDS, Registry, build_registry, reset_registry
+from nexrl_core.rollout import RolloutError
+from nexrl_core.run_state import TrainingError, load_run_state
+from nexrl_core.serving import ServeOptions
+from nexrl_core.specs import ComponentSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
+from nexrl_core.types import RemoteDatum, SampleResult
+
+# --- the fake backend --------------------------------------------------------------------------------
+
+PROMPT = re.compile(r"\[(-?\d+)\] (\d+)\+(\d+)=</user><assistant>(\d*)")
+END = "</assistant>"
+
+
+def sigmoid(value: float) -> float:
+    return 1.0 / (1.0 + math.exp(-value))
+
+
+def render(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+    return text + ("<assistant>" if add_generation_prompt else "")
+
+
+INTERRUPT: dict[str, Any] = {"at_train_call": None}
+"""Set to n to raise KeyboardInterrupt inside the n-th holder.train call (Ctrl-C)."""
+HOLDERS: list[SkillHolder] = []
+SERVICES: list[FakeService] = []
+
+
+@attrs.frozen(kw_only=True)
+class SkillHolderConfig:
+    base_url: str | None = None
+    base_model: str = ""
+    lora_rank: int = 0
+    checkpoint_dir: str = ""
+    initial_skill: float = -1.0
+
+
+class SkillHolder:
+    """A ServiceHolder whose whole model is one number."""
+
+    def __init__(self, config: SkillHolderConfig) -> None:
+        self.config = config
+        self.skill = config.initial_skill
+        self.sampling_skill = config.initial_skill
+        self.version = 0
+        self.train_calls: list[tuple[list[RemoteDatum], TrainStepConfig]] = []
+        self.samples: list[tuple[int, int]] = []
+        """(stream position of the prompt, sampling weights version) per sample."""
+        self.closed = False
+        self._lock = threading.Lock()
+        HOLDERS.append(self)
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=False):  # noqa: ANN001
+        text = render(messages, add_generation_prompt)
+        return [ord(char) for char in text] if tokenize else text
+
+    def sample_from_messages(self, messages, options: SamplingOptions, tools=None) -> SampleResult:  # noqa: ANN001
+        prompt = self.apply_chat_template(messages, tokenize=True)
+        match = PROMPT.findall(render(messages))[-1]
+        position, a, b = int(match[0]), int(match[1]), int(match[2])
+        with self._lock:
+            p = sigmoid(self.sampling_skill)
+            self.samples.append((position, self.version))
+        time.sleep(INTERRUPT["delay"])
+        rng = random.Random(options.seed)
+        correct = rng.random() < (p if options.temperature > 0 else float(p >= 0.5))
+        answer = str(a + b if correct else a + b + 1)
+        tokens = [ord(char) for char in answer + END][: options.max_tokens]
+        first = math.log(p if correct else 1 - p)
+        return SampleResult(
+            prompt_tokens=prompt,
+            response_tokens=tokens,
+            response_logprobs=[first] + [-0.01] * (len(tokens) - 1),
+            response_text=answer,
+            finish_reason="stop" if len(tokens) == len(answer) + len(END) else "length",
+        )
+
+    def sample_from_prompt(self, prompt_tokens, options):  # noqa: ANN001
+        raise NotImplementedError
+
+    def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
+        self.train_calls.append((list(datums), config))
+        if INTERRUPT["at_train_call"] == len(self.train_calls):
+            raise KeyboardInterrupt
+        if INTERRUPT.get("sigterm_at_train_call") == len(self.train_calls):
+            os.kill(os.getpid(), signal.SIGTERM)
+        p = sigmoid(self.skill)
+        gradient, loss = 0.0, 0.0
+        for datum in datums:
+            text = "".join(chr(token) for token in datum.input_tokens + datum.target_tokens[-1:])
+            _, a, b, answer = PROMPT.findall(text)[-1]
+            correct = answer == str(int(a) + int(b))
+            first = datum.loss_mask.index(1.0)
+            advantage = datum.advantages[first]
+            gradient += advantage * ((1 - p) if correct else -p)
+            loss -= advantage * math.exp(datum.sampling_logprobs[first])
+        gradient /= len(datums)
+        clipped = max(-config.grad_clip_norm, min(config.grad_clip_norm, gradient))
+        old = self.skill
+        self.skill = old + config.learning_rate * clipped - config.learning_rate * config.weight_decay * old
+        return {
+            "loss": loss / len(datums),
+            "approx_kl": (sigmoid(self.skill) - p) ** 2,
+            "clip_fraction": float(clipped != gradient),
+        }
+
+    def update_sampling_weights(self, weight_path: str | None = None) -> str:
+        with self._lock:
+            self.sampling_skill = self.skill
+            self.version += 1
+            return f"fake://weights/{self.version}"
+
+    def save_checkpoint(self, name: str) -> str:
+        path = Path(self.config.checkpoint_dir) / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"skill": self.skill, "version": self.version}))
+        return str(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        data = json.loads(Path(path).read_text())
+        self.skill, self.version = data["skill"], data["version"]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeService:
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.started = self.stopped = False
+        SERVICES.append(self)
+
+    def start(self) -> str:
+        self.started = True
+        return "http://127.0.0.1:9"
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def serve_forever(self) -> None:
+        raise NotImplementedError
+
+
+# --- the fake task ----------------------------------------------------------------------------------
+
+
+def addition_agent(item: Mapping[str, Any], llm: Any) -> dict[str, float]:
+    if item["pos"] == INTERRUPT.get("at_position"):
+        INTERRUPT["at_position"] = None
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while rollouts are in flight
+        time.sleep(0.05)
+    completion = llm.chat.completions.create(
+        messages=[{"role": "user", "content": f"[{item['pos']}] {item['a']}+{item['b']}="}]
+    )
+    answer = completion.choices[0].message.content
+    return {"reward": float(answer == str(item["a"] + item["b"])), "answer_length": float(len(answer))}
+
+
+FAIL_ON: dict[str, Any] = {"positions": set()}
+
+
+def flaky_agent(item: Mapping[str, Any], llm: Any) -> dict[str, float]:
+    if item["pos"] in FAIL_ON["positions"]:
+        raise RuntimeError(f"agent bug on item {item['pos']}")
+    return addition_agent(item, llm)
+
+
+class FakeAdditionTask:
+    def __init__(self, agent: Any = addition_agent) -> None:
+        self.agent = agent
+
+    def train_items(self, seed: int) -> Iterator[dict[str, int]]:
+        rng = random.Random(seed)
+        position = 0
+        while True:
+            yield {"a": rng.randrange(50), "b": rng.randrange(50), "pos": position}
+            position += 1
+
+    def val_items(self) -> list[dict[str, int]]:
+        return [{"a": i, "b": 2 * i, "pos": -1} for i in range(6)]
+
+
+def registry_with(*extra: ComponentSpec) -> Registry:
+    base = build_registry(load_plugins())
+    specs = {kind: dict(named) for kind, named in base.specs.items()}
+    providers = dict(base.providers)
+    for spec in extra:
+        kind = next(kind for kind, spec_class in KINDS.items() if isinstance(spec, spec_class))
+        specs[kind][spec.name] = spec
+        providers[(kind, spec.name)] = "tests"
+    return Registry(plugins=base.plugins, specs=specs, providers=providers, hook_errors=dict(base.hook_errors))
+
+
+@pytest.fixture(autouse=True)
+def fake_backend() -> Iterator[None]:
+    reset_registry(
+        registry_with(
+            TaskSpec(name="fake_addition", factory=lambda _: FakeAdditionTask()),
+            TaskSpec(name="flaky_addition", factory=lambda _: FakeAdditionTask(flaky_agent)),
+            ServiceHolderSpec(name="skill", factory=SkillHolder, config_class=SkillHolderConfig),
+            ServiceSpec(name="skill", factory=FakeService, config_class=ServeOptions),
+        )
+    )
+    HOLDERS.clear()
+    SERVICES.clear()
+    INTERRUPT.update(at_train_call=None, at_position=None, delay=0.0, sigterm_at_train_call=None)
+    FAIL_ON["positions"] = set()
+    yield
+    reset_registry()
+
+
+def recipe(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfig:
+    return load_config(
+        None,
+        [
+            f"output.dir={tmp_path / name}",
+            "task.name=fake_addition",
+            "backend.service_holder=skill",
+            f"backend.options={{checkpoint_dir: '{tmp_path / 'checkpoints' / name}'}}",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.concurrency=4",
+            "schedule.steps=6",
+            "schedule.validate_every=3",
+            "schedule.checkpoint_every=2",
+            "algorithm.learning_rate=0.5",
+            "algorithm.weight_decay=0.01",
+            "seed=3",
+            *overrides,
+        ],
+    )
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def timeless(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if not k.startswith(WALL_CLOCK_PREFIXES)} for row in rows]
+
+
+# --- tests -----------------------------------------------------------------------------------------
+
+
+def test_a_run_writes_metrics_curve_tensorboard_and_checkpoints(tmp_path: Path) -> None:
+    summary = run_training(recipe(tmp_path), progress_bar=False)
+    run_dir = tmp_path / "run"
+    rows = read_rows(run_dir)
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4, 5, 6]
+    assert set(rows[0]) >= {"step", "val/reward/mean", "val/count"} and "reward/mean" not in rows[0]
+    assert rows[0]["val/count"] == 6
+    required = {
+        "step", "reward/mean", "train/loss", "train/approx_kl", "train/clip_fraction", "perf/tokens_per_s",
+        "time/step_s", "datums/skipped", "datums/trained", "rollout/agent_errors", "advantages/mean",
+        "grpo/uniform_reward_fraction", "agent/answer_length",
+    }  # fmt: skip
+    for row in rows[1:]:
+        assert required <= set(row), required - set(row)
+    assert [row["step"] for row in rows if "val/reward/mean" in row] == [0, 3, 6]
+    assert all(row["rollout/agent_errors"] == 0 for row in rows[1:])
+    assert summary.steps == 6 and summary.metrics_path == run_dir / "metrics.jsonl"
+    assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "config.yaml").exists()
+    state = load_run_state(run_dir)
+    assert state is not None and state.step == 6 and Path(state.checkpoint_path).exists()
+    assert timeless(state.metrics) == timeless(rows)
+    # the embedded service was started for the holder and stopped at the end
+    (service,) = SERVICES
+    assert service.started and service.stopped and service.options.port == 0
+    assert service.options.data_dir == str(run_dir / "service")
+    (holder,) = HOLDERS
+    assert holder.config.base_url == "http://127.0.0.1:9" and holder.closed
+
+
+def test_grpo_learns_on_the_fake(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "schedule.steps=12", "schedule.checkpoint_every=0"), progress_bar=False)
+    rows = read_rows(tmp_path / "run")
+    (holder,) = HOLDERS
+    assert holder.skill > -1.0 + 1.0, holder.skill
+    assert rows[-1]["val/reward/mean"] > rows[0]["val/reward/mean"]
+
+
+def test_train_step_config_carries_every_adam_parameter(tmp_path: Path) -> None:
+    config = recipe(
+        tmp_path,
+        "schedule.steps=1",
+        "algorithm.weight_decay=0.05",
+        "algorithm.grad_clip_norm=0.7",
+        "algorithm.beta2=0.99",
+        "algorithm.eps=1e-6",
+        "algorithm.loss.name=ppo",
+        "algorithm.loss.options.clip_high=0.28",
+    )
+    run_training(config, progress_bar=False)
+    (holder,) = HOLDERS
+    (_, step_config), *_ = holder.train_calls
+    assert step_config == TrainStepConfig(
+        loss_fn="ppo",
+        loss_fn_config={"clip_low": 0.2, "clip_high": 0.28, "entropy_coeff": 0.0},
+        learning_rate=0.5,
+        beta1=0.9,
+        beta2=0.99,
+        eps=1e-6,
+        weight_decay=0.05,
+        grad_clip_norm=0.7,
+    )
+
+
+def test_datums_are_shifted_with_masked_advantages_and_uniform_groups_skipped(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "schedule.steps=2", "schedule.validate_every=0"), progress_bar=False)
+    rows = read_rows(tmp_path / "run")
+    (holder,) = HOLDERS
+    for row, (datums, _) in zip(rows, holder.train_calls):
+        assert row["datums/trained"] == len(datums)
+        assert row["datums/trained"] + row["datums/skipped"] == 16
+        assert row["datums/skipped"] == 4 * 4 * row["grpo/uniform_reward_fraction"]
+        for datum in datums:
+            assert not datum.all_advantages_zero
+            assert len(datum.input_tokens) == len(datum.target_tokens)
+            first = datum.loss_mask.index(1.0)
+            # prompt positions carry nothing; the trained ones one advantage and the sampler's logprobs
+            assert set(datum.advantages[:first]) == {0.0} and set(datum.sampling_logprobs[:first]) == {0.0}
+            assert len(set(datum.advantages[first:])) == 1
+            assert datum.sampling_logprobs[first] < 0
+
+
+def test_two_runs_of_one_recipe_agree(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, name="a"), progress_bar=False)
+    run_training(recipe(tmp_path, name="b"), progress_bar=False)
+    assert timeless(read_rows(tmp_path / "a")) == timeless(read_rows(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path: Path, staleness: int) -> None:
+    stale = f"rollout.max_staleness={staleness}"
+    run_training(recipe(tmp_path, stale, name="straight"), progress_bar=False)
+    expected = timeless(read_rows(tmp_path / "straight"))
+
+    threads_before = set(threading.enumerate())
+    INTERRUPT["at_train_call"] = 5  # Ctrl-C while step 5 trains; the last checkpoint is step 4
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        run_training(recipe(tmp_path, stale, name="resumed"), progress_bar=False)
+    assert isinstance(interrupted.value, KeyboardInterrupt) and interrupted.value.checkpoint_step == 4
+    assert set(threading.enumerate()) == threads_before, "no worker thread may outlive the run"
+    assert SERVICES[-1].stopped and HOLDERS[-1].closed
+    state = load_run_state(tmp_path / "resumed")
+    assert state is not None and state.step == 4 and len(state.pending) == staleness
+
+    INTERRUPT["at_train_call"] = None
+    run_training(recipe(tmp_path, stale, name="resumed"), resume=True, progress_bar=False)
+    assert timeless(read_rows(tmp_path / "resumed")) == expected
+
+
+def test_ctrl_c_during_rollouts_stops_workers_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, name="straight"), progress_bar=False)
+    expected = timeless(read_rows(tmp_path / "straight"))
+
+    threads_before = set(threading.enumerate())
+    INTERRUPT.update(at_position=4 * 4 + 1, delay=0.01)  # an item of step 5, after the step-4 checkpoint
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        run_training(recipe(tmp_path, "rollout.concurrency=2", name="resumed"), progress_bar=False)
+    assert interrupted.value.checkpoint_step == 4
+    assert set(threading.enumerate()) == threads_before
+    assert max(position for position, _ in HOLDERS[-1].samples) < 6 * 4, "no later step may start"
+
+    INTERRUPT.update(delay=0.0)
+    run_training(recipe(tmp_path, "rollout.concurrency=2", name="resumed"), resume=True, progress_bar=False)
+    assert timeless(read_rows(tmp_path / "resumed")) == expected
+
+
+def test_one_step_off_samples_step_k_with_the_weights_of_step_k_minus_2(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "rollout.max_staleness=1", "schedule.validate_every=0"), progress_bar=False)
+    (holder,) = HOLDERS
+    trained = [row["datums/trained"] > 0 for row in read_rows(tmp_path / "run")]
+    assert all(trained)  # so weights version v is the one published after step v
+    for position, version in holder.samples:
+        step = position // 4 + 1
+        assert version == max(step - 2, 0), (position, version)
+
+
+def test_on_policy_samples_step_k_with_the_weights_of_step_k_minus_1(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "schedule.validate_every=0"), progress_bar=False)
+    (holder,) = HOLDERS
+    for position, version in holder.samples:
+        assert version == position // 4, (position, version)
+
+
+def test_single_run_groups_train_nothing_and_stay_finite(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "rollout.group_size=1", "schedule.steps=2"), progress_bar=False)
+    rows = read_rows(tmp_path / "run")
+    assert all(row["datums/trained"] == 0 and row["datums/skipped"] == 4 for row in rows[1:])
+    assert all(row["grpo/single_run_groups"] == 4 for row in rows[1:])
+    assert all(value is not None for row in rows for value in row.values())
+    assert HOLDERS[0].train_calls == []
+
+
+def test_agent_errors_are_counted_within_the_budget(tmp_path: Path) -> None:
+    FAIL_ON["positions"] = {1, 6}
+    run_training(
+        recipe(tmp_path, "task.name=flaky_addition", "rollout.error_budget=0.5", "schedule.steps=2"), progress_bar=False
+    )
+    rows = read_rows(tmp_path / "run")
+    assert [row["rollout/agent_errors"] for row in rows[1:]] == [4, 4]  # a failing item fails all its runs
+    assert rows[-1]["rollout/agent_errors_total"] == 8
+
+
+def test_agent_errors_beyond_the_budget_stop_the_run(tmp_path: Path) -> None:
+    FAIL_ON["positions"] = {1}
+    with pytest.raises(
+        RolloutError, match=r"4 of 16 agent runs failed in step 1.*error_budget=0\.1.*agent bug on item 1"
+    ):
+        run_training(recipe(tmp_path, "task.name=flaky_addition"), progress_bar=False)
+    assert SERVICES[-1].stopped
+
+
+def test_total_error_budget(tmp_path: Path) -> None:
+    FAIL_ON["positions"] = {1, 6}
+    config = recipe(tmp_path, "task.name=flaky_addition", "rollout.error_budget=1.0", "rollout.max_agent_errors=5")
+    with pytest.raises(RolloutError, match=r"8 agent runs have failed so far.*max_agent_errors=5"):
+        run_training(config, progress_bar=False)
+
+
+def test_a_previous_run_is_not_overwritten_by_accident(tmp_path: Path) -> None:
+    config = recipe(tmp_path, "schedule.steps=1")
+    run_training(config, progress_bar=False)
+    with pytest.raises(TrainingError, match="--resume.*--overwrite"):
+        run_training(config, progress_bar=False)
+    run_training(config, overwrite=True, progress_bar=False)
+    assert [row["step"] for row in read_rows(tmp_path / "run")] == [0, 1]
+
+
+def test_resume_needs_a_checkpoint_and_the_same_recipe(tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match="nothing to resume"):
+        run_training(recipe(tmp_path), resume=True, progress_bar=False)
+    run_training(recipe(tmp_path, "schedule.steps=2"), progress_bar=False)
+    with pytest.raises(TrainingError, match=r"rollout.group_size: 4 -> 2"):
+        run_training(recipe(tmp_path, "schedule.steps=4", "rollout.group_size=2"), resume=True, progress_bar=False)
+    # more steps is fine: the run continues
+    run_training(recipe(tmp_path, "schedule.steps=4"), resume=True, progress_bar=False)
+    assert [row["step"] for row in read_rows(tmp_path / "run")] == [0, 1, 2, 3, 4]
+
+
+def test_jsonl_data_with_an_agent_module(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"a": i, "b": i % 7, "pos": i}) + "\n" for i in range(10)))
+    (tmp_path / "val.jsonl").write_text(json.dumps({"a": 1, "b": 1, "pos": -1}) + "\n")
+    (tmp_path / "my_agent_mod.py").write_text(
+        "def run(item, llm):\n"
+        "    content = f\"[{item['pos']}] {item['a']}+{item['b']}=\"\n"
+        "    out = llm.chat.completions.create(messages=[{'role': 'user', 'content': content}])\n"
+        "    return float(out.choices[0].message.content == str(item['a'] + item['b']))\n"
+    )
+    config = recipe(
+        tmp_path,
+        "task.name=my_jsonl_task",
+        "task.data_path=train.jsonl",
+        "task.val_data_path=val.jsonl",
+        "task.agent=my_agent_mod:run",
+        "schedule.steps=3",
+    )
+    run_training(config, recipe_dir=tmp_path, progress_bar=False)
+    rows = read_rows(tmp_path / "run")
+    assert [row["step"] for row in rows] == [0, 1, 2, 3] and rows[0]["val/count"] == 1
+    positions = sorted({position for position, _ in HOLDERS[0].samples if position >= 0})
+    assert positions == list(range(10))  # 3 steps x 4 prompts cover the 10 items, then a new epoch
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["task.name=nope"], "task.name: unknown task 'nope'"),
+        (["backend.trainer=nope"], "backend.trainer: unknown trainer 'nope'"),
+        (
+            ["backend.service_holder=nope", "backend.service=skill"],
+            "backend.service_holder: unknown service holder 'nope'",
+        ),
+        (["backend.options={colour: red}"], "backend.options.colour: unknown key"),
+        (["algorithm.kl.coef=0.1"], "algorithm.kl.coef: remote-API trainers cannot apply a KL penalty"),
+        (["task.data_path=missing.jsonl", "task.agent=x:y"], "task.data_path: cannot read"),
+        (["task.data_path=missing.jsonl"], "task.data_path: cannot read"),
+    ],
+)
+def test_bad_recipes_fail_with_the_key(tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        run_training(recipe(tmp_path, *overrides), progress_bar=False)
+    assert message in str(caught.value)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_cli_train_runs_a_recipe_and_says_where_results_are(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("task:\n  name: fake_addition\nbackend:\n  service_holder: skill\nschedule:\n  steps: 2\n")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            str(path),
+            f"output.dir={tmp_path / 'out'}",
+            f"backend.options={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "task.val_size=2",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"metrics:      {tmp_path / 'out' / 'metrics.jsonl'}" in result.output
+    assert f"reward curve: {tmp_path / 'out' / 'reward_curve.png'}" in result.output
+    assert "step 2/2" in result.output  # one plain line per step when stdout is not a terminal
+
+
+def test_cli_train_reports_a_bad_recipe_with_status_2(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("rollout:\n  group_size: 0\n  grup: 3\n")
+    result = CliRunner().invoke(cli, ["train", str(path)])
+    assert result.exit_code == 2
+    assert "rollout.group_size: must be a finite number > 0" in result.output
+    assert "rollout.grup: unknown key; valid keys: concurrency" in result.output
+
+
+def test_cli_train_without_a_recipe_runs_the_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    # The quickstart needs the addition task and the local Tinker service; without them it says so.
+    result = CliRunner().invoke(
+        cli, ["train", "task.name=fake_addition", "backend.service_holder=skill", "backend.service=nope"]
+    )
+    assert "running the built-in quickstart" in result.output
+    assert result.exit_code == 2 and "backend.service: unknown service 'nope'" in result.output
+
+
+def test_cli_ctrl_c_exits_130_with_the_resume_command(tmp_path: Path) -> None:
+    INTERRUPT["at_train_call"] = 3
+    args = [
+        "train",
+        "task.name=fake_addition",
+        "backend.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}",
+        f"backend.options={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        "schedule.checkpoint_every=2",
+        "schedule.steps=4",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130
+    assert "the last checkpoint (step 2) is intact; continue with: nexrl train" in result.output
+    assert "--resume" in result.output
+
+
+def test_cli_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
+    INTERRUPT["sigterm_at_train_call"] = 2
+    before = signal.getsignal(signal.SIGTERM)
+    args = [
+        "train",
+        "task.name=fake_addition",
+        "backend.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}",
+        f"backend.options={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        "schedule.checkpoint_every=1",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130, result.output
+    assert "the last checkpoint (step 1) is intact" in result.output
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert SERVICES[-1].stopped
+
+
+def test_the_live_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_training(recipe(tmp_path, "schedule.steps=2"), progress_bar=True)
+    out = capsys.readouterr().out
+    assert "step 2/2" in out and "reward" in out and "ETA" in out
