@@ -17,7 +17,6 @@ run one at a time).
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import threading
@@ -29,8 +28,8 @@ import torch
 
 from nexrl_fsdp import checkpoint as ckpt
 from nexrl_fsdp.config import EngineConfig
-from nexrl_fsdp.loading import SHIPPED_MODELS, load_model, load_tokenizer, resolve_model_dir, torch_dtype
-from nexrl_fsdp.lora import apply_training_mode
+from nexrl_fsdp.loading import SHIPPED_MODELS, load_model, load_tokenizer, quiet_progress, resolve_model_dir, torch_dtype
+from nexrl_fsdp.lora import apply_training_mode, merged_copy
 from nexrl_fsdp.loss_fns import (
     CheckedDatum,
     LossFn,
@@ -118,13 +117,16 @@ class Engine:
             config = attrs.evolve(config, **fields)
         self.config = config
         self._lock = threading.RLock()
+        try:
+            self.device = torch.device(config.device)
+        except RuntimeError as exc:
+            raise ValueError(f"invalid device {config.device!r}: {exc}") from None
         self.model_dir = resolve_model_dir(config.model)
         self.base_model_id = config.model if config.model in SHIPPED_MODELS else str(self.model_dir)
         """How checkpoints name the base model: the shipped name, or the resolved path."""
         self.tokenizer = load_tokenizer(self.model_dir)
         base = load_model(self.model_dir, torch_dtype(config.dtype), device="cpu")
         self.model, self._peft = apply_training_mode(base, config.lora, config.seed)
-        self.device = torch.device(config.device)
         self.model.to(self.device)
         self.model.eval()
         self._trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
@@ -392,11 +394,11 @@ class Engine:
         directory, loadable by ``Engine(model=path)`` or any transformers code."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        with self._lock:
+        with self._lock, quiet_progress():
             if self._peft is None:
                 model = self.model
             else:
-                model = copy.deepcopy(self._peft).merge_and_unload()
+                model = merged_copy(self._peft)
             model.save_pretrained(str(path))
             self.tokenizer.save_pretrained(str(path))
         return path

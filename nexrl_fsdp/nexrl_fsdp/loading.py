@@ -7,13 +7,14 @@ with a ValueError that lists what would have worked.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-__all__ = ["SHIPPED_MODELS", "load_model", "load_tokenizer", "resolve_model_dir", "shipped_model_dir", "torch_dtype"]
+__all__ = ["SHIPPED_MODELS", "load_model", "load_tokenizer", "quiet_progress", "resolve_model_dir", "shipped_model_dir", "torch_dtype"]
 
 SHIPPED_MODELS: dict[str, str] = {"nexrl-tiny": "models/nexrl-tiny"}
 """Shipped model name → directory inside the ``nexrl_fsdp`` package."""
@@ -50,6 +51,21 @@ def resolve_model_dir(model: str | Path) -> Path:
     )
 
 
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Hide transformers' per-call progress bars (loading/writing shards) for the
+    duration; the engine loads and saves often and the bars would flood server logs."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """Canonical dtype name (see `nexrl_fsdp.config.DTYPES`) → torch dtype."""
     mapping = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -67,7 +83,8 @@ def load_model(path: Path, dtype: torch.dtype, device: str | torch.device = "cpu
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     model.to(device)
     model.eval()
     return model

@@ -6,13 +6,15 @@ for any architecture whose projections use the usual names (Qwen, Llama, Mistral
 
 from __future__ import annotations
 
+import copy
+import warnings
 from typing import Any
 
 import torch
 
 from nexrl_fsdp.config import LoraSettings
 
-__all__ = ["ATTN_MODULES", "MLP_MODULES", "UNEMBED_MODULES", "apply_training_mode", "lora_target_modules"]
+__all__ = ["ATTN_MODULES", "MLP_MODULES", "UNEMBED_MODULES", "apply_training_mode", "lora_target_modules", "merged_copy"]
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj_attn")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "fc1", "fc2", "c_fc")
@@ -67,9 +69,39 @@ def apply_training_mode(model: torch.nn.Module, settings: LoraSettings, seed: in
         bias="none",
         init_lora_weights=True,
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # A tied lm_head gets its own adapter; `merged_copy` unties it before merging.
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, config)
     inner = peft_model.get_base_model()
     inner.eval()
     return inner, peft_model
+
+
+def merged_copy(peft_model: Any) -> torch.nn.Module:
+    """A plain HF model with the adapters folded in; the training model is untouched.
+
+    With tied embeddings an adapter on ``lm_head`` must not be merged into the shared
+    matrix (that would change the input embeddings too), so the copy's output
+    projection is first given its own weight and the config marked untied.
+    """
+    clone = copy.deepcopy(peft_model)
+    inner = clone.get_base_model()
+    head = inner.get_output_embeddings()
+    embeddings = inner.get_input_embeddings()
+    head_base = getattr(head, "base_layer", head)
+    if (
+        head_base is not head
+        and embeddings is not None
+        and head_base.weight.data_ptr() == embeddings.weight.data_ptr()
+    ):
+        head_base.weight = torch.nn.Parameter(head_base.weight.detach().clone(), requires_grad=False)
+        inner.config.tie_word_embeddings = False
+        text_config = getattr(inner.config, "get_text_config", None)
+        if callable(text_config):
+            text_config().tie_word_embeddings = False
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        return clone.merge_and_unload()

@@ -72,7 +72,8 @@ class SamplingParams:
     """
 
     max_tokens: int | None = attrs.field(default=None)
-    """New tokens per sample; None = up to the model's context length."""
+    """New tokens per sample; None = up to the model's context length. A sample that
+    reaches the context length ends with ``stop_reason == "length"``."""
     temperature: float = attrs.field(default=1.0, validator=_finite_number)
     top_p: float = attrs.field(default=1.0, validator=_finite_number)
     top_k: int = attrs.field(default=-1)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -65,10 +66,13 @@ MODEL_CONFIG: dict[str, Any] = {
 class BuildSettings:
     """Everything that determines the weights; recorded in the manifest."""
 
-    steps: int = 700
+    steps: int = 1000
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int = 50
+    final_lr_fraction: float = 0.1
+    """Cosine decay after warm-up ends at this fraction of ``learning_rate``; the decay lets
+    the model settle on the noisy answer distribution instead of jittering around it."""
     beta1: float = 0.9
     beta2: float = 0.99
     eps: float = 1e-8
@@ -105,10 +109,12 @@ def sha256_of(path: str | Path) -> str:
 
 
 def _learning_rate(step: int, settings: BuildSettings) -> float:
-    """Linear warm-up, then constant."""
+    """Linear warm-up, then cosine decay to ``final_lr_fraction`` of the peak."""
     if step < settings.warmup_steps:
         return settings.learning_rate * (step + 1) / settings.warmup_steps
-    return settings.learning_rate
+    progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+    floor = settings.final_lr_fraction
+    return settings.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 class _Prompts:
@@ -144,7 +150,10 @@ def _init_model(directory: Path, tokenizer: Any, seed: int) -> None:
     model.generation_config = GenerationConfig(
         bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=True, temperature=1.0
     )
-    model.save_pretrained(str(directory))
+    from nexrl_fsdp.loading import quiet_progress
+
+    with quiet_progress():
+        model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
 
 
@@ -236,6 +245,10 @@ def build(
             staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=str(out.parent)))
             try:
                 engine.export_hf(staging)
+                # mkdtemp makes a private directory; the shipped model must be world-readable.
+                os.chmod(staging, 0o755)
+                for path in staging.iterdir():
+                    os.chmod(path, 0o644)
                 if out.exists():
                     shutil.rmtree(out)
                 os.replace(staging, out)

@@ -6,6 +6,12 @@ generated text. Choices and why:
 * Byte-level BPE: every string round-trips, including JSON and tool output.
 * Digits are split into single-digit tokens before BPE, so ``"137"`` is always
   ``1 3 7`` and column-wise addition is learnable by a 2 M parameter model.
+* The pre-tokenizer (NFC, then a Qwen2-style split: contractions, words with an
+  optional leading non-letter, single digits, punctuation runs, newlines, spaces) is
+  exactly what transformers 5 installs when it loads any tokenizer saved next to a
+  ``qwen2`` config: it treats ``tokenizer_class`` of qwen2 checkpoints as unreliable and
+  rebuilds ``Qwen2Tokenizer`` from the vocabulary and merges. Training the merges under
+  the same segmentation keeps the built and the reloaded tokenizer identical.
 * ChatML markers as in Qwen2.5 (``<|im_start|>``, ``<|im_end|>`` = EOS,
   ``<|endoftext|>`` = pad), so renderers written for Qwen models work on it.
 * ``<tool_call>`` / ``</tool_call>`` are single added tokens but not *special*: a
@@ -42,6 +48,16 @@ TOOL_CALL_END = "</tool_call>"
 VOCAB_SIZE = 1024
 """Total vocabulary, added tokens included."""
 MODEL_MAX_LENGTH = 2048
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"  # English contractions
+    r"|[^\r\n\p{L}\p{N}]?\p{L}+"  # a word, with at most one leading non-letter (space, quote)
+    r"|\p{N}"  # one digit at a time
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*"  # a punctuation run, with its space and trailing newlines
+    r"|\s*[\r\n]+"  # newlines with the spaces before them
+    r"|\s+(?!\S)"  # spaces not followed by a word
+    r"|\s+"
+)
+"""Pre-tokenizer split; must equal the one transformers uses for Qwen2 tokenizers (see above)."""
 
 # A ChatML template in the style of Qwen2.5, written for this project. Tool schemas go
 # into the system turn; an assistant tool call is rendered as
@@ -173,16 +189,17 @@ def build_tokenizer(out_dir: str | Path | None = None, *, seed: int = 0) -> obje
     Returns the transformers tokenizer. Deterministic: the same seed gives the same
     ``tokenizer.json`` byte for byte.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     special = [ENDOFTEXT, IM_START, IM_END]
     plain_added = [TOOL_CALL_START, TOOL_CALL_END]
     tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\d"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()
