@@ -116,10 +116,27 @@ def build_trainer(config: TrainConfig) -> Trainer:
     return spec.build(trainer_config)
 
 
-def holder_config(config_class: type, config: TrainConfig, base_url: str | None) -> Any:
+def embedded_api_key(out_dir: Path) -> str:
+    """The API key shared by an embedded service and its holder.
+
+    Random on the first run and kept in the service's data directory, so a resumed run
+    (a new service process on the same data) still owns the checkpoints it saved.
+    """
+    import secrets
+
+    key_file = out_dir / SERVICE_DIR / "api_key"
+    if not key_file.exists():
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(f"tml-nexrl-{secrets.token_hex(16)}")
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+def holder_config(config_class: type, config: TrainConfig, base_url: str | None, api_key: str | None = None) -> Any:
     """The service holder's config: fields named like recipe values are filled from the
     recipe (``base_url``, ``base_model``/``model``, ``lora_rank``, ``dtype``, ``seed``,
-    ``api_key`` from the ``backend.api_key_env`` variable); ``backend.options`` sets the rest."""
+    ``api_key``: the embedded service's key, else the ``backend.api_key_env`` variable);
+    ``backend.options`` sets the rest."""
     if not attrs.has(config_class):
         if config.backend.options:
             raise ConfigError([f"backend.options: service holder {config.backend.service_holder!r} takes no options"])
@@ -133,7 +150,7 @@ def holder_config(config_class: type, config: TrainConfig, base_url: str | None)
         "dtype": config.model.dtype.value,
         "seed": config.seed,
     }
-    api_key = os.environ.get(config.backend.api_key_env)
+    api_key = api_key or os.environ.get(config.backend.api_key_env)
     if api_key:
         filled["api_key"] = api_key
     raw = {key: value for key, value in filled.items() if key in fields}
@@ -149,12 +166,15 @@ def build_service(config: TrainConfig, out_dir: Path) -> Any:
 
     name = config.backend.service or config.backend.service_holder
     spec = _component_spec("services", name, "backend.service" if config.backend.service else "backend.base_url")
-    return spec.build(ServeOptions(port=0, model=config.model.name, data_dir=str(out_dir / SERVICE_DIR)))
+    options = ServeOptions(
+        port=0, model=config.model.name, data_dir=str(out_dir / SERVICE_DIR), api_key=embedded_api_key(out_dir)
+    )
+    return spec.build(options)
 
 
-def build_holder(config: TrainConfig, base_url: str | None) -> ServiceHolder:
+def build_holder(config: TrainConfig, base_url: str | None, api_key: str | None = None) -> ServiceHolder:
     spec = _component_spec("service_holders", config.backend.service_holder, "backend.service_holder")
-    return spec.build(holder_config(spec.config_class, config, base_url))
+    return spec.build(holder_config(spec.config_class, config, base_url, api_key))
 
 
 def prepare_output(out_dir: Path, resume: bool, overwrite: bool) -> RunState | None:
@@ -399,12 +419,14 @@ def run_training(
     try:
         if holder is None:
             base_url = config.backend.base_url
+            api_key = None
             if base_url is None:
                 service = build_service(config, out_dir)  # stopped in `finally`, even if start is interrupted
                 logger.info("starting the embedded service (data in %s)", out_dir / SERVICE_DIR)
                 base_url = service.start()
                 logger.info("the embedded service is up at %s", base_url)
-            holder = build_holder(config, base_url)
+                api_key = embedded_api_key(out_dir)
+            holder = build_holder(config, base_url, api_key)
         if state is not None:
             logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
             holder.load_checkpoint(state.checkpoint_path)

@@ -1,0 +1,570 @@
+"""NexRL's embedded path against TRL's ``GRPOTrainer``: same model, task and settings.
+
+One invocation trains the shipped tiny model (``nexrl-tiny``) on the two-digit addition
+task twice, each in its own child process of this script:
+
+* (a) NexRL: the built-in quickstart recipe through `nexrl_core.loop.run_training`
+  (embedded local Tinker-compatible service, GRPO advantages, ``importance_sampling``
+  loss, full fine-tuning), with the shared settings below as overrides;
+* (b) TRL: ``GRPOTrainer`` on a copy of the same model directory and tokenizer, the same
+  training prompts in the same order, the same exact-match reward.
+
+Shared: model, tokenizer, chat template, reward, prompts per step, group size, max new
+tokens, temperature 1, learning rate, seed, and the AdamW settings NexRL's recipe uses
+(betas, eps, weight decay, grad-clip norm, constant learning rate). Both take exactly one
+optimizer step per batch of ``prompts x group`` completions, on-policy.
+
+It prints seconds per step and the validation reward after N steps for both, with the
+ratios NexRL/TRL. Targets: NexRL s/step <= 1.0x TRL's, and NexRL's final reward >= TRL's.
+The exit status is 0 whatever the verdict: this is a benchmark, not a test.
+
+Measured:
+
+* s/step: median over steps 2..N (step 1 pays first-touch and warm-up costs). NexRL:
+  ``time/step_s`` from ``metrics.jsonl`` (rollout + train + weight sync, without
+  validation and checkpoints). TRL: wall time from ``on_step_begin`` to ``on_step_end``
+  of a ``TrainerCallback`` (generation + reward + loss + backward + optimizer, without
+  logging).
+* reward: ONE evaluation function for every model (the untrained start, NexRL's final
+  weights, TRL's final weights): the first ``--val-size`` held-out problems, sampled with
+  `nexrl_fsdp.Engine` at temperature 1 with the same seed (common random numbers), the
+  same stop tokens and ``--max-tokens``, ``--eval-samples`` samples per problem, exact
+  match, mean. NexRL's final weights are its last checkpoint (``schedule.checkpoint_every``
+  = N), loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
+  per problem) is printed as a cross-check only.
+
+Run: ``python benchmarks/vs_trl.py [--steps 10] [--prompts-per-step 16] [--group-size 8]
+[--max-tokens 8] [--lr 1e-4] [--val-size 200] [--seed 0] [--only nexrl|trl]``.
+Needs ``trl`` installed under the torch pin: ``pip install -c constraints.txt trl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The same OpenMP policy on both sides: spinning OpenMP threads are pathologically slow
+# on a machine where another thread or process holds a core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+MODEL_NAME = "nexrl-tiny"
+SIDES = ("nexrl", "trl")
+SPEED_TARGET = 1.0
+"""NexRL s/step must be at most this multiple of TRL's."""
+
+
+# --- shared helpers ----------------------------------------------------------------------------
+
+
+def pin_threads(threads: int) -> None:
+    """Same thread count for torch in every process (set before torch does real work)."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def median_after_first(values: list[float]) -> float | None:
+    """Median of every step but the first (all of them if there is only one)."""
+    tail = values[1:] if len(values) > 1 else values
+    return statistics.median(tail) if tail else None
+
+
+def model_dir() -> Path:
+    from nexrl_fsdp.loading import resolve_model_dir
+
+    return resolve_model_dir(MODEL_NAME)
+
+
+def quickstart_config(args: argparse.Namespace, out_dir: Path) -> Any:
+    """The built-in quickstart recipe with the shared settings as overrides."""
+    from importlib.resources import as_file, files
+
+    from nexrl_core.config import load_config
+
+    overrides = [
+        f"model.name={MODEL_NAME}",
+        f"schedule.steps={args.steps}",
+        f"schedule.validate_every={args.steps}",  # validate before step 1 and after step N only
+        f"schedule.checkpoint_every={args.steps}",  # one checkpoint: the final weights
+        f"task.val_size={args.val_size}",
+        f"rollout.prompts_per_step={args.prompts_per_step}",
+        f"rollout.group_size={args.group_size}",
+        f"rollout.max_tokens={args.max_tokens}",
+        "rollout.temperature=1.0",
+        "rollout.val_temperature=1.0",
+        "rollout.max_staleness=0",
+        f"algorithm.learning_rate={args.lr}",
+        f"seed={args.seed}",
+        f"output.dir={out_dir}",
+    ]
+    with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
+        return load_config(recipe, overrides)
+
+
+def training_items(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The training items NexRL's data loader feeds steps 1..N, in its order, so TRL sees
+    the same prompts in the same steps."""
+    from nexrl_core.data import resolve_task
+
+    config = quickstart_config(args, Path(tempfile.gettempdir()) / "nexrl_vs_trl_unused")
+    task = resolve_task(config.task, config.seed, None)
+    taken = task.train.take(0, args.steps * args.prompts_per_step)
+    return [{"a": int(item["a"]), "b": int(item["b"])} for item, _task_id in taken]
+
+
+# --- (a) NexRL -----------------------------------------------------------------------------------
+
+
+def run_nexrl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import logging
+
+    from nexrl_fsdp.checkpoint import MANIFEST_NAME
+
+    from nexrl_core.loop import run_training
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("nexrl").setLevel(logging.INFO)
+    out_dir = work / "nexrl_run"
+    config = quickstart_config(args, out_dir)
+    seed_everything(args.seed)
+    started = time.perf_counter()
+    summary = run_training(config, overwrite=True, progress_bar=False)
+    wall = time.perf_counter() - started
+
+    rows = [json.loads(line) for line in summary.metrics_path.read_text().splitlines() if line.strip()]
+    steps = sorted((row for row in rows if row.get("step", 0) >= 1 and "time/step_s" in row), key=lambda r: r["step"])
+    step_seconds = [float(row["time/step_s"]) for row in steps]
+    parts = {
+        key: median_after_first([float(row[f"time/{key}_s"]) for row in steps if f"time/{key}_s" in row])
+        for key in ("rollout", "train", "sync")
+    }
+    val = {int(row["step"]): float(row["val/reward/mean"]) for row in rows if "val/reward/mean" in row}
+
+    # The final weights: the engine checkpoint (nexrl-fsdp format) the embedded service wrote
+    # for step N, in a directory whose name starts with the checkpoint name.
+    wanted = f"step_{args.steps:06d}"
+    manifests = [
+        path
+        for path in (out_dir / "service").rglob(MANIFEST_NAME)
+        if path.parent.name.startswith(wanted) and not path.parent.name[len(wanted) : len(wanted) + 1].isdigit()
+    ]
+    checkpoint = str(max(manifests, key=lambda p: p.stat().st_mtime).parent) if manifests else None
+    return {
+        "side": "nexrl",
+        "steps_done": summary.steps,
+        "step_seconds": step_seconds,
+        "step_parts": parts,
+        "wall_s": wall,
+        "train_reward": [float(row["reward/mean"]) for row in steps if "reward/mean" in row],
+        "inloop_val": val,
+        "model_dir": MODEL_NAME,  # the checkpoint names its base model by the shipped name
+        "checkpoint": checkpoint,
+        "metrics_path": str(summary.metrics_path),
+    }
+
+
+# --- (b) TRL -------------------------------------------------------------------------------------
+
+
+def run_trl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import torch
+    import trl
+    from datasets import Dataset
+    from nexrl_fsdp.tiny.addition import AdditionProblem
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    recipe = quickstart_config(args, work / "unused").algorithm
+    source = work / "trl_start_model"
+    shutil.copytree(model_dir(), source, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = "<|endoftext|>"
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+
+    items = training_items(args)
+    dataset = Dataset.from_list(
+        [{"prompt": AdditionProblem(i["a"], i["b"]).messages(), "a": i["a"], "b": i["b"]} for i in items]
+    )
+
+    def exact_match(prompts: list, completions: list, completion_ids: list, a: list, b: list, **_: Any) -> list[float]:
+        # Decode the sampled ids raw (like NexRL's sampler text) and score them with the task's reward.
+        texts = [
+            tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            for ids in completion_ids
+        ]
+        return [AdditionProblem(int(x), int(y)).reward(text) for x, y, text in zip(a, b, texts)]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self.rewards: list[float] = []
+            self._started = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(time.perf_counter() - self._started)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                self.rewards.append(float(logs["reward"]))
+
+    batch = args.prompts_per_step * args.group_size
+    config = GRPOConfig(
+        output_dir=str(work / "trl_out"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,  # GRPOConfig defaults to True; NexRL does not recompute
+        per_device_train_batch_size=batch,  # completions per step = prompts x group
+        gradient_accumulation_steps=1,
+        generation_batch_size=batch,  # one generation batch per optimizer step: on-policy
+        num_generations=args.group_size,
+        num_iterations=1,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",  # NexRL's recipe keeps the rate constant
+        warmup_steps=0,
+        adam_beta1=recipe.beta1,
+        adam_beta2=recipe.beta2,
+        adam_epsilon=recipe.eps,
+        weight_decay=recipe.weight_decay,
+        max_grad_norm=recipe.grad_clip_norm,
+        shuffle_dataset=False,  # NexRL's order, already shuffled by its data loader
+        max_steps=args.steps,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=args.seed,
+        dataloader_num_workers=0,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[exact_match],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    final = work / "trl_final_model"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(final)
+    return {
+        "side": "trl",
+        "trl_version": trl.__version__,
+        "loss_type": config.loss_type,
+        "scale_rewards": str(config.scale_rewards),
+        "steps_done": int(trainer.state.global_step),
+        "step_seconds": timer.seconds,
+        "wall_s": wall,
+        "train_reward": timer.rewards,
+        "model_dir": str(final),
+        "checkpoint": None,
+    }
+
+
+# --- evaluation (one function for every model) ---------------------------------------------------
+
+
+def evaluate(
+    weights_dir: str, checkpoint: str | None, args: argparse.Namespace, stop: tuple[int, ...] | None = None
+) -> tuple[float, float, int, tuple[int, ...]]:
+    """Mean exact-match reward of the first ``val_size`` held-out problems, sampled at
+    temperature 1 with a fixed seed; returns (mean, standard error, samples, stop ids)."""
+    from nexrl_fsdp.tiny.addition import heldout_problems
+
+    from nexrl_core.chat import render_chat
+    from nexrl_fsdp import Engine, SamplingParams
+
+    engine = Engine(model=weights_dir, seed=args.seed)
+    if checkpoint is not None:
+        engine.load_state(checkpoint, load_optimizer=False)
+    stop = stop if stop is not None else engine.eos_token_ids
+    problems = heldout_problems(args.val_size)
+    prompts = [render_chat(engine.tokenizer, p.messages(), tokenize=True) for p in problems]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=list(stop), seed=args.seed)
+    results = engine.sample(prompts, params, num_samples=args.eval_samples)
+    decode = engine.tokenizer.decode
+    rewards = [
+        problem.reward(decode(sequence.tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        for problem, result in zip(problems, results)
+        for sequence in result.sequences
+    ]
+    mean = statistics.fmean(rewards)
+    stderr = (statistics.pvariance(rewards) / len(rewards)) ** 0.5 if len(rewards) > 1 else 0.0
+    return mean, stderr, len(rewards), tuple(stop)
+
+
+# --- orchestration -------------------------------------------------------------------------------
+
+
+def shared_argv(args: argparse.Namespace) -> list[str]:
+    return [
+        f"--steps={args.steps}",
+        f"--prompts-per-step={args.prompts_per_step}",
+        f"--group-size={args.group_size}",
+        f"--max-tokens={args.max_tokens}",
+        f"--lr={args.lr}",
+        f"--val-size={args.val_size}",
+        f"--eval-samples={args.eval_samples}",
+        f"--seed={args.seed}",
+        f"--threads={args.threads}",
+    ]
+
+
+def run_side(side: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Train one side in a child process; its output goes to ``<work>/<side>.log``."""
+    result_path = work / f"{side}_result.json"
+    log_path = work / f"{side}.log"
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *shared_argv(args),
+        f"--worker={side}",
+        f"--work-dir={work}",
+    ]
+    print(f"[{side}] training in a child process (log: {log_path}) ...", flush=True)
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        process = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    elapsed = time.perf_counter() - started
+    if process.returncode != 0 or not result_path.exists():
+        tail = log_path.read_text(errors="replace").splitlines()[-25:]
+        print(f"[{side}] FAILED (exit {process.returncode}) after {elapsed:.1f} s; last lines of {log_path}:")
+        print("\n".join("    " + line for line in tail), flush=True)
+        return {"side": side, "error": f"exit {process.returncode}", "process_s": elapsed}
+    result = json.loads(result_path.read_text())
+    result["process_s"] = elapsed
+    print(f"[{side}] done in {elapsed:.1f} s (process total, including start-up)", flush=True)
+    return result
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: dict[str, Any]) -> None:
+    nexrl, trl_ = results.get("nexrl", {}), results.get("trl", {})
+    speed = {
+        side: median_after_first(results[side]["step_seconds"]) if "step_seconds" in results.get(side, {}) else None
+        for side in SIDES
+    }
+    reward = {side: evals[side][0] if side in evals else None for side in SIDES}
+    start = evals.get("start")
+    n_eval = start[2] if start else args.val_size * args.eval_samples
+
+    print()
+    print("## NexRL vs TRL GRPOTrainer")
+    print(
+        f"model {MODEL_NAME}, addition task, {args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} "
+        f"samples, max_tokens {args.max_tokens}, lr {args.lr}, seed {args.seed}, {args.threads} torch threads"
+    )
+    print(
+        f"reward = mean exact match on the first {args.val_size} held-out problems x {args.eval_samples} samples "
+        f"(T=1, seed {args.seed}, same Engine sampler for every model; n={n_eval})"
+    )
+    print()
+    print("| | NexRL | TRL | ratio (NexRL/TRL) | target |")
+    print("|---|---|---|---|---|")
+    r_speed = ratio(speed["nexrl"], speed["trl"])
+    print(
+        f"| s/step (median, steps 2..N) | {fmt(speed['nexrl'])} | {fmt(speed['trl'])} | {fmt(r_speed, 2)} | <= {SPEED_TARGET:.2f} |"
+    )
+    r_reward = ratio(reward["nexrl"], reward["trl"])
+    stderr = {side: evals[side][1] if side in evals else None for side in SIDES}
+    print(
+        f"| final val reward | {fmt(reward['nexrl'])} ± {fmt(stderr['nexrl'])} | {fmt(reward['trl'])} ± {fmt(stderr['trl'])} "
+        f"| {fmt(r_reward, 2)} | >= 1.00 |"
+    )
+    start_text = f"{fmt(start[0])} ± {fmt(start[1])}" if start else "n/a"
+    print(f"| start val reward (untrained) | {start_text} | {start_text} | 1.00 | |")
+    gains = {side: reward[side] - start[0] if reward[side] is not None and start else None for side in SIDES}
+    print(
+        f"| reward gain over start | {fmt(gains['nexrl'], 3)} | {fmt(gains['trl'], 3)} | {fmt(ratio(gains['nexrl'], gains['trl']), 2)} | |"
+    )
+    wall = {side: results[side].get("wall_s") if side in results else None for side in SIDES}
+    print(
+        f"| training call wall s (see note) | {fmt(wall['nexrl'], 1)} | {fmt(wall['trl'], 1)} "
+        f"| {fmt(ratio(wall['nexrl'], wall['trl']), 2)} | |"
+    )
+    proc = {side: results[side].get("process_s") if side in results else None for side in SIDES}
+    print(
+        f"| child process wall s (incl. imports, set-up) | {fmt(proc['nexrl'], 1)} | {fmt(proc['trl'], 1)} | {fmt(ratio(proc['nexrl'], proc['trl']), 2)} | |"
+    )
+    print()
+
+    for side in SIDES:
+        result = results.get(side)
+        if result is None:
+            continue
+        if "error" in result:
+            print(f"{side}: did not run ({result['error']}); see {side}.log in the work dir")
+            continue
+        steps = " ".join(f"{s:.3f}" for s in result["step_seconds"])
+        print(f"{side}: every step's seconds: {steps}")
+        if result.get("train_reward"):
+            print(f"{side}: training reward per step: " + " ".join(f"{r:.3f}" for r in result["train_reward"]))
+    if "step_parts" in nexrl:
+        parts = nexrl["step_parts"]
+        print(
+            "nexrl: step split (median, steps 2..N): "
+            + ", ".join(f"{key} {fmt(parts.get(key))} s" for key in ("rollout", "train", "sync"))
+        )
+    if nexrl.get("inloop_val"):
+        val = nexrl["inloop_val"]
+        print(
+            "nexrl: cross-check, its own in-loop val/reward/mean (same held-out items, T=1, 1 sample each, its "
+            "own seeds): "
+            + ", ".join(f"step {step}: {value:.3f}" for step, value in sorted(val.items(), key=lambda kv: int(kv[0])))
+        )
+    if "nexrl" in evals:
+        print(f"nexrl: final reward evaluated from its step-{args.steps} checkpoint {nexrl.get('checkpoint')}")
+    elif "error" not in nexrl and nexrl:
+        print("nexrl: no final checkpoint found, so no final reward from the common evaluation")
+    if "trl" in evals:
+        print(
+            f"trl: final reward evaluated from the saved model {trl_.get('model_dir')} (TRL {trl_.get('trl_version')}, "
+            f"loss_type={trl_.get('loss_type')}, scale_rewards={trl_.get('scale_rewards')})"
+        )
+    print(
+        "note: NexRL s/step = time/step_s (rollout + train + weight sync, no validation/checkpoint); TRL s/step = "
+        "on_step_begin..on_step_end (generation + reward + loss + backward + AdamW)."
+    )
+    print(
+        "note: training call wall = run_training() for NexRL (includes starting the embedded service, validation "
+        "before step 1 and after step N, and the final checkpoint) and trainer.train() for TRL (steps only)."
+    )
+    print(
+        "note: the second vCPU of this machine is noisy (2-thread runs vary up to ~3x minute to minute, "
+        "cpu-measurements.md §0); rerun before trusting a small s/step difference."
+    )
+    print()
+
+    verdicts = []
+    if r_speed is None:
+        verdicts.append("speed: NOT MEASURED")
+    else:
+        verdicts.append(
+            f"speed: {'PASS' if r_speed <= SPEED_TARGET else 'FAIL'} ({r_speed:.2f}x, target <= {SPEED_TARGET:.2f}x)"
+        )
+    if reward["nexrl"] is None or reward["trl"] is None:
+        verdicts.append("reward: NOT MEASURED")
+    else:
+        noise = ((stderr["nexrl"] or 0.0) ** 2 + (stderr["trl"] or 0.0) ** 2) ** 0.5
+        diff = reward["nexrl"] - reward["trl"]
+        within = " (difference within 1 standard error)" if abs(diff) <= noise else ""
+        verdicts.append(
+            f"reward: {'PASS' if diff >= 0 else 'FAIL'} (NexRL {reward['nexrl']:.3f} vs TRL {reward['trl']:.3f}, "
+            f"diff {diff:+.3f} ± {noise:.3f}{within})"
+        )
+    print("VERDICT: " + "; ".join(verdicts))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=10, help="training steps on each side (default 10)")
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--val-size", type=int, default=200, help="held-out problems to evaluate (default 200)")
+    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem (default 4)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in every process (default 2)")
+    parser.add_argument("--only", choices=SIDES, help="run one side only")
+    parser.add_argument("--work-dir", help="where runs and models go (default: a new temp dir, removed unless --keep)")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("steps", "prompts_per_step", "group_size", "max_tokens", "val_size", "eval_samples", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pin_threads(args.threads)
+    if args.worker:
+        work = Path(args.work_dir)
+        result = run_nexrl(args, work) if args.worker == "nexrl" else run_trl(args, work)
+        (work / f"{args.worker}_result.json").write_text(json.dumps(result, indent=2))
+        return 0
+
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="nexrl_vs_trl_"))
+    work.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{args.threads} torch threads per process; work dir {work}",
+        flush=True,
+    )
+    sides = [args.only] if args.only else list(SIDES)
+    results = {side: run_side(side, args, work) for side in sides}
+
+    print("evaluating (same sampler, prompts, seed and stop tokens for every model) ...", flush=True)
+    evals: dict[str, tuple[float, float, int, tuple[int, ...]]] = {}
+    start = evaluate(MODEL_NAME, None, args)
+    evals["start"] = start
+    stop = start[3]
+    for side in sides:
+        result = results[side]
+        if "error" in result or (side == "nexrl" and not result.get("checkpoint")):
+            continue
+        evals[side] = evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
+    report(args, results, evals)
+    if args.work_dir or args.keep:
+        print(f"work dir kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

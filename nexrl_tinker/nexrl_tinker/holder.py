@@ -1,0 +1,302 @@
+"""`TinkerServiceHolder`: sampling and training through the real ``tinker`` SDK.
+
+The same holder talks to Thinking Machines' hosted Tinker (``base_url`` and
+``TINKER_API_KEY``) and to NexRL's local Tinker-compatible service; nothing here knows
+which. One instance serves the rollout workers and the trainer, so sampling always uses
+the weights the trainer last published.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from nexrl_core.chat import end_of_turn_marker, render_chat, stop_token_ids
+from nexrl_core.holders import SamplingOptions, TrainStepConfig
+from nexrl_core.toolcalls import parse_tool_calls
+from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_tinker.holder_config import TinkerHolderConfig
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RL_LOSSES = frozenset({"importance_sampling", "ppo", "cispo", "gspo"})
+"""Tinker losses that read the sampler's logprobs and per-token advantages."""
+CLIPPED_LOSSES = frozenset({"ppo", "cispo"})
+"""Tinker losses that take ``clip_low_threshold`` / ``clip_high_threshold`` (ratio bounds)."""
+
+
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    import tinker
+
+    return (tinker.APIConnectionError, tinker.APITimeoutError, tinker.InternalServerError, tinker.RateLimitError)
+
+
+class TinkerServiceHolder:
+    """A `nexrl_core.holders.ServiceHolder` on the ``tinker`` SDK.
+
+    It pickles to its config plus the current sampling weights and reconnects on first
+    use, so a copy sent to another process samples from the same weights.
+    """
+
+    def __init__(self, config: TinkerHolderConfig, sampling_path: str | None = None) -> None:
+        self.config = config
+        self._sampling_path = sampling_path
+        self._lock = threading.RLock()
+        self._service: Any = None
+        self._training: Any = None
+        self._sampling: Any = None
+        self._tokenizer: Any = None
+        self._renderer: Any = None
+        self._saves = 0
+
+    # --- pickling and connection ---------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "sampling_path": self._sampling_path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"], state["sampling_path"])  # type: ignore[misc]
+
+    def _service_client(self) -> Any:
+        with self._lock:
+            if self._service is None:
+                import tinker
+
+                self._service = tinker.ServiceClient(base_url=self.config.base_url, api_key=self.config.api_key)
+            return self._service
+
+    def _training_client(self) -> Any:
+        with self._lock:
+            if self._training is None:
+                self._training = self._retry(
+                    "create a training client",
+                    lambda: self._service_client()
+                    .create_lora_training_client(self.config.base_model, rank=self.config.lora_rank, seed=self.config.seed)
+                    .result(),
+                )
+            return self._training
+
+    def _sampling_client(self) -> Any:
+        with self._lock:
+            if self._sampling is None:
+                if self._sampling_path is None:
+                    self.update_sampling_weights()
+                else:
+                    self._sampling = self._service_client().create_sampling_client(model_path=self._sampling_path).result()
+            return self._sampling
+
+    def tokenizer(self) -> Any:
+        """The model's tokenizer: from ``tokenizer_path``, else the one the service names."""
+        with self._lock:
+            if self._tokenizer is None:
+                if self.config.tokenizer_path:
+                    from transformers import AutoTokenizer
+
+                    self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
+                else:
+                    self._tokenizer = self._training_client().get_tokenizer()
+                if self.config.renderer_name:
+                    self._renderer = _cookbook_renderer(self.config.renderer_name, self._tokenizer)
+            return self._tokenizer
+
+    def _retry(self, what: str, call: Callable[[], T]) -> T:
+        """Run ``call``, retrying transient service errors with exponential backoff."""
+        transient = _transient_errors()
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                return call()
+            except transient as exc:
+                if attempt == self.config.max_retries:
+                    raise RuntimeError(
+                        f"Tinker service at {self.config.base_url or 'the default URL'} failed to {what} after "
+                        f"{attempt + 1} attempts: {type(exc).__name__}: {exc}"
+                    ) from exc
+                delay = self.config.retry_backoff_s * 2**attempt
+                logger.warning("could not %s (%s); retrying in %.1f s", what, exc, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # --- chat ----------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+    ) -> str | list[int]:
+        tokenizer = self.tokenizer()
+        if self._renderer is not None:
+            if tools or not add_generation_prompt:
+                raise ValueError(
+                    f"renderer {self.config.renderer_name!r} only renders generation prompts without tools; "
+                    "leave renderer_name unset to use the tokenizer's chat template"
+                )
+            tokens = self._renderer.build_generation_prompt(list(messages)).to_ints()
+            return tokens if tokenize else tokenizer.decode(tokens)
+        return render_chat(tokenizer, messages, tools, add_generation_prompt, tokenize)
+
+    def _default_stop(self) -> list[str] | list[int]:
+        if self._renderer is not None:
+            return list(self._renderer.get_stop_sequences())
+        return stop_token_ids(self.tokenizer())
+
+    # --- sampling ------------------------------------------------------------------------------
+
+    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
+        import tinker
+
+        prompt = [int(token) for token in prompt_tokens]
+        params = tinker.types.SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            seed=options.seed,
+            stop=list(options.stop) if options.stop is not None else self._default_stop(),
+        )
+        model_input = tinker.types.ModelInput.from_ints(tokens=prompt)
+        response = self._retry(
+            "sample", lambda: self._sampling_client().sample(model_input, num_samples=1, sampling_params=params).result()
+        )
+        sequence = response.sequences[0]
+        tokens = [int(token) for token in sequence.tokens]
+        logprobs = [float(value) for value in sequence.logprobs or []]
+        if len(logprobs) != len(tokens):
+            raise RuntimeError(f"Tinker returned {len(tokens)} tokens but {len(logprobs)} logprobs; sampling logprobs are required")
+        parsed = parse_tool_calls(self._visible_text(tokens))
+        return SampleResult(
+            prompt_tokens=prompt,
+            response_tokens=tokens,
+            response_logprobs=logprobs,
+            response_text=parsed.content,
+            tool_calls=parsed.tool_calls,
+            finish_reason="length" if sequence.stop_reason == "length" else "stop",
+        )
+
+    def _visible_text(self, tokens: list[int]) -> str:
+        """The reply as a user sees it: special tokens and the end-of-turn marker removed."""
+        tokenizer = self.tokenizer()
+        text = tokenizer.decode(tokens, skip_special_tokens=False)
+        marker = end_of_turn_marker(tokenizer)
+        if marker and marker in text:
+            text = text[: text.index(marker)]
+        return str(tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True))
+
+    def sample_from_messages(
+        self,
+        messages: Sequence[dict[str, Any]],
+        options: SamplingOptions,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> SampleResult:
+        prompt = self.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        assert isinstance(prompt, list)
+        return self.sample_from_prompt(prompt, options)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
+        import tinker
+
+        if not datums:
+            raise ValueError("train needs at least one datum")
+        data = [_to_tinker_datum(datum, config.loss_fn) for datum in datums]
+        loss_fn_config = _tinker_loss_config(config)
+        adam = tinker.types.AdamParams(
+            learning_rate=config.learning_rate,
+            beta1=config.beta1,
+            beta2=config.beta2,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            grad_clip_norm=config.grad_clip_norm,
+        )
+        training = self._training_client()
+
+        def step() -> dict[str, float]:
+            backward = training.forward_backward(data, config.loss_fn, loss_fn_config or None)
+            optimizer = training.optim_step(adam)
+            metrics = {key: float(value) for key, value in backward.result().metrics.items()}
+            metrics.update({key: float(value) for key, value in (optimizer.result().metrics or {}).items()})
+            return metrics
+
+        return self._retry("train", step)
+
+    def update_sampling_weights(self, weight_path: str | None = None) -> str:
+        with self._lock:
+            if weight_path is None:
+                name = f"sampler_{self._saves:06d}"
+                self._saves += 1
+                training = self._training_client()
+                weight_path = self._retry("save sampler weights", lambda: training.save_weights_for_sampler(name).result().path)
+            assert weight_path is not None
+            self._sampling = self._service_client().create_sampling_client(model_path=weight_path).result()
+            self._sampling_path = weight_path
+            return weight_path
+
+    def save_checkpoint(self, name: str) -> str:
+        training = self._training_client()
+        return str(self._retry("save a checkpoint", lambda: training.save_state(name).result().path))
+
+    def load_checkpoint(self, path: str) -> None:
+        with self._lock:
+            self._training = self._retry(
+                "load a checkpoint",
+                lambda: self._service_client().create_training_client_from_state_with_optimizer(path).result(),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            service, self._service = self._service, None
+            self._training = self._sampling = None
+        if service is not None:
+            service.close("success").result()
+
+
+def _tensor(values: Sequence[float] | Sequence[int], dtype: str) -> Any:
+    import tinker
+
+    return tinker.types.TensorData(data=list(values), dtype=dtype, shape=[len(values)])
+
+
+def _to_tinker_datum(datum: RemoteDatum, loss_fn: str) -> Any:
+    """A Tinker datum: cross-entropy reads weights; the RL losses read sampler logprobs and
+    advantages, which are already zero wherever the loss mask is."""
+    import tinker
+
+    inputs = {"target_tokens": _tensor(datum.target_tokens, "int64")}
+    if loss_fn in RL_LOSSES:
+        inputs["logprobs"] = _tensor(datum.sampling_logprobs, "float32")
+        inputs["advantages"] = _tensor(datum.advantages, "float32")
+    elif loss_fn == "cross_entropy":
+        inputs["weights"] = _tensor(datum.loss_mask, "float32")
+    else:
+        raise ValueError(f"Tinker has no loss {loss_fn!r}; use one of cross_entropy, {', '.join(sorted(RL_LOSSES))}")
+    return tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens=list(datum.input_tokens)), loss_fn_inputs=inputs)
+
+
+def _tinker_loss_config(config: TrainStepConfig) -> dict[str, float]:
+    """NexRL's clip widths (``clip_low``/``clip_high``, as in PPO papers) become Tinker's
+    ratio bounds; options Tinker's fixed loss sums do not have are left out."""
+    if config.loss_fn not in CLIPPED_LOSSES:
+        return {}
+    options = config.loss_fn_config
+    bounds = {}
+    if "clip_low" in options:
+        bounds["clip_low_threshold"] = 1.0 - float(options["clip_low"])
+    if "clip_high" in options:
+        bounds["clip_high_threshold"] = 1.0 + float(options["clip_high"])
+    return bounds
+
+
+def _cookbook_renderer(name: str, tokenizer: Any) -> Any:
+    try:
+        from tinker_cookbook import renderers
+    except ImportError as exc:
+        raise ValueError(
+            f"renderer_name {name!r} needs tinker-cookbook: pip install --no-deps tinker-cookbook (see the README)"
+        ) from exc
+    return renderers.get_renderer(name, tokenizer)

@@ -1,0 +1,79 @@
+"""TinkerServiceHolder pieces that need no server: datums, loss options, retries, pickling."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import tinker
+from nexrl_tinker.holder import (
+    TinkerHolderConfig,
+    TinkerServiceHolder,
+    _tinker_loss_config,
+    _to_tinker_datum,
+)
+
+from nexrl_core.holders import TrainStepConfig
+from nexrl_core.types import RemoteDatum
+
+DATUM = RemoteDatum(
+    input_tokens=[1, 2, 3],
+    target_tokens=[2, 3, 4],
+    sampling_logprobs=[0.0, -0.5, -0.25],
+    advantages=[0.0, 1.5, 1.5],
+    loss_mask=[0.0, 1.0, 1.0],
+)
+
+
+def test_rl_datum_carries_sampler_logprobs_and_advantages() -> None:
+    datum = _to_tinker_datum(DATUM, "importance_sampling")
+    assert datum.model_input.to_ints() == [1, 2, 3]
+    assert set(datum.loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
+    assert datum.loss_fn_inputs["target_tokens"].data == [2, 3, 4]
+    assert datum.loss_fn_inputs["advantages"].data == [0.0, 1.5, 1.5]
+    assert datum.loss_fn_inputs["logprobs"].dtype == "float32"
+
+
+def test_cross_entropy_datum_carries_weights() -> None:
+    datum = _to_tinker_datum(DATUM, "cross_entropy")
+    assert set(datum.loss_fn_inputs) == {"target_tokens", "weights"}
+    assert datum.loss_fn_inputs["weights"].data == [0.0, 1.0, 1.0]
+
+
+def test_unknown_loss_is_refused_with_the_valid_names() -> None:
+    with pytest.raises(ValueError, match="Tinker has no loss 'dro'; use one of cross_entropy, cispo, gspo"):
+        _to_tinker_datum(DATUM, "dro")
+
+
+def test_clip_widths_become_tinker_ratio_bounds() -> None:
+    config = TrainStepConfig(loss_fn="ppo", loss_fn_config={"clip_low": 0.2, "clip_high": 0.28, "entropy_coeff": 0.0})
+    assert _tinker_loss_config(config) == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
+    assert _tinker_loss_config(TrainStepConfig(loss_fn="importance_sampling", loss_fn_config={"clip_low": 0.2})) == {}
+
+
+def test_transient_errors_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    holder = TinkerServiceHolder(TinkerHolderConfig(base_url="http://127.0.0.1:9", max_retries=2))
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise tinker.APIConnectionError(request=None)  # type: ignore[arg-type]
+        return "ok"
+
+    assert holder._retry("sample", flaky) == "ok"
+    assert len(calls) == 3
+
+    def broken() -> str:
+        raise tinker.APIConnectionError(request=None)  # type: ignore[arg-type]
+
+    with pytest.raises(RuntimeError, match=r"failed to train after 3 attempts: APIConnectionError"):
+        holder._retry("train", broken)
+
+
+def test_pickles_to_config_and_sampling_path() -> None:
+    holder = TinkerServiceHolder(TinkerHolderConfig(base_url="http://127.0.0.1:9"), sampling_path="tinker://run/sampler_weights/x")
+    clone = pickle.loads(pickle.dumps(holder))
+    assert clone.config == holder.config
+    assert clone.__getstate__() == {"config": holder.config, "sampling_path": "tinker://run/sampler_weights/x"}
