@@ -1,0 +1,288 @@
+"""The FastAPI application: every route SDK 0.38 uses, thin over the services.
+
+Handlers parse and authenticate, then call a service; errors become 4xx JSON bodies
+with a ``detail`` message (never an empty body, never a 500 for bad input). Most
+handlers are plain functions, which FastAPI runs on its thread pool, because they
+touch SQL; ``retrieve_future`` is a coroutine so that a long-poll holds no thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from nexrl_tinker.server.auth import Authenticator
+from nexrl_tinker.server.cloud import Cloud
+from nexrl_tinker.server.codec import (
+    decode_forward_backward,
+    decode_forward_backward_json,
+    decompress_body,
+)
+from nexrl_tinker.server.errors import ApiError, BadRequest, Forbidden, NotFound
+from nexrl_tinker.server.runs import RunService
+from nexrl_tinker.server.sampling import SamplingService
+from nexrl_tinker.server.schemas import (
+    CreateModelBody,
+    CreateSamplingSessionBody,
+    CreateSessionBody,
+    FinishSessionBody,
+    HeartbeatBody,
+    LoadWeightsBody,
+    ModelIdBody,
+    OptimStepBody,
+    RetrieveFutureBody,
+    SampleBody,
+    SaveWeightsBody,
+    SaveWeightsForSamplerBody,
+)
+from nexrl_tinker.server.sessions import SessionService
+from nexrl_tinker.server.training import TrainingService
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("nexrl_tinker.server")
+
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "credential_default_source": "api_key",
+    "parallel_fwdbwd_chunks": True,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "sample_join_sampling_session": False,
+    "custom_loss_server_side": False,
+    "sample_enable_stuck_detection": True,
+}
+"""Flags for ``/client/config`` (tinker-protocol.md §7): no JWT exchange, no batch
+futures endpoint, no server-side custom losses."""
+
+DYNAMIC_CONFIG = {"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64}
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    errors = exc.errors()
+    for error in errors:
+        if error.get("type") == "json_invalid":
+            return 400, f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}"
+    parts = []
+    for error in errors[:8]:
+        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{location or 'body'}: {error.get('msg')}")
+    return 422, "invalid request body: " + "; ".join(parts)
+
+
+def create_app(cloud: Cloud) -> FastAPI:
+    app = FastAPI(title="NexRL TinkerCloud", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.cloud = cloud
+    auth = Authenticator(cloud.settings.api_key)
+    sessions = SessionService(cloud)
+    training = TrainingService(cloud)
+    sampling = SamplingService(cloud, training)
+    runs = RunService(cloud)
+    max_body = cloud.settings.max_body_bytes
+
+    async def owner(x_api_key: str | None = Header(default=None, alias="X-API-Key")) -> str:
+        # A coroutine: FastAPI would run a plain function on its thread pool (a hop per request).
+        return auth.check(x_api_key)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message = _validation_message(exc)
+        return JSONResponse({"detail": message}, status_code=status)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse({"detail": f"internal server error: {type(exc).__name__}: {exc}"}, status_code=500)
+
+    # --- client bootstrap and health ------------------------------------------------------------
+
+    @app.get("/api/v1/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "requests_in_flight": cloud.book.in_flight, "epoch": cloud.book.epoch}
+
+    @app.post("/api/v1/client/config")
+    def client_config(_owner: str = Depends(owner)) -> dict[str, Any]:
+        return CLIENT_CONFIG
+
+    @app.post("/api/v1/client/dynamic_config")
+    def dynamic_config(_owner: str = Depends(owner)) -> dict[str, Any]:
+        return DYNAMIC_CONFIG
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry(_owner: str = Depends(owner)) -> dict[str, Any]:
+        return {"status": "accepted"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    def capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
+        base = cloud.base
+        return {
+            "supported_models": [
+                {
+                    "model_name": base.name,
+                    "max_context_length": base.max_context_length,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            ]
+        }
+
+    @app.post("/api/v1/cancel_future")
+    async def cancel_future(_owner: str = Depends(owner)) -> dict[str, Any]:
+        return {}
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_session")
+    def create_session(body: CreateSessionBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.create(who, body)
+
+    @app.post("/api/v1/session_heartbeat")
+    def session_heartbeat(body: HeartbeatBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.heartbeat(who, body.session_id)
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    def finish_session(session_id: str, body: FinishSessionBody | None = None, who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.finish(who, session_id, body)
+
+    @app.get("/api/v1/sessions")
+    def list_sessions(who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.list(who)
+
+    @app.get("/api/v1/sessions/{session_id}")
+    def get_session(session_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.get(who, session_id)
+
+    # --- training -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_model")
+    def create_model(body: CreateModelBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.create_model(who, body)
+
+    @app.post("/api/v1/get_info")
+    def get_info(body: ModelIdBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.get_info(who, body.model_id)
+
+    async def _forward_backward(request: Request, who: str, forward_only: bool) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > max_body:
+            raise BadRequest(f"request body is larger than {max_body} bytes")
+        content_type = request.headers.get("content-type", "")
+        encoding = request.headers.get("content-encoding")
+
+        def submit() -> dict[str, Any]:
+            data = decompress_body(raw, encoding, max_body)
+            if "json" in content_type:
+                try:
+                    parsed = json.loads(data)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise BadRequest(f"malformed JSON body: {exc}") from None
+                fb_request = decode_forward_backward_json(parsed, forward_only)
+            else:
+                fb_request = decode_forward_backward(data)
+                if forward_only and not fb_request.forward_only:
+                    import attrs
+
+                    fb_request = attrs.evolve(fb_request, forward_only=True)
+            return training.forward_backward(who, fb_request)
+
+        return await run_in_threadpool(submit)
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await _forward_backward(request, who, False)
+
+    @app.post("/api/v1/forward")
+    async def forward(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await _forward_backward(request, who, True)
+
+    @app.post("/api/v1/optim_step")
+    def optim_step(body: OptimStepBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.optim_step(who, body)
+
+    @app.post("/api/v1/save_weights")
+    def save_weights(body: SaveWeightsBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.save_weights(who, body)
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    def save_weights_for_sampler(body: SaveWeightsForSamplerBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.save_weights_for_sampler(who, body)
+
+    @app.post("/api/v1/load_weights")
+    def load_weights(body: LoadWeightsBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.load_weights(who, body)
+
+    # --- sampling -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_sampling_session")
+    def create_sampling_session(body: CreateSamplingSessionBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return sampling.create_session(who, body)
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    def get_sampler(sampler_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return sampling.get_sampler(who, sampler_id)
+
+    @app.post("/api/v1/asample")
+    def asample(body: SampleBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return sampling.asample(who, body)
+
+    # --- futures --------------------------------------------------------------------------------
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(body: RetrieveFutureBody, who: str = Depends(owner)) -> Response:
+        request_id = body.request_id
+        submitter = cloud.book.owner_in_memory(request_id)
+        if submitter is None:
+            submitter = await run_in_threadpool(cloud.book.owner_of, request_id)
+        if submitter is None:
+            raise NotFound(f"unknown request_id {request_id!r} (never submitted, or its result expired)")
+        if submitter != who:
+            raise Forbidden(f"request {request_id!r} belongs to another session (a different API key)")
+        outcome = await cloud.book.wait(request_id, cloud.settings.long_poll_s)
+        if outcome is None:
+            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+        cloud.book.note_fetched(request_id)
+        if outcome.status == "failed":
+            return Response(outcome.body(), media_type="application/json")
+        return Response(outcome.payload, media_type=outcome.content_type)
+
+    # --- training runs and checkpoints (RestClient) -----------------------------------------------
+
+    @app.get("/api/v1/training_runs")
+    def list_training_runs(
+        limit: int = Query(default=20, ge=1, le=1000), offset: int = Query(default=0, ge=0), who: str = Depends(owner)
+    ) -> dict[str, Any]:
+        return runs.list(who, limit, offset)
+
+    @app.get("/api/v1/training_runs/{training_run_id}")
+    def get_training_run(training_run_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.get(who, training_run_id)
+
+    @app.get("/api/v1/training_runs/{training_run_id}/checkpoints")
+    def list_checkpoints(training_run_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.checkpoints(who, training_run_id)
+
+    @app.delete("/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}")
+    def delete_checkpoint(training_run_id: str, checkpoint_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.delete_checkpoint(who, training_run_id, checkpoint_id)
+
+    @app.get("/api/v1/checkpoints")
+    def list_user_checkpoints(
+        limit: int = Query(default=100, ge=1, le=1000), offset: int = Query(default=0, ge=0), who: str = Depends(owner)
+    ) -> dict[str, Any]:
+        return runs.user_checkpoints(who, limit, offset)
+
+    @app.post("/api/v1/weights_info")
+    def weights_info(body: dict[str, Any], who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.weights_info(who, body.get("tinker_path"))
+
+    return app

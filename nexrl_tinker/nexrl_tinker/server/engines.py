@@ -1,0 +1,192 @@
+"""Which `nexrl_fsdp.Engine` serves which model or sampler, built lazily.
+
+* One engine per training model (full fine-tuning or LoRA, as ``create_model``
+  asked). It is built on first use: at ``create_model``, or after a restart from
+  the model's last saved state.
+* Sampling engines are keyed by the weights they serve (the base model, an exported
+  HF directory, or a training-state directory on top of the base), so every sampler
+  of the same weights shares one engine. The least recently used is dropped when
+  more than ``sampler_cache_size`` are loaded.
+
+Engines are only touched on compute threads; building one takes a per-key lock so
+two requests never load the same weights twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = ["BaseModelInfo", "EnginePool", "TrainingSpec", "WeightsRef"]
+
+log = logging.getLogger("nexrl_tinker.server")
+
+_CONSTRUCTION_LOCK = threading.Lock()
+"""Engines are built one at a time in this process: transformers' ``from_pretrained``
+swaps process-global state while it loads (empty-weight init, tied-weight handling),
+and two loads on different threads corrupt each other ("Cannot copy out of meta
+tensor", a missing ``lm_head.weight``)."""
+
+
+def _new_engine(*args: Any, **kwargs: Any) -> Any:
+    from nexrl_fsdp.engine import Engine
+
+    with _CONSTRUCTION_LOCK:
+        return Engine(*args, **kwargs)
+
+
+@attrs.frozen
+class BaseModelInfo:
+    """The served base model, read once from its directory (no torch needed)."""
+
+    name: str
+    """What clients call it (``base_model``): the shipped name or the path given."""
+    directory: Path
+    arch: str | None
+    vocab_size: int
+    max_context_length: int | None
+
+    @classmethod
+    def load(cls, model: str) -> BaseModelInfo:
+        from nexrl_fsdp.loading import resolve_model_dir
+
+        directory = resolve_model_dir(model)
+        config = json.loads((directory / "config.json").read_text())
+        return cls(
+            name=model,
+            directory=directory,
+            arch=config.get("model_type"),
+            vocab_size=int(config["vocab_size"]),
+            max_context_length=config.get("max_position_embeddings"),
+        )
+
+
+@attrs.frozen
+class TrainingSpec:
+    """How a training model's engine is configured (from ``create_model``)."""
+
+    base_model: str
+    lora_rank: int = 0
+    lora_seed: int = 0
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+    def engine_config(self) -> Any:
+        from nexrl_fsdp.config import EngineConfig
+
+        return EngineConfig(
+            model=self.base_model,
+            lora_rank=self.lora_rank,
+            seed=self.lora_seed,
+            train_mlp=self.train_mlp,
+            train_attn=self.train_attn,
+            train_unembed=self.train_unembed,
+        )
+
+
+@attrs.frozen
+class WeightsRef:
+    """What a sampling engine serves."""
+
+    kind: str
+    """``base``, ``hf`` (exported directory) or ``state`` (training state on the base)."""
+    directory: str | None = None
+    training: TrainingSpec | None = None
+    """For ``state``: the model the state was saved from."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.directory or ''}"
+
+
+class EnginePool:
+    def __init__(self, base: BaseModelInfo, sampler_cache_size: int) -> None:
+        self.base = base
+        self._sampler_cache_size = max(1, sampler_cache_size)
+        self._lock = threading.Lock()
+        self._training: dict[str, Any] = {}
+        self._samplers: OrderedDict[str, Any] = OrderedDict()
+        self._build_locks: dict[str, threading.Lock] = {}
+
+    def _build_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._build_locks.setdefault(key, threading.Lock())
+
+    # --- training engines -------------------------------------------------------------------
+
+    def training(self, model_id: str) -> Any | None:
+        with self._lock:
+            return self._training.get(model_id)
+
+    def training_or_build(self, model_id: str, build: Callable[[], Any]) -> Any:
+        """The model's engine, building it with ``build()`` the first time."""
+        engine = self.training(model_id)
+        if engine is not None:
+            return engine
+        with self._build_lock(f"train:{model_id}"):
+            engine = self.training(model_id)
+            if engine is None:
+                engine = build()
+                with self._lock:
+                    self._training[model_id] = engine
+            return engine
+
+    def new_training_engine(self, spec: TrainingSpec) -> Any:
+        return _new_engine(spec.engine_config())
+
+    def release_training(self, model_id: str) -> bool:
+        with self._lock:
+            return self._training.pop(model_id, None) is not None
+
+    # --- sampling engines -------------------------------------------------------------------
+
+    def sampler(self, ref: WeightsRef) -> Any:
+        key = ref.key
+        with self._lock:
+            engine = self._samplers.get(key)
+            if engine is not None:
+                self._samplers.move_to_end(key)
+                return engine
+        with self._build_lock(f"sample:{key}"):
+            with self._lock:
+                engine = self._samplers.get(key)
+            if engine is None:
+                engine = self._build_sampler(ref)
+                with self._lock:
+                    self._samplers[key] = engine
+                    while len(self._samplers) > self._sampler_cache_size:
+                        evicted, _ = self._samplers.popitem(last=False)
+                        log.info("dropped sampling engine %s from memory", evicted)
+            return engine
+
+    def _build_sampler(self, ref: WeightsRef) -> Any:
+        if ref.kind == "base":
+            return _new_engine(model=self.base.name)
+        if ref.kind == "hf":
+            assert ref.directory is not None
+            return _new_engine(model=ref.directory)
+        if ref.kind == "state":
+            assert ref.directory is not None and ref.training is not None
+            engine = _new_engine(ref.training.engine_config())
+            engine.load_state(ref.directory, load_optimizer=False)
+            return engine
+        raise ValueError(f"unknown weights kind {ref.kind!r}")
+
+    def forget_sampler(self, directory: str) -> None:
+        """Drop cached engines serving ``directory`` (its files are being deleted)."""
+        with self._lock:
+            for key in [k for k in self._samplers if k.endswith(f":{directory}")]:
+                del self._samplers[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._training.clear()
+            self._samplers.clear()

@@ -1,0 +1,212 @@
+"""Runs accepted requests on worker threads, one at a time per lane.
+
+A *lane* is a training model or a sampling engine. Training lanes are ordered: the
+SDK numbers each training client's requests (``seq_id``), may post the chunks of one
+``forward_backward`` concurrently with the first chunk last, and expects them applied
+strictly in order. So a training lane keeps ``next_seq`` and runs a job only when its
+number comes up; a job that arrives early waits for the missing ones. A number that
+never arrives (a client that died between reserving and sending it) would block the
+lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it.
+
+Sampling lanes are first-in first-out, and consecutive compatible jobs (same
+sampling parameters, no explicit seed) run as one batched engine call.
+
+Compute runs on a thread pool, never on the event loop, so heartbeats and long-polls
+stay responsive while a model trains.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+
+from nexrl_tinker.server.errors import RequestFailed
+from nexrl_tinker.server.futures import FutureBook, Outcome
+
+__all__ = ["Job", "Scheduler"]
+
+log = logging.getLogger("nexrl_tinker.server")
+
+MAX_BATCH = 64
+
+
+@attrs.define
+class Job:
+    request_id: str
+    run: Callable[[], Outcome]
+    seq: int | None = None
+    batch_key: Any = None
+    """Jobs of one FIFO lane with the same non-None key may run together through ``run_batch``."""
+    run_batch: Callable[[Sequence[Job]], Sequence[Outcome]] | None = None
+    payload: Any = None
+    """What ``run_batch`` needs from each job of a batch."""
+
+
+@attrs.define
+class _Lane:
+    ordered: bool
+    next_seq: int = 0
+    waiting: dict[int, Job] = attrs.field(factory=dict)
+    queue: deque = attrs.field(factory=deque)
+    busy: bool = False
+    blocked_since: float | None = None
+
+
+def failure_outcome(exc: BaseException) -> Outcome:
+    if isinstance(exc, RequestFailed):
+        return Outcome.failed(exc.message, exc.category)
+    if isinstance(exc, ValueError):
+        # The engine validates its inputs with ValueError and names the culprit.
+        return Outcome.failed(str(exc), "user")
+    log.exception("request failed with an internal error", exc_info=exc)
+    return Outcome.failed(f"internal server error: {type(exc).__name__}: {exc}", "server")
+
+
+class Scheduler:
+    def __init__(self, book: FutureBook, threads: int, gap_timeout_s: float) -> None:
+        self.book = book
+        self.gap_timeout_s = gap_timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tinker-compute")
+        self._lock = threading.Lock()
+        self._lanes: dict[str, _Lane] = {}
+        self._closed = False
+
+    # --- lanes ------------------------------------------------------------------------------
+
+    def has_lane(self, lane_id: str) -> bool:
+        with self._lock:
+            return lane_id in self._lanes
+
+    def open_ordered(self, lane_id: str, next_seq: int) -> None:
+        """Create an ordered lane expecting ``next_seq`` (no-op if it exists)."""
+        with self._lock:
+            self._lanes.setdefault(lane_id, _Lane(ordered=True, next_seq=next_seq))
+
+    def drop(self, lane_id: str) -> None:
+        with self._lock:
+            self._lanes.pop(lane_id, None)
+
+    def expected_seq(self, lane_id: str) -> int | None:
+        with self._lock:
+            lane = self._lanes.get(lane_id)
+            return lane.next_seq if lane is not None else None
+
+    # --- submission ---------------------------------------------------------------------------
+
+    def submit_ordered(self, lane_id: str, job: Job) -> None:
+        assert job.seq is not None
+        with self._lock:
+            lane = self._lanes.get(lane_id)
+            if lane is None:
+                raise RuntimeError(f"lane {lane_id!r} was not opened")
+            if job.seq < lane.next_seq:
+                # Already passed (skipped after a gap): run it now rather than never.
+                log.warning("lane %s: seq_id %s arrived after the lane moved on to %s", lane_id, job.seq, lane.next_seq)
+                lane.queue.append(job)
+            else:
+                lane.waiting[job.seq] = job
+            self._pump(lane_id, lane)
+
+    def skip(self, lane_id: str, seq: int) -> None:
+        """Mark ``seq`` as consumed without running anything (a refused submission)."""
+        with self._lock:
+            lane = self._lanes.get(lane_id)
+            if lane is None or seq < lane.next_seq:
+                return
+            if seq == lane.next_seq and not lane.busy:
+                lane.next_seq += 1
+            else:
+                lane.waiting[seq] = Job(request_id="", run=lambda: Outcome.json({}), seq=seq)
+            self._pump(lane_id, lane)
+
+    def submit_fifo(self, lane_id: str, job: Job) -> None:
+        with self._lock:
+            lane = self._lanes.setdefault(lane_id, _Lane(ordered=False))
+            lane.queue.append(job)
+            self._pump(lane_id, lane)
+
+    # --- execution ------------------------------------------------------------------------------
+
+    def _pump(self, lane_id: str, lane: _Lane) -> None:
+        """Start the lane's next runnable job(s) if it is idle. Caller holds the lock."""
+        if lane.busy or self._closed:
+            return
+        batch: list[Job] = []
+        if lane.queue:
+            batch.append(lane.queue.popleft())
+            key = batch[0].batch_key
+            if key is not None and batch[0].run_batch is not None:
+                while lane.queue and len(batch) < MAX_BATCH and lane.queue[0].batch_key == key:
+                    batch.append(lane.queue.popleft())
+        elif lane.ordered:
+            while lane.next_seq in lane.waiting and not lane.waiting[lane.next_seq].request_id:
+                del lane.waiting[lane.next_seq]  # a skipped placeholder
+                lane.next_seq += 1
+            job = lane.waiting.pop(lane.next_seq, None)
+            if job is None:
+                lane.blocked_since = (lane.blocked_since or time.monotonic()) if lane.waiting else None
+                return
+            lane.blocked_since = None
+            batch.append(job)
+        if not batch:
+            return
+        lane.busy = True
+        self._executor.submit(self._run, lane_id, lane, batch)
+
+    def _run(self, lane_id: str, lane: _Lane, batch: list[Job]) -> None:
+        outcomes: list[Outcome] = []
+        try:
+            if len(batch) > 1:
+                try:
+                    outcomes = list(batch[0].run_batch(batch))  # type: ignore[misc]
+                except BaseException as exc:  # noqa: BLE001 - every job gets the failure
+                    outcomes = [failure_outcome(exc)] * len(batch)
+            else:
+                try:
+                    outcomes = [batch[0].run()]
+                except BaseException as exc:  # noqa: BLE001
+                    outcomes = [failure_outcome(exc)]
+            for job, outcome in zip(batch, outcomes):
+                self.book.resolve(job.request_id, outcome)
+        finally:
+            # Start the lane's next job before writing results to SQL: the write is off
+            # the critical path of a pipelined forward_backward + optim_step.
+            with self._lock:
+                lane.busy = False
+                if lane.ordered and len(batch) == 1 and batch[0].seq is not None and batch[0].seq >= lane.next_seq:
+                    lane.next_seq = batch[0].seq + 1
+                self._pump(lane_id, lane)
+        for job, outcome in zip(batch, outcomes):
+            try:
+                self.book.persist(job.request_id, outcome)
+            except Exception:
+                log.exception("could not record the outcome of %s", job.request_id)
+
+    def check_gaps(self) -> None:
+        """Skip sequence numbers that have been missing longer than the gap timeout."""
+        now = time.monotonic()
+        with self._lock:
+            for lane_id, lane in self._lanes.items():
+                if lane.busy or not lane.waiting or lane.blocked_since is None:
+                    continue
+                if now - lane.blocked_since >= self.gap_timeout_s:
+                    first = min(lane.waiting)
+                    log.warning(
+                        "lane %s: seq_id %s never arrived within %.0f s; continuing at %s",
+                        lane_id, lane.next_seq, self.gap_timeout_s, first,
+                    )
+                    lane.next_seq = first
+                    lane.blocked_since = None
+                    self._pump(lane_id, lane)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)

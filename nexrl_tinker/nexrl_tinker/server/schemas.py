@@ -1,0 +1,179 @@
+"""JSON request bodies, as the SDK 0.38 sends them (tinker-protocol.md §3, §4).
+
+FastAPI validates bodies against these models, so a wrong type or a missing field
+becomes a 422 naming the field before any handler runs. Unknown keys are ignored:
+newer SDKs add fields, and the protocol's ``type`` literals carry no information.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AdamParamsBody",
+    "CreateModelBody",
+    "CreateSamplingSessionBody",
+    "CreateSessionBody",
+    "FinishSessionBody",
+    "HeartbeatBody",
+    "LoadWeightsBody",
+    "LoraConfigBody",
+    "ModelIdBody",
+    "ModelInputBody",
+    "OptimStepBody",
+    "RetrieveFutureBody",
+    "SampleBody",
+    "SamplingParamsBody",
+    "SaveWeightsBody",
+    "SaveWeightsForSamplerBody",
+]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class CreateSessionBody(Body):
+    tags: list[str] = Field(default_factory=list)
+    user_metadata: dict[str, Any] | None = None
+    sdk_version: str | None = None
+    project_id: str | None = None
+    display_name: str | None = None
+
+
+class HeartbeatBody(Body):
+    session_id: str
+
+
+class FinishReason(Body):
+    type: str = "success"
+
+
+class FinishSessionBody(Body):
+    reason: FinishReason | None = None
+    detail: str | None = None
+
+
+class LoraConfigBody(Body):
+    rank: int = Field(ge=0, le=4096)
+    seed: int | None = Field(default=None, ge=0)
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class OptimizerConfigBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = "adamw"
+
+
+class CreateModelBody(Body):
+    session_id: str
+    model_seq_id: int = Field(ge=0)
+    base_model: str
+    user_metadata: dict[str, Any] | None = None
+    lora_config: LoraConfigBody | None = None
+    optimizer_config: OptimizerConfigBody | None = None
+
+
+class ModelIdBody(Body):
+    model_id: str
+
+
+class AdamParamsBody(Body):
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+class OptimStepBody(Body):
+    model_id: str
+    seq_id: int | None = Field(default=None, ge=0)
+    adam_params: AdamParamsBody | None = Field(
+        default=None, validation_alias=AliasChoices("adam_params", "optim_params")
+    )
+    optimizer_params: dict[str, Any] | None = None
+
+
+class SaveWeightsBody(Body):
+    model_id: str
+    path: str | None = None
+    seq_id: int | None = Field(default=None, ge=0)
+    ttl_seconds: int | None = Field(default=None, ge=1)
+    overwrite: bool = False
+    user_metadata: dict[str, Any] | None = None
+
+
+class SaveWeightsForSamplerBody(Body):
+    model_id: str
+    path: str | None = None
+    sampling_session_seq_id: int | None = Field(default=None, ge=0)
+    kind: str = "snapshot"
+    seq_id: int | None = Field(default=None, ge=0)
+    ttl_seconds: int | None = Field(default=None, ge=1)
+    user_metadata: dict[str, Any] | None = None
+
+
+class LoadWeightsBody(Body):
+    model_id: str | None = None
+    seq_id: int | None = Field(default=None, ge=0)
+    session_id: str | None = None
+    model_seq_id: int | None = Field(default=None, ge=0)
+    base_model: str | None = None
+    user_metadata: dict[str, Any] | None = None
+    path: str
+    optimizer: bool = False
+    optimizer_config: OptimizerConfigBody | None = None
+
+
+class CreateSamplingSessionBody(Body):
+    session_id: str
+    sampling_session_seq_id: int = Field(ge=0)
+    base_model: str | None = None
+    model_path: str | None = None
+
+
+class ChunkBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str = "encoded_text"
+    tokens: list[int] | None = None
+
+
+class ModelInputBody(Body):
+    chunks: list[ChunkBody]
+
+
+class SamplingParamsBody(Body):
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | list[int] | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+class SampleBody(Body):
+    num_samples: int = 1
+    prompt: ModelInputBody
+    sampling_params: SamplingParamsBody
+    base_model: str | None = None
+    model_path: str | None = None
+    sampling_session_id: str | None = None
+    seq_id: int | None = None
+    prompt_logprobs: bool | None = None
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+    target_prompt_logprobs: dict[str, Any] | None = None
+    prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool | None = None
+
+
+class RetrieveFutureBody(Body):
+    request_id: str
+    allow_metadata_only: bool = False

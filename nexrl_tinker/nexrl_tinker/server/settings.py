@@ -1,0 +1,70 @@
+"""The server's settings: the core's `ServeOptions` plus the knobs only this service has.
+
+Kept in one frozen record so every module reads the same values, and so tests can
+shorten the long-poll or the retention times without touching module globals.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from nexrl_core.serving import ServeOptions
+
+__all__ = ["ServerSettings", "default_data_dir"]
+
+
+def default_data_dir() -> Path:
+    """``$NEXRL_HOME/tinker``, else ``~/.nexrl/tinker``."""
+    home = os.environ.get("NEXRL_HOME")
+    return (Path(home) if home else Path.home() / ".nexrl") / "tinker"
+
+
+@attrs.frozen(kw_only=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = attrs.field(factory=default_data_dir, converter=lambda p: Path(p).expanduser())
+    db_url: str = ""
+    """SQLAlchemy URL; empty means ``sqlite:///<data_dir>/tinker.db``."""
+    model: str = "nexrl-tiny"
+    """The one base model served: a shipped name or a local HF directory."""
+    api_key: str | None = None
+    long_poll_s: float = 30.0
+    """How long ``retrieve_future`` holds a request before answering try_again; the SDK
+    times out at 45 s."""
+    stale_session_s: float = 24 * 3600.0
+    """A session without a heartbeat for this long is expired and its resources released."""
+    fetched_retention_s: float = 600.0
+    """How long a fetched result stays retrievable (the SDK may poll again after a timeout)."""
+    unfetched_retention_s: float = 24 * 3600.0
+    janitor_interval_s: float = 300.0
+    gap_timeout_s: float = 120.0
+    """A model's queue waits this long for a missing sequence number before skipping it."""
+    compute_threads: int = 4
+    sampler_cache_size: int = 4
+    """Sampling engines kept in memory (least recently used goes first)."""
+    ephemeral_keep: int = 8
+    """Ephemeral sampler snapshots kept on disk per training model."""
+    max_body_bytes: int = 512 * 1024 * 1024
+    """Largest accepted request body after decompression."""
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_dir / 'tinker.db'}"
+
+    @classmethod
+    def from_options(cls, options: ServeOptions, **overrides: object) -> ServerSettings:
+        data_dir = Path(options.data_dir).expanduser() if options.data_dir else default_data_dir()
+        values: dict[str, object] = {
+            "host": options.host,
+            "port": options.port,
+            "data_dir": data_dir,
+            "db_url": options.db or "",
+            "model": options.model,
+            "api_key": options.api_key or None,
+        }
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]

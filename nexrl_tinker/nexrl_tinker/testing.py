@@ -1,0 +1,51 @@
+"""Helpers for tests that run a real TinkerCloud (ours, and other distributions' e2e tests).
+
+Nothing here mocks anything: `start_service` starts the real server on 127.0.0.1 and
+`wait_healthy` polls its real health route.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BASE_MODEL", "TEST_API_KEY", "free_port", "start_service", "wait_healthy"]
+
+BASE_MODEL = "nexrl-tiny"
+TEST_API_KEY = "tml-test"
+
+
+def start_service(data_dir: str | Path, *, api_key: str | None = None, db: str | None = None, **overrides: Any) -> Any:
+    """A started `TinkerService` on a free port (stop it with ``.stop()``)."""
+    from nexrl_core.serving import ServeOptions
+    from nexrl_tinker.server.service import TinkerService
+
+    options = ServeOptions(port=0, data_dir=str(data_dir), api_key=api_key, db=db)
+    service = TinkerService(options, **overrides)
+    service.start()
+    return service
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(base_url: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll ``GET /api/v1/healthz`` until it answers; returns its JSON."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{base_url}/api/v1/healthz", timeout=2.0)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{base_url} did not become healthy within {timeout} s (last error: {last})")

@@ -1,0 +1,46 @@
+"""Shared fixtures: a real TinkerCloud on 127.0.0.1 and the real tinker SDK.
+
+No mocks: every test talks HTTP to a `TinkerService` started in-process (or, for the
+restart test, to ``nexrl serve tinker`` in a subprocess) with the unmodified SDK or
+raw httpx. One server per module keeps the suite fast on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TINKER_API_KEY", "tml-test")
+os.environ["TINKER_TELEMETRY"] = "0"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see nexrl_tinker.server.service
+
+from collections.abc import Iterator
+
+import pytest
+from nexrl_tinker.testing import start_service
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    svc = start_service(tmp_path_factory.mktemp("tinkercloud"))
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="module")
+def base_url(service) -> str:
+    return service.base_url
+
+
+@pytest.fixture(scope="module")
+def service_client(base_url: str) -> Iterator[object]:
+    import tinker
+
+    client = tinker.ServiceClient(base_url=base_url)
+    try:
+        yield client
+    finally:
+        client.close("success").result(timeout=30)

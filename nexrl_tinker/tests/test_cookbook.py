@@ -1,0 +1,114 @@
+"""The unmodified tinker-cookbook RL trainer (``tinker_cookbook.rl.train.main``) runs
+against TinkerCloud: a small addition environment of ours, three steps, checkpoints.
+
+tinker-cookbook is not a declared dependency (its own requirement ``tml-renderers>=0.4.1``
+is not installable from every index): install it with ``pip install --no-deps
+tinker-cookbook==0.6.1`` plus its runtime dependencies to run this test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+tinker_cookbook = pytest.importorskip("tinker_cookbook", reason="tinker-cookbook is not installed (see module docstring)")
+
+import chz
+from nexrl_tinker.testing import BASE_MODEL
+from tinker_cookbook import renderers, tokenizer_utils
+from tinker_cookbook.rl import train
+from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
+from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
+
+RENDERER = "qwen3_instruct"
+"""ChatML with <|im_end|> as the stop token: exactly the tiny model's chat template."""
+
+
+def _tiny_tokenizer():
+    from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
+
+    return load_tokenizer(resolve_model_dir(BASE_MODEL))
+
+
+class AdditionEnv(ProblemEnv):
+    def __init__(self, renderer: renderers.Renderer, a: int, b: int) -> None:
+        super().__init__(renderer, format_coef=0.1)
+        self.a, self.b = a, b
+
+    def get_question(self) -> str:
+        return f"{self.a}+{self.b}="
+
+    def check_answer(self, sample_str: str) -> bool:
+        return sample_str.strip() == str(self.a + self.b)
+
+    def check_format(self, sample_str: str) -> bool:
+        return sample_str.strip().isdigit()
+
+    def get_reference_answer(self) -> str:
+        return str(self.a + self.b)
+
+
+class AdditionDataset(RLDataset):
+    def __init__(self, batch_size: int, group_size: int, batches: int) -> None:
+        self.batch_size, self.group_size, self.batches = batch_size, group_size, batches
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        renderer = renderers.get_renderer(RENDERER, tokenizer_utils.get_tokenizer(BASE_MODEL))
+        pairs = [(7 * (index * self.batch_size + i) % 90 + 3, 11 * i % 50 + 2) for i in range(self.batch_size)]
+        return [
+            ProblemGroupBuilder(
+                env_thunk=lambda a=a, b=b: AdditionEnv(renderer, a, b), num_envs=self.group_size, dataset_name="addition"
+            )
+            for a, b in pairs
+        ]
+
+    def __len__(self) -> int:
+        return self.batches
+
+
+@chz.chz
+class AdditionDatasetBuilder(RLDatasetBuilder):
+    batch_size: int = 2
+    group_size: int = 4
+    batches: int = 3
+
+    async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
+        return AdditionDataset(self.batch_size, self.group_size, self.batches), None
+
+
+@pytest.mark.slow
+def test_cookbook_rl_train_main_runs_three_steps(base_url: str, tmp_path: Path) -> None:
+    tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
+    log_path = tmp_path / "run"
+    config = train.Config(
+        learning_rate=1e-4,
+        dataset_builder=AdditionDatasetBuilder(),
+        model_name=BASE_MODEL,
+        recipe_name="nexrl_tinker_test",
+        renderer_name=RENDERER,
+        max_tokens=8,
+        log_path=str(log_path),
+        eval_every=0,
+        save_every=2,
+        lora_rank=8,
+        base_url=base_url,
+        max_steps=3,
+        num_groups_to_log=0,
+    )
+    asyncio.run(train.main(config))
+
+    metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = sorted({m["step"] for m in metrics if "step" in m})
+    assert steps[:3] == [0, 1, 2], steps
+    first = next(m for m in metrics if m.get("step") == 0)
+    # Sampler and trainer agree: the sample/train KL of an on-policy step is ~0.
+    assert abs(first["optim/kl_sample_train_v1"]) < 1e-3
+    assert all(key.count(":") == 1 for key in first if key.endswith((":mean", ":sum", ":max", ":min")))
+    checkpoints = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines() if line.strip()]
+    assert any(c.get("name") == "final" for c in checkpoints), checkpoints
+    final = next(c for c in checkpoints if c.get("name") == "final")
+    assert final["state_path"].startswith("tinker://") and "/weights/" in final["state_path"]

@@ -1,0 +1,76 @@
+"""Training through the SDK really trains, and samplers made afterwards see the new weights."""
+
+from __future__ import annotations
+
+import pytest
+from nexrl_tinker.testing import BASE_MODEL
+from tinker import types
+
+PROBLEMS = [(12, 34), (5, 77), (40, 41), (3, 9), (60, 25), (18, 18), (71, 2), (33, 50)]
+SHIFT = 11
+"""The fixed set teaches a wrong sum (a + b + 11): far from what the tiny model believes."""
+
+
+def build_data(tokenizer) -> tuple[list[types.Datum], list[list[int]], list[str]]:
+    data, prompts, answers = [], [], []
+    for a, b in PROBLEMS:
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{a}+{b}="}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        answer = str(a + b + SHIFT)
+        completion = tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+        tokens = prompt + completion
+        weights = [0.0] * (len(prompt) - 1) + [1.0] * len(completion)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+            )
+        )
+        prompts.append(prompt)
+        answers.append(answer)
+    return data, prompts, answers
+
+
+def target_logprob(sampling_client, datum: types.Datum) -> float:
+    """Sum of the sampler's logprobs of the weighted (completion) tokens."""
+    tokens = datum.model_input.to_ints() + [datum.loss_fn_inputs["target_tokens"].tolist()[-1]]
+    scored = sampling_client.compute_logprobs(types.ModelInput.from_ints(tokens)).result(timeout=120)
+    weights = datum.loss_fn_inputs["weights"].tolist()
+    return sum(lp for lp, w in zip(scored[1:], weights) if w > 0)
+
+
+@pytest.mark.slow
+def test_sft_halves_the_loss_and_new_sampler_sees_it(service_client) -> None:
+    training = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=16, seed=1).result(timeout=120)
+    tokenizer = training.get_tokenizer()
+    data, prompts, answers = build_data(tokenizer)
+    before_sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
+    before = [target_logprob(before_sampler, d) for d in data]
+
+    losses = []
+    for _ in range(24):
+        fb = training.forward_backward(data, "cross_entropy")
+        opt = training.optim_step(types.AdamParams(learning_rate=2e-3))
+        losses.append(fb.result(timeout=120).metrics["loss:sum"])
+        opt.result(timeout=120)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+    after_sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
+    after = [target_logprob(after_sampler, d) for d in data]
+    assert all(a > b for a, b in zip(after, before)), (before, after)
+    assert sum(after) > sum(before) + 10
+
+    # The old sampler kept its snapshot: its logprobs did not move.
+    assert target_logprob(before_sampler, data[0]) == pytest.approx(before[0], abs=1e-4)
+
+    # Greedy decoding now gives the taught (shifted) answers.
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    correct = 0
+    for prompt, answer in zip(prompts, answers):
+        result = after_sampler.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=8, temperature=0.0, stop=[im_end])
+        ).result(timeout=120)
+        text = tokenizer.decode(result.sequences[0].tokens).replace("<|im_end|>", "").strip()
+        correct += text == answer
+    assert correct >= len(PROBLEMS) - 2
