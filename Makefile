@@ -3,22 +3,35 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned so pip takes the CPU build instead of several GB of CUDA packages.
-CONSTRAINTS := -c constraints.txt
-DISTRIBUTIONS := -e '.[test]' -e 'plugins/nexrl_grpo[test]' -e 'examples/nexrl-example-plugin[test]'
+PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
+DISTRIBUTIONS := -e '.[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]' -e 'nexrl_tinker[server,test]' \
+	-e 'examples/nexrl-example-plugin[test]'
+# tinker-cookbook cannot be installed with its declared dependencies from PyPI (it wants
+# tml-renderers>=0.4.1, which is not published there): install it without them, plus the
+# runtime dependencies its RL trainer really uses. Only the cookbook compatibility test needs it.
+COOKBOOK := tinker-cookbook==0.6.1
+COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqdm aiohttp anyio huggingface-hub pyrage
 
-.PHONY: install test demo clean
+.PHONY: install test demo benchmarks clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(CONSTRAINTS) torch==2.13.0
-	$(BIN)/pip install --quiet $(CONSTRAINTS) hatchling $(DISTRIBUTIONS)
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) hatchling $(DISTRIBUTIONS)
+	$(PIP_INSTALL) --no-deps $(COOKBOOK)
+	$(PIP_INSTALL) $(COOKBOOK_DEPS)
 
 test:
 	$(BIN)/python -m pytest
 
 demo:
-	$(BIN)/nexrl plugins
+	$(BIN)/nexrl train
+
+benchmarks:
+	$(PIP_INSTALL) trl
+	$(BIN)/python benchmarks/tinker_service_overhead.py
+	$(BIN)/python benchmarks/vs_trl.py
 
 clean:
 	rm -rf $(VENV) build dist

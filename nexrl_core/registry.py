@@ -42,6 +42,10 @@ FIRST_PARTY_PROVIDERS: Mapping[str, Mapping[str, str]] = {
     "policy_losses": {
         name: "nexrl-grpo" for name in ("ppo", "importance_sampling", "cross_entropy", "cispo", "gspo")
     },
+    "trainers": {"remote_api_grpo": "nexrl-grpo"},
+    "service_holders": {"tinker": "nexrl[tinker]"},
+    "services": {"tinker": "nexrl[tinker]"},
+    "tasks": {"addition": "nexrl[fsdp]"},
 }
 """Names our own distributions register, so an unknown-name error can say what to install."""
 
