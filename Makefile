@@ -12,6 +12,9 @@ DISTRIBUTIONS := -e '.[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]
 COOKBOOK := tinker-cookbook==0.6.1
 COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqdm aiohttp anyio huggingface-hub pyrage
 
+# Each distribution's tests run on their own, from its own folder, as a publisher would run them.
+TEST_DIRS := . plugins/nexrl_grpo nexrl_fsdp nexrl_tinker examples/nexrl-example-plugin
+
 .PHONY: install test demo benchmarks clean
 
 install:
@@ -23,7 +26,11 @@ install:
 	$(PIP_INSTALL) $(COOKBOOK_DEPS)
 
 test:
-	$(BIN)/python -m pytest
+	@failed=""; for dir in $(TEST_DIRS); do \
+		echo "=== pytest $$dir"; \
+		(cd $$dir && $(CURDIR)/$(BIN)/python -m pytest) || failed="$$failed $$dir"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "tests failed in:$$failed"; exit 1; fi
 
 demo:
 	$(BIN)/nexrl train

@@ -1,0 +1,25 @@
+"""Every recipe we ship or document resolves, components and options included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nexrl_core.config import load_config, resolve_all_options
+
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.name)
+def test_recipe_resolves(recipe: Path) -> None:
+    config = load_config(recipe, [])
+    assert resolve_all_options(config)
+
+
+def test_hosted_recipe_differs_from_the_quickstart_in_backend_and_model() -> None:
+    quickstart = load_config(None, [])
+    hosted = load_config(Path(__file__).resolve().parents[1] / "recipes" / "hosted_tinker.yaml", [])
+    assert quickstart.backend.base_url is None
+    assert hosted.backend.base_url == "https://tinker.thinkingmachines.dev/services/tinker-prod"
+    assert hosted.backend.service_holder == quickstart.backend.service_holder == "tinker"
