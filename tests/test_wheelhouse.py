@@ -1,4 +1,5 @@
-"""`pip install nexrl` works from wheels built out of this repo, not only from a checkout."""
+"""`pip install nexrl` and `pip install nexrl[tinker]` work from wheels built out of this
+repo, not only from an editable checkout."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DISTRIBUTIONS = [ROOT, ROOT / "plugins" / "nexrl_grpo"]
+DISTRIBUTIONS = [ROOT, ROOT / "plugins" / "nexrl_grpo", ROOT / "nexrl_fsdp", ROOT / "nexrl_tinker"]
 
 
 def run(*command: str | Path, cwd: Path | None = None) -> str:
@@ -19,21 +20,41 @@ def run(*command: str | Path, cwd: Path | None = None) -> str:
     return completed.stdout
 
 
+def plugin_rows(venv: Path, cwd: Path) -> dict[str, dict]:
+    return {row["name"]: row for row in json.loads(run(venv / "bin" / "nexrl", "plugins", "--json", cwd=cwd))}
+
+
 @pytest.mark.slow
-def test_fresh_venv_installs_nexrl_from_a_wheelhouse(tmp_path: Path) -> None:
+def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     for distribution in DISTRIBUTIONS:
         run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheelhouse, distribution)
-    assert sorted(wheel.name.split("-")[0] for wheel in wheelhouse.glob("*.whl")) == ["nexrl", "nexrl_grpo"]
-
+    assert sorted(wheel.name.split("-")[0] for wheel in wheelhouse.glob("*.whl")) == [
+        "nexrl",
+        "nexrl_fsdp",
+        "nexrl_grpo",
+        "nexrl_tinker",
+    ]
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
-    pip = venv / "bin" / "pip"
-    run(pip, "install", "--quiet", "-c", ROOT / "constraints.txt", "--find-links", wheelhouse, "nexrl==0.1.0", cwd=tmp_path)
+    install = [venv / "bin" / "pip", "install", "--quiet", "-c", ROOT / "constraints.txt", "--find-links", wheelhouse]
 
-    rows = {row["name"]: row for row in json.loads(run(venv / "bin" / "nexrl", "plugins", "--json", cwd=tmp_path))}
+    run(*install, "nexrl==0.1.0", cwd=tmp_path)
+    rows = plugin_rows(venv, tmp_path)
+    assert set(rows) == {"grpo"}
     assert rows["grpo"]["error"] is None
     assert "grpo" in rows["grpo"]["registers"]["advantage_estimators"]
     assert "ppo" in rows["grpo"]["registers"]["policy_losses"]
     code = "import nexrl_core, nexrl_grpo; print(nexrl_core.__file__)"
     assert str(venv) in run(venv / "bin" / "python", "-c", code, cwd=tmp_path)
+
+    run(*install, "nexrl[tinker]==0.1.0", cwd=tmp_path)
+    rows = plugin_rows(venv, tmp_path)
+    assert rows["tinker"]["registers"]["service_holders"] == ["tinker"]
+    assert rows["tinker"]["registers"]["services"] == ["tinker"]
+    assert rows["fsdp"]["registers"]["tasks"] == ["addition"]
+    assert all(row["error"] is None for row in rows.values())
+    code = "from nexrl_fsdp.loading import resolve_model_dir; print(resolve_model_dir('nexrl-tiny'))"
+    model_dir = Path(run(venv / "bin" / "python", "-c", code, cwd=tmp_path).strip())
+    assert str(venv) in str(model_dir)
+    assert (model_dir / "model.safetensors").stat().st_size > 1_000_000
