@@ -434,7 +434,7 @@ def run_training(
         runner = RolloutRunner(
             holder,
             task.agent,
-            concurrency=config.rollout.concurrency,
+            concurrency=config.rollout.runs_in_flight(),
             defaults=SamplingDefaults(
                 max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature, top_p=config.rollout.top_p
             ),

@@ -59,9 +59,19 @@ def test_new_keys_are_strict() -> None:
     ]
 
 
+def test_concurrency_defaults_to_a_whole_step_in_flight() -> None:
+    assert TrainConfig().rollout.concurrency is None
+    assert TrainConfig().rollout.runs_in_flight() == 16 * 8
+    assert load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=3"]).rollout.runs_in_flight() == 12
+    assert load_config(None, ["rollout.prompts_per_step=64", "rollout.group_size=16"]).rollout.runs_in_flight() == 256
+    assert load_config(None, ["rollout.concurrency=5"]).rollout.runs_in_flight() == 5
+    assert problems("rollout.concurrency=0") == ["rollout.concurrency: must be null or an integer > 0, got 0"]
+
+
 def test_the_quickstart_recipe_ships_and_loads() -> None:
     recipe = files("nexrl_core").joinpath("recipes", "quickstart.yaml")
     config = load_config(str(recipe))
     assert config.task.name == "addition" and config.backend.service_holder == "tinker"
     assert config.backend.base_url is None and config.backend.trainer == "remote_api_grpo"
     assert config.model.name == "nexrl-tiny" and config.output.dir == "runs/quickstart"
+    assert config.rollout.runs_in_flight() == config.rollout.prompts_per_step * config.rollout.group_size

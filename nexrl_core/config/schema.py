@@ -28,6 +28,9 @@ from nexrl_core.config.checks import (
     positive_fraction,
 )
 
+MAX_AUTO_CONCURRENCY = 256
+"""Most agent runs (threads) ``rollout.concurrency: null`` keeps in flight."""
+
 REGISTRY_KIND = "nexrl_registry_kind"
 """Metadata key of a `ComponentChoice` field: the registry its ``name`` is looked up in."""
 
@@ -180,8 +183,10 @@ class RolloutConfig:
     """Sampling temperature."""
     top_p: float = attrs.field(default=1.0, validator=positive_fraction)
     """Nucleus sampling mass; 1 samples from the whole distribution."""
-    concurrency: int = attrs.field(default=16, validator=positive)
-    """Agent runs in flight at once."""
+    concurrency: int | None = attrs.field(default=None, validator=optional_positive_int)
+    """Agent runs in flight at once (one thread each); null runs a whole step at once,
+    ``prompts_per_step * group_size`` capped at 256, so that the service can batch
+    every sampling request of the step (see `RolloutConfig.runs_in_flight`)."""
     max_staleness: int = attrs.field(default=0, validator=non_negative)
     """How many weight updates old a trajectory may be when trained on; 0 is fully on-policy.
     With 1 (one-step-off), the rollouts of step k+1 are generated while step k trains,
@@ -194,6 +199,12 @@ class RolloutConfig:
     val_temperature: float = attrs.field(default=1.0, validator=non_negative)
     """Sampling temperature of validation runs (one run per held-out item); 0 is greedy.
     The default samples at temperature 1, so validation measures the policy being trained."""
+
+    def runs_in_flight(self) -> int:
+        """``concurrency``, or for null a whole step's runs, at most `MAX_AUTO_CONCURRENCY`."""
+        if self.concurrency is not None:
+            return self.concurrency
+        return min(self.prompts_per_step * self.group_size, MAX_AUTO_CONCURRENCY)
 
 
 @attrs.frozen(kw_only=True)

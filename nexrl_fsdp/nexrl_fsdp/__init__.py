@@ -9,7 +9,16 @@ policy losses with Tinker semantics, AdamW, checkpoints) and the shipped tiny mo
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# Before any submodule imports torch (they all import this package first): OpenMP
+# threads that spin while they wait make a 2-thread torch op up to 100x slower as soon
+# as another thread or process holds a core, e.g. a service's compute thread next to
+# the rollout workers, or a test suite running beside a benchmark; passive waiting
+# costs nothing measurable for this engine. Only a default: an explicit setting wins,
+# and it has no effect if torch was already imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,8 @@ same pieces. Its surface is Tinker's, so those services stay thin:
   for handing merged weights to a sampler.
 
 Public methods hold a lock, so a threaded server may share one engine safely (calls
-run one at a time).
+run one at a time). Model loading holds a process-wide lock, so several threads may
+construct engines at once.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ from nexrl_fsdp.types import (
 __all__ = ["Engine"]
 
 _DEFAULT_MAX_POSITIONS = 4096
+
+_CONSTRUCTION_LOCK = threading.Lock()
+"""Engines load their model one at a time per process: transformers' ``from_pretrained``
+(and peft's wrapping) swap process-global state while they run (empty-weight init on
+the meta device, tied-weight handling), and two loads on different threads corrupt
+each other ("Cannot copy out of meta tensor", a missing ``lm_head.weight``). Only
+loading is serialised; built engines run concurrently."""
 
 
 def _token_list(value: Any, what: str) -> list[int]:
@@ -124,9 +132,10 @@ class Engine:
         self.model_dir = resolve_model_dir(config.model)
         self.base_model_id = config.model if config.model in SHIPPED_MODELS else str(self.model_dir)
         """How checkpoints name the base model: the shipped name, or the resolved path."""
-        self.tokenizer = load_tokenizer(self.model_dir)
-        base = load_model(self.model_dir, torch_dtype(config.dtype), device="cpu")
-        self.model, self._peft = apply_training_mode(base, config.lora, config.seed)
+        with _CONSTRUCTION_LOCK:
+            self.tokenizer = load_tokenizer(self.model_dir)
+            base = load_model(self.model_dir, torch_dtype(config.dtype), device="cpu")
+            self.model, self._peft = apply_training_mode(base, config.lora, config.seed)
         self.model.to(self.device)
         self.model.eval()
         self._trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
@@ -193,12 +202,20 @@ class Engine:
         *,
         num_samples: int = 1,
         include_prompt_logprobs: bool = False,
+        seeds: Sequence[int | None] | None = None,
     ) -> list[SampleResult]:
         """Sample ``num_samples`` continuations of each prompt (token id lists).
 
         Returns one `SampleResult` per prompt. See `SamplingParams` for temperature,
         top-k/top-p, stop and seed semantics. Logprobs are those of the raw model
         distribution and match a teacher-forced pass over prompt + tokens.
+
+        ``seeds``, parallel to ``prompts``, gives prompts their own seeds: prompt i with
+        seed s draws the same random numbers as ``sample([prompt_i], params with
+        seed=s)``, so it gets the same tokens, with logprobs equal up to float rounding
+        (~1e-5; see `sample_batch`). Many single-prompt requests can thus share one batch
+        without changing what they sample. A None entry (or no ``seeds``) falls back to
+        ``params.seed`` (or a fresh seed), indexed by the prompt's position in this call.
         """
         if params is None:
             params = SamplingParams()
@@ -209,6 +226,7 @@ class Engine:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
             raise ValueError("prompts must be a non-empty list of token id lists")
         checked = [self._check_prompt(prompt, index) for index, prompt in enumerate(prompts)]
+        prompt_seeds = self._check_seeds(seeds, len(checked))
         with self._lock:
             rule = make_stop_rule(params.stop, self.eos_token_ids, self.vocab_size)
             base_seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
@@ -222,8 +240,22 @@ class Engine:
                 max_positions=self.max_positions,
                 decode=self._decode_raw,
                 base_seed=base_seed,
+                prompt_seeds=prompt_seeds,
                 include_prompt_logprobs=include_prompt_logprobs,
             )
+
+    @staticmethod
+    def _check_seeds(seeds: Sequence[int | None] | None, n_prompts: int) -> list[int | None] | None:
+        if seeds is None:
+            return None
+        if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+            raise ValueError(f"seeds must be a list of integers or None, one per prompt, got {type(seeds).__name__}")
+        if len(seeds) != n_prompts:
+            raise ValueError(f"seeds has {len(seeds)} entries for {n_prompts} prompts; give one per prompt")
+        for index, seed in enumerate(seeds):
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                raise ValueError(f"seeds[{index}] must be an integer or None, got {seed!r}")
+        return list(seeds)
 
     def _decode_raw(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -12,8 +12,14 @@ The loss *math* lives in one place, the losses registered under
   3e-4/4e-4 for ``gspo``;
 * datums → padded [B, T] tensors and a `PolicyLossInputs`. The loss mask is the
   datum's ``weights`` (cross-entropy), else its ``sequence_ratio_mask`` or ``mask``,
-  else 1 on every real target position: Tinker's RL losses sum over all positions and
-  rely on advantages being 0 where nothing should be learnt.
+  else, for a datum with ``advantages``, 1 where the advantage is non-zero, else 1 on
+  every real target position. Tinker's RL losses sum over all positions and rely on
+  advantages being 0 where nothing should be learnt, so a position with advantage 0
+  adds nothing to the ``importance_sampling``, ``ppo`` or ``cispo`` loss either way;
+  but the token-weighted metrics (``approx_kl``, ``ratio/*``, ``clip_frac``) would
+  average over the prompt, where a Tinker datum's sampler logprobs are 0 (an
+  on-policy step would report approx_kl ~6), and ``gspo``'s sequence ratio would
+  include the prompt too.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ DATUM_KEYS: Mapping[str, str] = {
     "target_tokens": "the token each input position predicts (always required)",
     "weights": "per-token loss weights (cross_entropy); also the loss mask when given",
     "logprobs": "the sampler's logprobs (losses that need old_logprobs)",
-    "advantages": "per-token advantages (RL losses)",
+    "advantages": "per-token advantages (RL losses); without a mask key, the positions where it is non-zero are the loss mask",
     "ref_logprobs": "reference-model logprobs (losses that need ref_logprobs)",
     "sequence_ratio_mask": "positions that count (gspo's sequence ratio); used as the loss mask",
     "mask": "positions that count; used as the loss mask when no weights are given",
@@ -237,7 +243,10 @@ def collate(datums: Sequence[CheckedDatum], pad_id: int, device: torch.device) -
         attention_mask[row, :n] = 1
         targets[row, :n] = torch.tensor(datum.values["target_tokens"], dtype=torch.long)
         mask_key = next((key for key in _MASK_KEYS if key in datum.values), None)
-        if mask_key is None:
+        if mask_key is None and "advantages" in datum.values:
+            # Only where something is learnt (see the module docstring).
+            loss_mask[row, :n] = torch.tensor([float(v) != 0.0 for v in datum.values["advantages"]], dtype=torch.float32)
+        elif mask_key is None:
             loss_mask[row, :n] = 1.0
         else:
             loss_mask[row, :n] = torch.tensor([float(v) for v in datum.values[mask_key]], dtype=torch.float32)

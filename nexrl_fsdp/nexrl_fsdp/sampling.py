@@ -129,9 +129,18 @@ def sample_batch(
     max_positions: int,
     decode: Callable[[list[int]], str],
     base_seed: int,
+    prompt_seeds: Sequence[int | None] | None = None,
     include_prompt_logprobs: bool = False,
 ) -> list[SampleResult]:
     """Sample ``num_samples`` continuations of every prompt; one `SampleResult` per prompt.
+
+    Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i], 0,
+    j)`` when the prompt has its own seed, else from ``derive_seed(base_seed, i, j)``. A
+    prompt with its own seed thus draws exactly the numbers it would draw alone in a
+    call with ``base_seed`` = that seed, whatever else shares the batch: it gets the same
+    tokens, and logprobs equal up to float rounding (~1e-5 at most; CPU matrix kernels
+    round a row differently depending on the batch size and the row's place in it, and
+    a left-padded row attends over more key slots).
 
     Inputs are assumed validated (non-empty prompts of in-vocabulary ids).
     """
@@ -170,7 +179,14 @@ def sample_batch(
         positions = positions.repeat_interleave(num_samples, dim=0)
     n_rows = n_prompts * num_samples
     row_limits = [limits[row // num_samples] for row in range(n_rows)]
-    seeds = [derive_seed(base_seed, row // num_samples, row % num_samples) for row in range(n_rows)]
+    seeds = []
+    for row in range(n_rows):
+        prompt_index, sample_index = divmod(row, num_samples)
+        own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
+        if own is None:
+            seeds.append(derive_seed(base_seed, prompt_index, sample_index))
+        else:
+            seeds.append(derive_seed(own, 0, sample_index))
     uniforms = _draw_uniforms(seeds, max_new).to(device)
 
     tokens: list[list[int]] = [[] for _ in range(n_rows)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 
 from nexrl_fsdp import Datum, Engine, SamplingParams
@@ -73,6 +74,58 @@ def test_same_seed_same_samples(shared_engine: Engine, chat_prompts: list[list[i
     # A sample does not depend on what else is in the batch.
     alone = shared_engine.sample(chat_prompts[:1], params, num_samples=3)
     assert [s.tokens for s in alone[0].sequences] == [s.tokens for s in first[0].sequences]
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_per_prompt_seeds_sample_as_if_alone(shared_engine: Engine, chat_prompts: list[list[int]], num_samples: int) -> None:
+    """A prompt with its own seed samples the same in any batch as alone with that seed:
+    different seeds and prompt lengths (left padding) in one call, stop rules that end
+    rows at different steps. Tokens and stop reasons are equal; logprobs up to float
+    rounding (CPU matrix kernels round a row differently by batch size and padding)."""
+    by_length = {len(p): p for p in chat_prompts}
+    prompts = [by_length[max(by_length)], [1, 30, 31], *chat_prompts[:6], by_length[min(by_length)] + [40, 41, 42, 43]]
+    assert len({len(p) for p in prompts}) >= 4
+    seeds = [1000 + 17 * index for index in range(len(prompts))]
+    seeds[3] = seeds[4]  # two prompts may share a seed
+    params = SamplingParams(max_tokens=8, temperature=1.3)
+    batched = shared_engine.sample(prompts, params, seeds=seeds, num_samples=num_samples)
+    reversed_batch = shared_engine.sample(prompts[::-1], params, seeds=seeds[::-1], num_samples=num_samples)[::-1]
+    for prompt, seed, together, backwards in zip(prompts, seeds, batched, reversed_batch):
+        alone = shared_engine.sample([prompt], attrs.evolve(params, seed=seed), num_samples=num_samples)[0]
+        assert len(together.sequences) == len(alone.sequences) == num_samples
+        for got in (together, backwards):
+            for a, b in zip(got.sequences, alone.sequences):
+                assert (a.tokens, a.stop_reason) == (b.tokens, b.stop_reason)
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    # The draws really are per prompt: different seeds, different samples.
+    tokens = [tuple(s.tokens) for r in batched for s in r.sequences]
+    assert len(set(tokens)) > len(tokens) // 2
+    assert {len(s.tokens) for r in batched for s in r.sequences} != {8}, "want rows that stop early"
+
+
+def test_seeds_fall_back_to_the_call_seed_by_position(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
+    params = SamplingParams(max_tokens=6, stop=[], seed=42)
+    plain = shared_engine.sample(chat_prompts[:3], params, num_samples=2)
+    assert shared_engine.sample(chat_prompts[:3], params, num_samples=2, seeds=[None, None, None]) == plain
+    mixed = shared_engine.sample(chat_prompts[:3], params, num_samples=2, seeds=[None, 7, None])
+    assert [mixed[0].sequences[i].tokens for i in range(2)] == [plain[0].sequences[i].tokens for i in range(2)]
+    assert [mixed[2].sequences[i].tokens for i in range(2)] == [plain[2].sequences[i].tokens for i in range(2)]
+    alone = shared_engine.sample(chat_prompts[1:2], attrs.evolve(params, seed=7), num_samples=2)[0]
+    assert [s.tokens for s in mixed[1].sequences] == [s.tokens for s in alone.sequences]
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ([1], "seeds has 1 entries for 2 prompts"),
+        ([1, True], r"seeds\[1\] must be an integer or None"),
+        ([1, 2.0], r"seeds\[1\] must be an integer or None"),
+        ("ab", "seeds must be a list"),
+    ],
+)
+def test_bad_seeds(shared_engine: Engine, seeds, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        shared_engine.sample([[1, 2], [3, 4]], SamplingParams(max_tokens=2), seeds=seeds)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:

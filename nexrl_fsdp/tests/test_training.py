@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from nexrl_fsdp import AdamParams, Datum, Engine
+from nexrl_fsdp import AdamParams, Datum, Engine, SamplingParams
 from nexrl_fsdp.loss_fns import build_loss_fn
 
 RL_LOSSES = ["importance_sampling", "ppo", "cispo", "gspo"]
@@ -59,19 +59,56 @@ def test_each_loss(engine: Engine, loss_fn: str) -> None:
     assert sum(float(g.abs().sum()) for g in grads.values()) > 0
 
 
-def test_rl_mask_defaults_to_every_position(shared_engine: Engine) -> None:
-    """Without a mask key, RL losses sum over every real position (Tinker semantics); with
-    zero advantages on the prompt the total equals the masked one."""
+def test_rl_mask_defaults_to_the_positions_with_an_advantage(shared_engine: Engine) -> None:
+    """Without a mask key, RL losses weigh the positions whose advantage is non-zero: the
+    Tinker sum over every position is the same (zero advantages add nothing), and the
+    token counts and metrics cover the trained tokens only."""
     datum = _rl_datum(shared_engine, random.Random(8), 10)
     unmasked = Datum(
         input_tokens=datum.input_tokens,
         loss_fn_inputs={k: v for k, v in datum.loss_fn_inputs.items() if k != "sequence_ratio_mask"},
     )
-    for loss_fn in ("importance_sampling", "ppo", "cispo"):
+    everywhere = Datum(
+        input_tokens=datum.input_tokens, loss_fn_inputs={**unmasked.loss_fn_inputs, "mask": [1.0] * 10}
+    )
+    for loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
         a = shared_engine.forward([datum], loss_fn).metrics
         b = shared_engine.forward([unmasked], loss_fn).metrics
-        assert a["loss:sum"] == pytest.approx(b["loss:sum"], rel=1e-5, abs=1e-6)
-        assert b["num_tokens:sum"] == 10 and a["num_tokens:sum"] == 5
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+        assert a["num_tokens:sum"] == b["num_tokens:sum"] == 5
+        if loss_fn != "gspo":  # gspo's sequence ratio changes with the mask
+            c = shared_engine.forward([everywhere], loss_fn).metrics
+            assert c["loss:sum"] == pytest.approx(b["loss:sum"], rel=1e-5, abs=1e-6)
+            assert c["num_tokens:sum"] == 10
+
+
+def test_on_policy_metrics_cover_the_response_only(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
+    """A Tinker RL datum built from the sampler's own output (logprobs 0 on the prompt,
+    advantages 0 there, no mask key) is on-policy: approx_kl ~0, ratios ~1, no clipping."""
+    results = shared_engine.sample(chat_prompts[:4], SamplingParams(max_tokens=8, seed=11), num_samples=2)
+    datums = []
+    for prompt, result in zip(chat_prompts, results):
+        for index, sequence in enumerate(result.sequences):
+            tokens = prompt + sequence.tokens
+            n_prompt = len(prompt) - 1
+            datums.append(
+                Datum(
+                    input_tokens=tokens[:-1],
+                    loss_fn_inputs={
+                        "target_tokens": tokens[1:],
+                        "logprobs": [0.0] * n_prompt + sequence.logprobs,
+                        "advantages": [0.0] * n_prompt + [1.0 if index else -1.0] * len(sequence.tokens),
+                    },
+                )
+            )
+    for loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
+        metrics = shared_engine.forward(datums, loss_fn).metrics
+        assert abs(metrics["approx_kl:mean"]) < 1e-5, (loss_fn, metrics)
+        assert metrics["ratio/mean:mean"] == pytest.approx(1.0, abs=1e-3)
+        assert metrics["ratio/min:min"] > 0.99 and metrics["ratio/max:max"] < 1.01
+        if "clip_frac:mean" in metrics:
+            assert metrics["clip_frac:mean"] == 0.0
+        assert metrics["num_tokens:sum"] == sum(len(s.tokens) for r in results for s in r.sequences)
 
 
 def test_cross_entropy_is_a_weighted_sum(engine: Engine) -> None:

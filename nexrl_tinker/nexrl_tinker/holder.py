@@ -51,6 +51,8 @@ class TinkerServiceHolder:
         self._sampling: Any = None
         self._tokenizer: Any = None
         self._renderer: Any = None
+        self._template_facts: tuple[list[str] | list[int], str | None] | None = None
+        """(default stop, end-of-turn marker): both render a probe chat, so once per holder."""
         self._saves = 0
 
     # --- pickling and connection ---------------------------------------------------------
@@ -140,10 +142,15 @@ class TinkerServiceHolder:
             return tokens if tokenize else tokenizer.decode(tokens)
         return render_chat(tokenizer, messages, tools, add_generation_prompt, tokenize)
 
+    def _facts(self) -> tuple[list[str] | list[int], str | None]:
+        if self._template_facts is None:
+            tokenizer = self.tokenizer()
+            stop = list(self._renderer.get_stop_sequences()) if self._renderer is not None else stop_token_ids(tokenizer)
+            self._template_facts = (stop, end_of_turn_marker(tokenizer))
+        return self._template_facts
+
     def _default_stop(self) -> list[str] | list[int]:
-        if self._renderer is not None:
-            return list(self._renderer.get_stop_sequences())
-        return stop_token_ids(self.tokenizer())
+        return list(self._facts()[0])
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -182,7 +189,7 @@ class TinkerServiceHolder:
         """The reply as a user sees it: special tokens and the end-of-turn marker removed."""
         tokenizer = self.tokenizer()
         text = tokenizer.decode(tokens, skip_special_tokens=False)
-        marker = end_of_turn_marker(tokenizer)
+        marker = self._facts()[1]
         if marker and marker in text:
             text = text[: text.index(marker)]
         return str(tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True))

@@ -28,18 +28,13 @@ __all__ = ["BaseModelInfo", "EnginePool", "TrainingSpec", "WeightsRef"]
 
 log = logging.getLogger("nexrl_tinker.server")
 
-_CONSTRUCTION_LOCK = threading.Lock()
-"""Engines are built one at a time in this process: transformers' ``from_pretrained``
-swaps process-global state while it loads (empty-weight init, tied-weight handling),
-and two loads on different threads corrupt each other ("Cannot copy out of meta
-tensor", a missing ``lm_head.weight``)."""
-
 
 def _new_engine(*args: Any, **kwargs: Any) -> Any:
+    # `Engine` serialises model loading itself (transformers' from_pretrained is not
+    # thread-safe), so compute threads may build engines for different weights at once.
     from nexrl_fsdp.engine import Engine
 
-    with _CONSTRUCTION_LOCK:
-        return Engine(*args, **kwargs)
+    return Engine(*args, **kwargs)
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -163,10 +164,18 @@ class FutureBook:
 
     def persist(self, request_id: str, outcome: Outcome) -> None:
         """Write the outcome to the table (it outlives the in-memory copy and the process)."""
-        if outcome.status == "failed":
-            self.store.finish_future(request_id, error=outcome.error, category=outcome.category)
-        else:
-            self.store.finish_future(request_id, content_type=outcome.content_type, result=outcome.payload)
+        self.persist_many([(request_id, outcome)])
+
+    def persist_many(self, finished: Sequence[tuple[str, Outcome]]) -> None:
+        """`persist` for several futures in one transaction (the requests of a batch)."""
+        self.store.finish_futures(
+            [
+                (request_id, None, None, outcome.error, outcome.category)
+                if outcome.status == "failed"
+                else (request_id, outcome.content_type, outcome.payload, None, None)
+                for request_id, outcome in finished
+            ]
+        )
 
     def close(self) -> None:
         """Wake every long-poll (they answer try_again) and make new ones return at once."""

@@ -4,8 +4,10 @@ A sampling session is bound at creation to fixed weights: the base model, a
 ``sampler_weights`` checkpoint (an exported HF directory), a ``weights`` checkpoint
 (training state on the base), or an ephemeral snapshot. Requests run on a FIFO lane
 per weights (so samplers of the same weights share one engine and one queue), and
-consecutive requests with the same parameters and no explicit seed are batched into
-one engine call: the RL loops send dozens of single-prompt requests at once.
+consecutive requests whose parameters differ at most in the seed are batched into one
+engine call: the RL loops send dozens of single-prompt requests at once, each with its
+own seed. Each request keeps its seed in the batch (`Engine.sample`'s ``seeds``), so it
+samples the same tokens as it would alone.
 
 The asample future carries one ``sample_sequence_id`` per sample (the SDK asserts it),
 and a resubmission of the same ``(sampling_session_id, seq_id)`` gets the same future.
@@ -180,15 +182,15 @@ class SamplingService:
             owner, lane, seq, "Sample", extra={"sample_sequence_ids": ids}, request_id=request_id
         )
         if is_new:
-            key = None
-            if task.params.seed is None:
-                key = (attrs.astuple(task.params), task.num_samples, task.prompt_logprobs)
+            # Everything but the seed must match: each request's seed goes into the batch.
+            key = (attrs.astuple(attrs.evolve(task.params, seed=None)), task.num_samples, task.prompt_logprobs)
             job = Job(
                 row.request_id,
                 lambda: self._run([task], ref)[0],
                 batch_key=key,
                 run_batch=lambda jobs: self._run([j.payload for j in jobs], ref),
                 payload=task,
+                rows=task.num_samples,
             )
             self.cloud.scheduler.submit_fifo(f"weights:{ref.key}", job)
         return {"request_id": row.request_id, **(row.extra or {})}
@@ -198,9 +200,10 @@ class SamplingService:
         first = tasks[0]
         results = engine.sample(
             [task.prompt for task in tasks],
-            first.params,
+            attrs.evolve(first.params, seed=None),
             num_samples=first.num_samples,
             include_prompt_logprobs=first.prompt_logprobs,
+            seeds=[task.params.seed for task in tasks],
         )
         outcomes = []
         for task, result in zip(tasks, results):

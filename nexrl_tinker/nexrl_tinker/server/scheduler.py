@@ -8,8 +8,9 @@ number comes up; a job that arrives early waits for the missing ones. A number t
 never arrives (a client that died between reserving and sending it) would block the
 lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it.
 
-Sampling lanes are first-in first-out, and consecutive compatible jobs (same
-sampling parameters, no explicit seed) run as one batched engine call.
+Sampling lanes are first-in first-out, and consecutive compatible jobs (the same
+``batch_key``: sampling parameters equal up to the seed) run as one batched engine
+call of at most `MAX_BATCH_ROWS` sampled rows.
 
 Compute runs on a thread pool, never on the event loop, so heartbeats and long-polls
 stay responsive while a model trains.
@@ -34,7 +35,9 @@ __all__ = ["Job", "Scheduler"]
 
 log = logging.getLogger("nexrl_tinker.server")
 
-MAX_BATCH = 64
+MAX_BATCH_ROWS = 256
+"""Most rows (prompts x samples) one batched sampling call takes; a single larger
+request still runs, alone."""
 
 
 @attrs.define
@@ -47,6 +50,8 @@ class Job:
     run_batch: Callable[[Sequence[Job]], Sequence[Outcome]] | None = None
     payload: Any = None
     """What ``run_batch`` needs from each job of a batch."""
+    rows: int = 1
+    """How much of a batch the job takes (sampled rows), against `MAX_BATCH_ROWS`."""
 
 
 @attrs.define
@@ -143,7 +148,9 @@ class Scheduler:
             batch.append(lane.queue.popleft())
             key = batch[0].batch_key
             if key is not None and batch[0].run_batch is not None:
-                while lane.queue and len(batch) < MAX_BATCH and lane.queue[0].batch_key == key:
+                rows = batch[0].rows
+                while lane.queue and lane.queue[0].batch_key == key and rows + lane.queue[0].rows <= MAX_BATCH_ROWS:
+                    rows += lane.queue[0].rows
                     batch.append(lane.queue.popleft())
         elif lane.ordered:
             while lane.next_seq in lane.waiting and not lane.waiting[lane.next_seq].request_id:
@@ -183,11 +190,10 @@ class Scheduler:
                 if lane.ordered and len(batch) == 1 and batch[0].seq is not None and batch[0].seq >= lane.next_seq:
                     lane.next_seq = batch[0].seq + 1
                 self._pump(lane_id, lane)
-        for job, outcome in zip(batch, outcomes):
-            try:
-                self.book.persist(job.request_id, outcome)
-            except Exception:
-                log.exception("could not record the outcome of %s", job.request_id)
+        try:
+            self.book.persist_many([(job.request_id, outcome) for job, outcome in zip(batch, outcomes)])
+        except Exception:
+            log.exception("could not record the outcomes of %s", ", ".join(job.request_id for job in batch))
 
     def check_gaps(self) -> None:
         """Skip sequence numbers that have been missing longer than the gap timeout."""
