@@ -161,13 +161,19 @@ def holder_config(config_class: type, config: TrainConfig, base_url: str | None,
 def build_service(config: TrainConfig, out_dir: Path) -> Any:
     """The registered service an embedded run starts (``backend.service``, else the
     service named like ``backend.service_holder``), on a free loopback port, keeping its
-    data (database, checkpoints) in ``<output.dir>/service``."""
+    data (database, checkpoints) in ``<output.dir>/service``. It is asked to serve from a
+    child process: its request handling then does not share the GIL with the SDK client
+    threads of the rollout."""
     from nexrl_core.serving import ServeOptions
 
     name = config.backend.service or config.backend.service_holder
     spec = _component_spec("services", name, "backend.service" if config.backend.service else "backend.base_url")
     options = ServeOptions(
-        port=0, model=config.model.name, data_dir=str(out_dir / SERVICE_DIR), api_key=embedded_api_key(out_dir)
+        port=0,
+        model=config.model.name,
+        data_dir=str(out_dir / SERVICE_DIR),
+        api_key=embedded_api_key(out_dir),
+        separate_process=True,
     )
     return spec.build(options)
 

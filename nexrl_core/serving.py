@@ -28,17 +28,22 @@ class ServeOptions:
     """When set, every request must carry this key."""
     data_dir: str | None = None
     """Where checkpoints and the default database live; None lets the service choose."""
+    separate_process: bool = False
+    """Ask `Service.start` to serve from a child process instead of a thread of the caller
+    (the embedded service of ``nexrl train`` does, so the server's Python work does not
+    share one GIL with the training process). A service that cannot may ignore it;
+    ``serve_forever`` always serves in the calling process."""
 
 
 class Service(Protocol):
-    """A server that can run in the foreground or in a background thread."""
+    """A server that can run in the foreground or in the background (a thread or a child process)."""
 
     def start(self) -> str:
         """Start serving in the background and return the base URL once it accepts requests."""
         ...
 
     def stop(self) -> None:
-        """Stop serving and release everything (threads, sockets, database handles)."""
+        """Stop serving and release everything (threads, child processes, sockets, database handles)."""
         ...
 
     def serve_forever(self) -> None:

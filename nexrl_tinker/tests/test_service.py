@@ -70,3 +70,81 @@ def test_busy_port_fails_in_start(tmp_path) -> None:
             raise AssertionError("start() on a busy port must fail")
         except RuntimeError as exc:
             assert str(port) in str(exc)
+
+
+def _process_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (gone, or a zombie nobody reaped yet)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) -> None:
+    from nexrl_tinker.server.service import TinkerService
+
+    from nexrl_core.serving import ServeOptions
+
+    before = {t.ident for t in threading.enumerate()}
+    options = ServeOptions(port=0, data_dir=str(tmp_path), api_key=TEST_API_KEY, separate_process=True)
+    service = TinkerService(options)
+    url = service.start()
+    pid = service.pid
+    assert pid is not None and service.cloud is None
+    assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
+    assert httpx.get(f"{url}/api/v1/healthz").json()["status"] == "ok"
+    config = httpx.post(f"{url}/api/v1/client/config", json={"sdk_version": "0.38.0"}, headers={"X-API-Key": TEST_API_KEY})
+    assert config.status_code == 200 and config.json()["pjwt_auth_enabled"] is False
+    assert httpx.post(f"{url}/api/v1/client/config", json={"sdk_version": "0.38.0"}).status_code == 401
+    service.stop()
+    service.stop()  # idempotent
+    assert service.pid is None and _process_gone(pid)
+    leftovers = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert leftovers == [], leftovers
+    try:
+        httpx.get(f"{url}/api/v1/healthz", timeout=2)
+        raise AssertionError("the server still answers after stop()")
+    except httpx.HTTPError:
+        pass
+    assert (tmp_path / "tinker.db").is_file() and (tmp_path / "server.log").is_file()
+
+
+def test_separate_process_dies_with_its_parent(tmp_path) -> None:
+    import time
+
+    code = (
+        "import os, sys\n"
+        "from nexrl_core.serving import ServeOptions\n"
+        "from nexrl_tinker.server.service import TinkerService\n"
+        f"s = TinkerService(ServeOptions(port=0, data_dir={str(tmp_path)!r}, separate_process=True))\n"
+        "s.start()\n"
+        "print(s.pid, flush=True)\n"
+        "os._exit(0)  # no stop(): the child must notice on its own\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True).stdout
+    pid = int(out.split()[-1])
+    deadline = time.monotonic() + 30
+    while not _process_gone(pid):
+        assert time.monotonic() < deadline, f"the server process {pid} outlived its parent"
+        time.sleep(0.1)
+
+
+def test_separate_process_start_failure_reports_its_output(tmp_path) -> None:
+    from nexrl_tinker.server.service import TinkerService
+
+    from nexrl_core.serving import ServeOptions
+
+    service = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), model=str(tmp_path / "no-such-model"), separate_process=True))
+    try:
+        service.start()
+        raise AssertionError("start() with a missing model must fail")
+    except RuntimeError as exc:
+        assert "exited with status" in str(exc) and "no-such-model" in str(exc), str(exc)
+    assert service.pid is None

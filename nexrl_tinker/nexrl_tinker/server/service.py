@@ -1,27 +1,34 @@
 """`TinkerService`: the core's `Service` protocol over uvicorn.
 
-``start()`` serves from a background thread (the embedded default of ``nexrl train``
-and the tests); ``serve_forever()`` serves in the foreground (``nexrl serve tinker``)
-and stops cleanly on Ctrl-C or SIGTERM. The listening socket is bound before uvicorn
-starts, so port 0 gives a real port to report and a busy port fails in ``start()``
-with a clear error instead of inside a thread.
+``start()`` serves from a background thread (the tests), or, with
+``ServeOptions(separate_process=True)``, from a child process (the embedded default of
+``nexrl train``: the server's Python work then no longer shares one GIL with the
+training process's SDK client threads); ``serve_forever()`` serves in the foreground
+(``nexrl serve tinker``) and stops cleanly on Ctrl-C or SIGTERM. The listening socket
+is bound before uvicorn starts (in the parent, and handed to a child process), so port
+0 gives a real port to report and a busy port fails in ``start()`` with a clear error
+instead of inside a thread or a child.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 # Before torch loads: OpenMP threads that spin while waiting make a 2-thread torch op
 # up to 100x slower as soon as another process (or another compute thread of this
 # server) holds a core; passive waiting costs nothing measurable here. Only a default.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import attrs
 
 from nexrl_core.serving import ServeOptions
 from nexrl_tinker.server.settings import ServerSettings
@@ -29,6 +36,14 @@ from nexrl_tinker.server.settings import ServerSettings
 __all__ = ["TinkerService"]
 
 log = logging.getLogger("nexrl_tinker.server")
+
+# How a child-process server learns what to serve (see `TinkerService._start_child`).
+_SETTINGS_ENV = "NEXRL_TINKER_SETTINGS"
+_LISTEN_FD_ENV = "NEXRL_TINKER_LISTEN_FD"
+_PARENT_PID_ENV = "NEXRL_PARENT_PID"
+_CHILD_LOG = "server.log"
+_CHILD_START_TIMEOUT_S = 120.0
+_CHILD_STOP_TIMEOUT_S = 15.0
 
 
 def _ignore_replayed_sigterm(_signum: int, _frame: Any) -> None:
@@ -39,18 +54,46 @@ def _ignore_replayed_sigterm(_signum: int, _frame: Any) -> None:
 class TinkerService:
     """The local Tinker-compatible service ("TinkerCloud")."""
 
-    def __init__(self, options: ServeOptions | ServerSettings | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        options: ServeOptions | ServerSettings | None = None,
+        *,
+        separate_process: bool | None = None,
+        **overrides: Any,
+    ) -> None:
         if options is None:
             options = ServeOptions()
         if isinstance(options, ServeOptions):
             self.settings = ServerSettings.from_options(options, **overrides)
+            default_separate = options.separate_process
         else:
             self.settings = options
+            default_separate = False
+        self.separate_process = default_separate if separate_process is None else separate_process
+        """`start()` serves from a child process instead of a thread."""
         self.cloud: Any = None
+        """The in-process `Cloud` (None while serving from a child process)."""
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
+        self._listen_fd: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._process_log: IO[bytes] | None = None
+        self._process_log_start = 0
         self.base_url: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child process's id while serving from one, else None."""
+        return self._process.pid if self._process is not None else None
+
+    def _listen(self) -> socket.socket:
+        if self._listen_fd is not None:  # a child process: the parent bound it
+            sock = socket.socket(fileno=self._listen_fd)
+            self._listen_fd = None
+            sock.setblocking(False)
+            return sock
+        return self._bind()
 
     def _bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
@@ -74,7 +117,7 @@ class TinkerService:
         from nexrl_tinker.server.app import create_app
         from nexrl_tinker.server.cloud import Cloud
 
-        self._socket = self._bind()
+        self._socket = self._listen()
         try:
             self.cloud = Cloud(self.settings)
             self.cloud.start()
@@ -85,9 +128,7 @@ class TinkerService:
                 self.cloud.close()
                 self.cloud = None
             raise
-        host, port = self._socket.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        self.base_url = f"http://{shown}:{port}"
+        self._set_base_url(self._socket)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -108,8 +149,10 @@ class TinkerService:
         return self._server
 
     def start(self) -> str:
-        if self._thread is not None:
+        if self._thread is not None or self._process is not None:
             raise RuntimeError("TinkerService is already running")
+        if self.separate_process:
+            return self._start_child()
         server = self._prepare()
         errors: list[BaseException] = []
 
@@ -134,7 +177,107 @@ class TinkerService:
         assert self.base_url is not None
         return self.base_url
 
+    def _set_base_url(self, sock: socket.socket) -> str:
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.base_url = f"http://{shown}:{port}"
+        return self.base_url
+
+    def _start_child(self) -> str:
+        """Serve from ``python -m nexrl_tinker.server.service`` on a socket bound here."""
+        sock = self._bind()
+        try:
+            base_url = self._set_base_url(sock)
+            values = attrs.asdict(self.settings)
+            values["data_dir"] = str(self.settings.data_dir)
+            values["port"] = sock.getsockname()[1]
+            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+            self._process_log = open(self.settings.data_dir / _CHILD_LOG, "ab")  # noqa: SIM115 - closed by stop()
+            self._process_log_start = self._process_log.tell()
+            env = dict(os.environ)
+            env[_SETTINGS_ENV] = json.dumps(values)
+            env[_LISTEN_FD_ENV] = str(sock.fileno())
+            env[_PARENT_PID_ENV] = str(os.getpid())
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "nexrl_tinker.server.service"],
+                stdin=subprocess.DEVNULL,
+                stdout=self._process_log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=(sock.fileno(),),
+                # Out of the terminal's process group: Ctrl-C reaches the parent, whose
+                # stop() then ends the child in order.
+                start_new_session=True,
+            )
+        except BaseException:
+            sock.close()
+            self.stop()
+            raise
+        sock.close()  # the child holds the listening socket now
+        try:
+            self._wait_child_healthy(base_url)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("TinkerCloud serving %s at %s (process %d)", self.settings.model, base_url, self._process.pid)
+        return base_url
+
+    def _child_log_tail(self, limit: int = 4000) -> str:
+        try:
+            with open(self.settings.data_dir / _CHILD_LOG, "rb") as f:
+                f.seek(self._process_log_start)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return text[-limit:].strip()
+
+    def _wait_child_healthy(self, base_url: str) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
+        assert self._process is not None
+        deadline = time.monotonic() + _CHILD_START_TIMEOUT_S
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"TinkerCloud failed to start: its process exited with status {code}; "
+                    f"last output ({self.settings.data_dir / _CHILD_LOG}):\n{self._child_log_tail()}"
+                )
+            try:
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2.0)
+                try:
+                    conn.request("GET", "/api/v1/healthz")
+                    if conn.getresponse().status == 200:
+                        return
+                finally:
+                    conn.close()
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"TinkerCloud did not start within {_CHILD_START_TIMEOUT_S:.0f} s; last output "
+                    f"({self.settings.data_dir / _CHILD_LOG}):\n{self._child_log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def _stop_child(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=_CHILD_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("TinkerCloud process %d ignored SIGTERM for %.0f s; killing it", process.pid, _CHILD_STOP_TIMEOUT_S)
+                process.kill()
+                process.wait()
+        if self._process_log is not None:
+            self._process_log.close()
+            self._process_log = None
+
     def stop(self) -> None:
+        self._stop_child()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -175,3 +318,32 @@ class TinkerService:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End this (child) server when the process that started it is gone: SIGTERM to
+    ourselves for uvicorn's graceful shutdown, then a hard exit if that hangs."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    log.warning("parent process %d is gone; shutting down", parent_pid)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(_CHILD_STOP_TIMEOUT_S)
+    os._exit(1)
+
+
+def _child_main() -> None:
+    """``python -m nexrl_tinker.server.service``: the child process of a
+    ``TinkerService(separate_process=True)``; everything comes from the environment."""
+    values = json.loads(os.environ.pop(_SETTINGS_ENV))
+    fd = int(os.environ.pop(_LISTEN_FD_ENV))
+    parent = os.environ.pop(_PARENT_PID_ENV, None)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if parent is not None:
+        threading.Thread(target=_watch_parent, args=(int(parent),), name="tinker-parent-watch", daemon=True).start()
+    service = TinkerService(ServerSettings(**values))
+    service._listen_fd = fd
+    service.serve_forever()
+
+
+if __name__ == "__main__":
+    _child_main()
