@@ -50,7 +50,8 @@ class RunRequest:
     item: Mapping[str, Any] = attrs.field(eq=False)
     """The item the agent receives."""
     seed: int
-    """Seed of the run; the seed of its n-th LLM call is ``derive_seed(seed, n)``."""
+    """Seed of the run's group (shared by its runs); the n-th LLM call of run r uses
+    ``call_seed(seed, n, r)``."""
     is_val: bool = False
 
 
@@ -315,7 +316,7 @@ class DataLoader:
                 group_id=f"s{step}-p{index}",
                 task_id=task_id,
                 item=item,
-                seed=derive_seed(self.seed, "train", step, index, run_id),
+                seed=derive_seed(self.seed, "train", step, index),
             )
             for index, (item, task_id) in enumerate(items)
             for run_id in range(self.group_size)

@@ -15,8 +15,8 @@ turns the calls into `Trajectory` records:
 - every trajectory of a run carries the run's reward.
 
 The `RolloutRunner` runs many agents at once on a thread pool bounded by
-``rollout.concurrency``. Sampling seeds come from the `RunRequest` (seed of call n =
-``derive_seed(run seed, n)``), so results do not depend on which thread ran what. An
+``rollout.concurrency``. Sampling seeds come from the `RunRequest` (call n of run r uses
+``call_seed(group seed, n, r)``), so results do not depend on which thread ran what. An
 agent that raises fails only its own run; the loop counts failures against the error
 budget.
 """
@@ -37,7 +37,7 @@ import attrs
 
 from nexrl_core.data import RunRequest
 from nexrl_core.holders import SamplingOptions, ServiceHolder
-from nexrl_core.seeding import derive_seed
+from nexrl_core.seeding import call_seed
 from nexrl_core.tasks import Agent
 from nexrl_core.types import SampleResult, Trajectory
 
@@ -221,6 +221,7 @@ class LLMClient:
         holder: ServiceHolder,
         defaults: SamplingDefaults,
         seed: int,
+        run_id: int = 0,
         model: str = "nexrl-policy",
         stop_event: threading.Event | None = None,
     ) -> None:
@@ -229,6 +230,7 @@ class LLMClient:
         self._holder = holder
         self._defaults = defaults
         self._seed = seed
+        self._run_id = run_id
         self._model = model
         self._stop_event = stop_event
         self._lock = threading.Lock()
@@ -265,13 +267,13 @@ class LLMClient:
         with self._lock:
             index = self._started
             self._started += 1
-        call_seed = derive_seed(self._seed, index) if seed is None else derive_seed(self._seed, index, seed)
+        seed_of_call = call_seed(self._seed, index, self._run_id, seed)
         options = SamplingOptions(
             max_tokens=max_tokens or max_completion_tokens or self._defaults.max_tokens,
             temperature=self._defaults.temperature if temperature is None else temperature,
             top_p=self._defaults.top_p if top_p is None else top_p,
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop is not None else None),
-            seed=call_seed,
+            seed=seed_of_call,
         )
         sample = self._holder.sample_from_messages(
             [_as_dict(message, "messages") for message in messages],
@@ -284,7 +286,7 @@ class LLMClient:
             )
         with self._lock:
             self.calls.append(sample)
-        return completion_from_sample(sample, completion_id=f"chatcmpl-{call_seed:08x}", model=model or self._model)
+        return completion_from_sample(sample, completion_id=f"chatcmpl-{seed_of_call:08x}", model=model or self._model)
 
 
 # --- trajectories ------------------------------------------------------------------------------------
@@ -530,7 +532,9 @@ class RolloutRunner:
         return PendingBatch(step, futures)
 
     def _run(self, request: RunRequest, defaults: SamplingDefaults) -> RunResult:
-        client = LLMClient(self._holder, defaults, request.seed, model=self._model, stop_event=self._stop)
+        client = LLMClient(
+            self._holder, defaults, request.seed, run_id=request.run_id, model=self._model, stop_event=self._stop
+        )
         base = dict(
             step=request.step,
             item_index=request.item_index,

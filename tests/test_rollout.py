@@ -27,7 +27,7 @@ from nexrl_core.rollout import (
     check_error_budget,
     parse_outcome,
 )
-from nexrl_core.seeding import derive_seed
+from nexrl_core.seeding import call_seed, derive_seed
 from nexrl_core.types import SampleResult
 
 TOOL_CALL = {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
@@ -103,8 +103,8 @@ def test_each_prompt_is_repeated_group_size_times_with_group_and_run_ids() -> No
     assert [(r.group_id, r.run_id) for r in requests] == [(f"s2-p{p}", run) for p in range(3) for run in range(4)]
     assert [r.item["q"] for r in requests[::4]] == ["5-3", "5-4", "5-5"]
     assert all(r.step == 2 and not r.is_val for r in requests)
-    assert len({r.seed for r in requests}) == 12  # every run samples differently
-    assert requests[5].seed == derive_seed(1, "train", 2, 1, 1)
+    assert len({r.seed for r in requests}) == 3  # one seed per group; runs differ by run_id
+    assert requests[5].seed == derive_seed(1, "train", 2, 1)
     assert [r.task_id for r in requests] == [requests[0].task_id] * 4 + [requests[4].task_id] * 4 + [
         requests[8].task_id
     ] * 4
@@ -187,6 +187,20 @@ def test_call_arguments_override_the_recipe_and_seeds_follow_the_call_index() ->
     first, second = holder.options
     assert (first.max_tokens, first.temperature, first.top_p, first.stop) == (3, 0.0, 0.5, ["\n"])
     assert second.seed == derive_seed(11, 1, 1) != first.seed == derive_seed(11, 0)
+
+
+def test_the_runs_of_a_group_get_consecutive_seeds_for_the_same_call() -> None:
+    """What lets a holder merge a group's identical requests into one (nexrl_core.coalesce)."""
+    holders = [EchoHolder() for _ in range(4)]
+    for run_id, holder in enumerate(holders):
+        llm = LLMClient(holder, DEFAULTS, seed=11, run_id=run_id)
+        for _ in range(2):
+            llm.chat.completions.create(messages=[{"role": "user", "content": "hi"}])
+    for call in range(2):
+        seeds = [holder.options[call].seed for holder in holders]
+        assert seeds == [call_seed(11, call, 0) + run for run in range(4)]
+    assert call_seed(11, 0, 0) != call_seed(11, 1, 0)
+    assert 0 <= call_seed(2**31 - 1, 0, 10**6) < 2**31
 
 
 def test_tool_calls_come_back_as_openai_objects() -> None:

@@ -59,9 +59,16 @@ def make_stop_rule(stop: tuple[str, ...] | tuple[int, ...] | None, eos_token_ids
     return StopRule(frozenset(int(item) for item in stop), (), 0)
 
 
-def derive_seed(base_seed: int, prompt_index: int, sample_index: int) -> int:
-    """A 63-bit seed for one sample, stable across runs, platforms and batch layouts."""
-    digest = hashlib.blake2b(f"{base_seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
+def derive_seed(seed: int, prompt_index: int) -> int:
+    """A 63-bit generator seed for one sample, stable across runs, platforms and batch
+    layouts.
+
+    Sample j of prompt i in a call seeded ``s`` uses ``derive_seed(s + j, i)``: sample j
+    of a seed-``s`` request draws exactly what the only sample of a seed-``s + j``
+    request draws. A client may therefore merge single-sample requests for one prompt
+    with consecutive seeds into one ``num_samples`` request without changing any sample.
+    """
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 
@@ -134,8 +141,8 @@ def sample_batch(
 ) -> list[SampleResult]:
     """Sample ``num_samples`` continuations of every prompt; one `SampleResult` per prompt.
 
-    Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i], 0,
-    j)`` when the prompt has its own seed, else from ``derive_seed(base_seed, i, j)``. A
+    Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i] + j,
+    0)`` when the prompt has its own seed, else from ``derive_seed(base_seed + j, i)``. A
     prompt with its own seed thus draws exactly the numbers it would draw alone in a
     call with ``base_seed`` = that seed, whatever else shares the batch: it gets the same
     tokens, and logprobs equal up to float rounding (~1e-5 at most; CPU matrix kernels
@@ -184,9 +191,9 @@ def sample_batch(
         prompt_index, sample_index = divmod(row, num_samples)
         own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
         if own is None:
-            seeds.append(derive_seed(base_seed, prompt_index, sample_index))
+            seeds.append(derive_seed(base_seed + sample_index, prompt_index))
         else:
-            seeds.append(derive_seed(own, 0, sample_index))
+            seeds.append(derive_seed(own + sample_index, 0))
     uniforms = _draw_uniforms(seeds, max_new).to(device)
 
     tokens: list[list[int]] = [[] for _ in range(n_rows)]

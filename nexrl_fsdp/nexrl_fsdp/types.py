@@ -68,7 +68,8 @@ class SamplingParams:
       replaces the EOS default.
     * ``seed``: the same seed, prompts and params give the same samples. Each sample
       draws from its own generator, so a sample does not change when other prompts are
-      batched with it.
+      batched with it, and sample j of seed s is the only sample of seed s + j (so
+      single-sample requests with consecutive seeds can be merged into one).
     """
 
     max_tokens: int | None = attrs.field(default=None)

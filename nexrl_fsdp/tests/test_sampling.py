@@ -114,6 +114,22 @@ def test_seeds_fall_back_to_the_call_seed_by_position(shared_engine: Engine, cha
     assert [s.tokens for s in mixed[1].sequences] == [s.tokens for s in alone.sequences]
 
 
+def test_sample_j_of_seed_s_is_the_only_sample_of_seed_s_plus_j(
+    shared_engine: Engine, chat_prompts: list[list[int]]
+) -> None:
+    """The contract that lets a client merge single-sample requests with consecutive
+    seeds into one ``num_samples`` request (and split it again) without changing a sample."""
+    params = SamplingParams(max_tokens=8, temperature=1.2)
+    prompt = chat_prompts[2]
+    merged = shared_engine.sample([prompt], params, num_samples=5, seeds=[900])[0].sequences
+    singles = [shared_engine.sample([prompt], params, seeds=[900 + j])[0].sequences[0] for j in range(5)]
+    via_call_seed = shared_engine.sample([prompt], attrs.evolve(params, seed=900), num_samples=5)[0].sequences
+    for together, alone, by_call in zip(merged, singles, via_call_seed):
+        assert together.tokens == alone.tokens == by_call.tokens
+        assert together.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    assert len({tuple(s.tokens) for s in merged}) > 1, "consecutive seeds must still draw different samples"
+
+
 @pytest.mark.parametrize(
     ("seeds", "message"),
     [

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from nexrl_core.chat import end_of_turn_marker, render_chat, stop_token_ids
+from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.holders import SamplingOptions, TrainStepConfig
 from nexrl_core.toolcalls import parse_tool_calls
 from nexrl_core.types import RemoteDatum, SampleResult
@@ -54,6 +55,7 @@ class TinkerServiceHolder:
         self._template_facts: tuple[list[str] | list[int], str | None] | None = None
         """(default stop, end-of-turn marker): both render a probe chat, so once per holder."""
         self._saves = 0
+        self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
 
     # --- pickling and connection ---------------------------------------------------------
 
@@ -154,10 +156,10 @@ class TinkerServiceHolder:
 
     # --- sampling ------------------------------------------------------------------------------
 
-    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
+    def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[Any]:
+        """``num_samples`` Tinker sequences of ``prompt`` in one request."""
         import tinker
 
-        prompt = [int(token) for token in prompt_tokens]
         params = tinker.types.SamplingParams(
             max_tokens=options.max_tokens,
             temperature=options.temperature,
@@ -168,9 +170,14 @@ class TinkerServiceHolder:
         )
         model_input = tinker.types.ModelInput.from_ints(tokens=prompt)
         response = self._retry(
-            "sample", lambda: self._sampling_client().sample(model_input, num_samples=1, sampling_params=params).result()
+            "sample",
+            lambda: self._sampling_client().sample(model_input, num_samples=num_samples, sampling_params=params).result(),
         )
-        sequence = response.sequences[0]
+        return list(response.sequences)
+
+    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
+        prompt = [int(token) for token in prompt_tokens]
+        sequence = self._coalescer.sample(prompt, options)
         tokens = [int(token) for token in sequence.tokens]
         logprobs = [float(value) for value in sequence.logprobs or []]
         if len(logprobs) != len(tokens):

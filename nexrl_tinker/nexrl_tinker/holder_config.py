@@ -27,3 +27,6 @@ class TinkerHolderConfig:
     """Retries of a call that failed with a transient service error."""
     retry_backoff_s: float = attrs.field(default=0.5, validator=attrs.validators.gt(0))
     """First retry delay; it doubles with each retry."""
+    coalesce_window_s: float = attrs.field(default=0.003, validator=attrs.validators.ge(0))
+    """How long a sample request waits for others with the same prompt and options, to
+    send them as one ``num_samples`` request (`nexrl_core.coalesce`); 0 sends each alone."""
