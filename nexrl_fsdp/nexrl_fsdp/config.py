@@ -107,6 +107,10 @@ class EngineConfig:
     """forward/forward_backward split a batch of datums into chunks of at most this many
     padded tokens (always at least one datum per chunk). Tinker losses are sums, so the
     chunking changes memory use, not the result."""
+    share_prefixes: bool = attrs.field(default=True, validator=_bool)
+    """forward/forward_backward run a prefix shared by several datums (a GRPO group's
+    prompt) once and only each datum's own tokens again (`nexrl_fsdp.shared_prefix`);
+    results equal the plain pass up to float rounding."""
 
     @property
     def lora(self) -> LoraSettings:

@@ -34,6 +34,7 @@ from nexrl_fsdp.lora import apply_training_mode, merged_copy
 from nexrl_fsdp.loss_fns import (
     CheckedDatum,
     LossFn,
+    PaddedBatch,
     build_loss_fn,
     check_datums,
     collate,
@@ -43,6 +44,7 @@ from nexrl_fsdp.loss_fns import (
 )
 from nexrl_fsdp.optim import AdamW
 from nexrl_fsdp.sampling import make_stop_rule, sample_batch
+from nexrl_fsdp.shared_prefix import plan_prefix_sharing, shared_prefix_logprobs
 from nexrl_fsdp.types import (
     AdamParams,
     Datum,
@@ -272,14 +274,24 @@ class Engine:
         results: list[list[float | None]] = []
         with self._lock, torch.no_grad():
             for group in split_microbatches(checked, self.config.max_tokens_per_microbatch):
-                batch = collate([checked[i] for i in group], self.pad_token_id, self.device)
-                logprobs, _ = target_logprobs(self.model, batch)
+                chunk = [checked[i] for i in group]
+                logprobs, _ = self._target_logprobs(chunk, collate(chunk, self.pad_token_id, self.device), False)
                 for slot, index in enumerate(group):
                     n = len(sequences[index]) - 1
                     results.append([None] + logprobs[slot, :n].tolist())
         return results
 
     # --- training -------------------------------------------------------------------------------
+
+    def _target_logprobs(
+        self, chunk: Sequence[CheckedDatum], batch: PaddedBatch, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, T] target logprobs (and entropies) of a collated chunk, sharing common
+        prefixes when that saves work (``EngineConfig.share_prefixes``)."""
+        plan = plan_prefix_sharing([datum.input_tokens for datum in chunk]) if self.config.share_prefixes else None
+        if plan is None:
+            return target_logprobs(self.model, batch, with_entropy=with_entropy)
+        return shared_prefix_logprobs(self.model, batch, plan, self.pad_token_id, with_entropy=with_entropy)
 
     def _loss_fn(self, name: str, loss_fn_config: Mapping[str, Any] | None) -> LossFn:
         key = json.dumps([name, dict(loss_fn_config or {})], sort_keys=True, default=str)
@@ -313,8 +325,9 @@ class Engine:
         num_tokens = 0.0
         with self._lock, torch.set_grad_enabled(backward):
             for group in split_microbatches(checked, self.config.max_tokens_per_microbatch):
-                batch = collate([checked[i] for i in group], self.pad_token_id, self.device)
-                logprobs, entropy = target_logprobs(self.model, batch, with_entropy=fn.needs_entropy)
+                chunk = [checked[i] for i in group]
+                batch = collate(chunk, self.pad_token_id, self.device)
+                logprobs, entropy = self._target_logprobs(chunk, batch, fn.needs_entropy)
                 result = fn.loss(policy_loss_inputs(batch, logprobs, entropy))
                 if backward:
                     result.loss.backward()

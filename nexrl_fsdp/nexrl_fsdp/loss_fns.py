@@ -35,6 +35,7 @@ from nexrl_fsdp.types import Datum
 
 __all__ = [
     "DATUM_KEYS",
+    "at_least_float32",
     "LossFn",
     "PaddedBatch",
     "build_loss_fn",
@@ -266,6 +267,11 @@ def collate(datums: Sequence[CheckedDatum], pad_id: int, device: torch.device) -
     )
 
 
+def at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """Softmax inputs in float32 or wider: bf16 logits lose too much, float64 keeps its precision."""
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
 def target_logprobs(model: Any, batch: PaddedBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, T] float32 log p(target | prefix) (graph kept when grad is enabled) and,
     if asked, the per-position entropy of the model distribution."""
@@ -275,7 +281,8 @@ def target_logprobs(model: Any, batch: PaddedBatch, with_entropy: bool = False) 
         attention_mask=batch.attention_mask,
         position_ids=positions,
         use_cache=False,
-    ).logits.float()
+    ).logits
+    logits = at_least_float32(logits)
     rows, width, vocab = logits.shape
     logprobs = -torch.nn.functional.cross_entropy(
         logits.reshape(-1, vocab), batch.targets.reshape(-1), reduction="none"
