@@ -18,6 +18,7 @@ construct engines at once.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import threading
@@ -125,19 +126,25 @@ class Engine:
             config = EngineConfig(**fields)
         elif fields:
             config = attrs.evolve(config, **fields)
+        model_dir = resolve_model_dir(config.model)
+        with _CONSTRUCTION_LOCK:
+            tokenizer = load_tokenizer(model_dir)
+            base = load_model(model_dir, torch_dtype(config.dtype), device="cpu")
+            model, peft = apply_training_mode(base, config.lora, config.seed)
+        self._setup(config, model_dir, tokenizer, model, peft)
+
+    def _setup(self, config: EngineConfig, model_dir: Path, tokenizer: Any, model: Any, peft: Any) -> None:
         self.config = config
         self._lock = threading.RLock()
         try:
             self.device = torch.device(config.device)
         except RuntimeError as exc:
             raise ValueError(f"invalid device {config.device!r}: {exc}") from None
-        self.model_dir = resolve_model_dir(config.model)
+        self.model_dir = model_dir
         self.base_model_id = config.model if config.model in SHIPPED_MODELS else str(self.model_dir)
         """How checkpoints name the base model: the shipped name, or the resolved path."""
-        with _CONSTRUCTION_LOCK:
-            self.tokenizer = load_tokenizer(self.model_dir)
-            base = load_model(self.model_dir, torch_dtype(config.dtype), device="cpu")
-            self.model, self._peft = apply_training_mode(base, config.lora, config.seed)
+        self.tokenizer = tokenizer
+        self.model, self._peft = model, peft
         self.model.to(self.device)
         self.model.eval()
         self._trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
@@ -447,6 +454,23 @@ class Engine:
             model.save_pretrained(str(path))
             self.tokenizer.save_pretrained(str(path))
         return path
+
+    def export_sampler(self, path: str | Path) -> Engine:
+        """`export_hf`, returning an engine equal to ``Engine(model=path)`` without
+        reading the directory back: a service hands freshly saved sampler weights to
+        its sampler this way. The new engine works on its own copy of the weights (the
+        one written) and shares the tokenizer; it is for sampling and scoring."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            model = merged_copy(self._peft) if self._peft is not None else copy.deepcopy(self.model)
+        with quiet_progress():
+            model.save_pretrained(str(path))
+            self.tokenizer.save_pretrained(str(path))
+        config = EngineConfig(model=str(path), dtype=self.config.dtype, device=self.config.device)
+        clone = Engine.__new__(Engine)
+        clone._setup(config, resolve_model_dir(str(path)), self.tokenizer, model, None)
+        return clone
 
     def __repr__(self) -> str:
         mode = f"lora rank {self.config.lora_rank}" if self.is_lora else "full fine-tuning"

@@ -95,6 +95,28 @@ def test_export_then_load_gives_identical_logits(engine: Engine, tmp_path: Path)
     assert reloaded.tokenizer.chat_template == engine.tokenizer.chat_template
 
 
+def test_export_sampler_equals_loading_the_export(engine: Engine, tmp_path: Path) -> None:
+    """What a service hands its sampler from memory is what it would load from disk."""
+    _train(engine, 2)
+    sampler = engine.export_sampler(tmp_path / "hf")
+    reloaded = Engine(model=str(tmp_path / "hf"))
+    assert torch.equal(_logits(sampler), _logits(reloaded))
+    assert (sampler.base_model_id, sampler.eos_token_ids, sampler.pad_token_id) == (
+        reloaded.base_model_id,
+        reloaded.eos_token_ids,
+        reloaded.pad_token_id,
+    )
+    params = {"max_tokens": 6, "temperature": 1.0, "seed": 3}
+    together = zip(*(e.sample([[1, 40, 50]], params, num_samples=3)[0].sequences for e in (sampler, reloaded)))
+    for ours, loaded in together:
+        assert ours.tokens == loaded.tokens
+        assert ours.logprobs == pytest.approx(loaded.logprobs, abs=1e-5)  # same weights, other memory layout
+    # The copy is independent: training on does not move the sampler's weights.
+    before = _logits(sampler)
+    _train(engine, 1)
+    assert torch.equal(_logits(sampler), before) and not torch.equal(_logits(engine), before)
+
+
 def test_load_rejects_other_base_or_garbage(engine: Engine, tmp_path: Path) -> None:
     engine.save_state(tmp_path / "full")
     lora = Engine(model="nexrl-tiny", lora_rank=2)

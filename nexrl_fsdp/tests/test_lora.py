@@ -103,6 +103,9 @@ def test_merged_export_matches(tmp_path: Path, train_unembed: bool) -> None:
     exported = Engine(model=str(engine.export_hf(tmp_path / "merged")))
     assert not exported.is_lora
     torch.testing.assert_close(_logits(exported), _logits(engine), rtol=0, atol=1e-4)
+    in_memory = engine.export_sampler(tmp_path / "merged-again")
+    assert not in_memory.is_lora
+    assert torch.equal(_logits(in_memory), _logits(Engine(model=str(tmp_path / "merged-again"))))
     # The training engine keeps its adapters (export works on a copy).
     assert engine.trainable_parameter_names() and all("lora_" in n for n in engine.trainable_parameter_names())
     _step(engine, 1)

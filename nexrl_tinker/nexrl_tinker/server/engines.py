@@ -157,10 +157,21 @@ class EnginePool:
                 engine = self._build_sampler(ref)
                 with self._lock:
                     self._samplers[key] = engine
-                    while len(self._samplers) > self._sampler_cache_size:
-                        evicted, _ = self._samplers.popitem(last=False)
-                        log.info("dropped sampling engine %s from memory", evicted)
+                    self._evict_samplers()
             return engine
+
+    def adopt_sampler(self, ref: WeightsRef, engine: Any) -> None:
+        """Cache an engine built elsewhere (the weights a training engine just exported)
+        as the sampler of ``ref``, so the first request does not load it from disk."""
+        with self._lock:
+            self._samplers[ref.key] = engine
+            self._samplers.move_to_end(ref.key)
+            self._evict_samplers()
+
+    def _evict_samplers(self) -> None:
+        while len(self._samplers) > self._sampler_cache_size:
+            evicted, _ = self._samplers.popitem(last=False)
+            log.info("dropped sampling engine %s from memory", evicted)
 
     def _build_sampler(self, ref: WeightsRef) -> Any:
         if ref.kind == "base":

@@ -467,7 +467,8 @@ class TrainingService:
                 def run_named() -> Outcome:
                     engine = self.engine_for(model.model_id)
                     directory = self.cloud.files.new_checkpoint_dir(model.model_id, "sampler", name)
-                    engine.export_hf(directory)
+                    # The sampler the client creates next gets these weights from memory.
+                    self.cloud.engines.adopt_sampler(WeightsRef("hf", str(directory)), engine.export_sampler(directory))
                     self._register_checkpoint(model, "sampler", name, path, directory, body.ttl_seconds, body.user_metadata, False)
                     return Outcome.json({"path": path, "sampling_session_id": None, "type": "save_weights_for_sampler"})
 
