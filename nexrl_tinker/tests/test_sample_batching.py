@@ -94,3 +94,34 @@ def test_a_batch_records_every_outcome(tmp_path: Path) -> None:
     assert all(r.finished_at is not None for r in stored)
     fresh = FutureBook(book.store)  # another process: outcomes come from the table
     assert [fresh.peek(row.request_id) for row in rows] == outcomes
+
+
+@pytest.mark.parametrize(("linger", "expected"), [(0.05, [3]), (0.0, [1, 1, 1])])
+def test_an_idle_lane_lingers_for_the_rest_of_a_burst(tmp_path: Path, linger: float, expected: list[int]) -> None:
+    """Requests of one burst arrive a few ms apart: with a linger they run as one batch,
+    without one the first runs alone."""
+    from nexrl_tinker.server.futures import FutureBook, Outcome
+    from nexrl_tinker.server.scheduler import Job, Scheduler
+    from nexrl_tinker.server.store import Store
+
+    book = FutureBook(Store(f"sqlite:///{tmp_path / 'state.db'}"))
+    scheduler = Scheduler(book, threads=2, gap_timeout_s=60, linger_s=linger, linger_max_s=1.0)
+    batches: list[int] = []
+    done = threading.Event()
+
+    def run_batch(jobs) -> list[Outcome]:
+        batches.append(len(jobs))
+        if sum(batches) == 3:
+            done.set()
+        return [Outcome.json({}) for _ in jobs]
+
+    try:
+        for index in range(3):
+            row, _ = book.create("owner", "weights:base", None, "Sample")
+            job = Job(row.request_id, lambda: run_batch([None])[0], batch_key="k", run_batch=run_batch, payload=index)
+            scheduler.submit_fifo("lane", job)
+            time.sleep(0.01)
+        assert done.wait(10)
+    finally:
+        scheduler.close()
+    assert batches == expected

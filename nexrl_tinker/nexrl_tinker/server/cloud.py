@@ -111,7 +111,13 @@ class Cloud:
         self.base = BaseModelInfo.load(settings.model)
         self.store = Store(settings.database_url)
         self.book = FutureBook(self.store)
-        self.scheduler = Scheduler(self.book, settings.compute_threads, settings.gap_timeout_s)
+        self.scheduler = Scheduler(
+            self.book,
+            settings.compute_threads,
+            settings.gap_timeout_s,
+            linger_s=settings.batch_linger_s,
+            linger_max_s=settings.batch_linger_max_s,
+        )
         self.engines = EnginePool(self.base, settings.sampler_cache_size)
         self.files = CheckpointFiles(settings.data_dir / "runs")
         self._stop = threading.Event()

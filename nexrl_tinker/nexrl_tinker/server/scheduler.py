@@ -10,7 +10,11 @@ lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it.
 
 Sampling lanes are first-in first-out, and consecutive compatible jobs (the same
 ``batch_key``: sampling parameters equal up to the seed) run as one batched engine
-call of at most `MAX_BATCH_ROWS` sampled rows.
+call of at most `MAX_BATCH_ROWS` sampled rows. An idle lane that receives a batchable
+job lingers until requests stop arriving for ``linger_s`` (at most ``linger_max_s``)
+before it forms the batch: an RL step's requests reach the server over tens of
+milliseconds, and without the wait the first would run alone and the rest queue
+behind it.
 
 Compute runs on a thread pool, never on the event loop, so heartbeats and long-polls
 stay responsive while a model trains.
@@ -75,9 +79,13 @@ def failure_outcome(exc: BaseException) -> Outcome:
 
 
 class Scheduler:
-    def __init__(self, book: FutureBook, threads: int, gap_timeout_s: float) -> None:
+    def __init__(
+        self, book: FutureBook, threads: int, gap_timeout_s: float, linger_s: float = 0.0, linger_max_s: float = 0.0
+    ) -> None:
         self.book = book
         self.gap_timeout_s = gap_timeout_s
+        self.linger_s = linger_s
+        self.linger_max_s = linger_max_s
         self._executor = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tinker-compute")
         self._lock = threading.Lock()
         self._lanes: dict[str, _Lane] = {}
@@ -143,16 +151,15 @@ class Scheduler:
         """Start the lane's next runnable job(s) if it is idle. Caller holds the lock."""
         if lane.busy or self._closed:
             return
-        batch: list[Job] = []
         if lane.queue:
-            batch.append(lane.queue.popleft())
-            key = batch[0].batch_key
-            if key is not None and batch[0].run_batch is not None:
-                rows = batch[0].rows
-                while lane.queue and lane.queue[0].batch_key == key and rows + lane.queue[0].rows <= MAX_BATCH_ROWS:
-                    rows += lane.queue[0].rows
-                    batch.append(lane.queue.popleft())
-        elif lane.ordered:
+            lane.busy = True
+            first = lane.queue[0]
+            if self.linger_s > 0 and first.batch_key is not None and first.run_batch is not None:
+                self._executor.submit(self._linger_then_run, lane_id, lane)
+            else:
+                self._executor.submit(self._run, lane_id, lane, self._take_batch(lane))
+            return
+        if lane.ordered:
             while lane.next_seq in lane.waiting and not lane.waiting[lane.next_seq].request_id:
                 del lane.waiting[lane.next_seq]  # a skipped placeholder
                 lane.next_seq += 1
@@ -161,11 +168,35 @@ class Scheduler:
                 lane.blocked_since = (lane.blocked_since or time.monotonic()) if lane.waiting else None
                 return
             lane.blocked_since = None
-            batch.append(job)
-        if not batch:
-            return
-        lane.busy = True
-        self._executor.submit(self._run, lane_id, lane, batch)
+            lane.busy = True
+            self._executor.submit(self._run, lane_id, lane, [job])
+
+    @staticmethod
+    def _take_batch(lane: _Lane) -> list[Job]:
+        """The first queued job and the compatible ones right behind it. Caller holds the lock."""
+        batch = [lane.queue.popleft()]
+        key = batch[0].batch_key
+        if key is not None and batch[0].run_batch is not None:
+            rows = batch[0].rows
+            while lane.queue and lane.queue[0].batch_key == key and rows + lane.queue[0].rows <= MAX_BATCH_ROWS:
+                rows += lane.queue[0].rows
+                batch.append(lane.queue.popleft())
+        return batch
+
+    def _linger_then_run(self, lane_id: str, lane: _Lane) -> None:
+        """Wait for the burst a batchable job belongs to, then run it as one batch."""
+        deadline = time.monotonic() + self.linger_max_s
+        with self._lock:
+            seen = len(lane.queue)
+        while time.monotonic() < deadline:
+            time.sleep(min(self.linger_s, max(0.0, deadline - time.monotonic())))
+            with self._lock:
+                if len(lane.queue) == seen:
+                    break
+                seen = len(lane.queue)
+        with self._lock:
+            batch = self._take_batch(lane)
+        self._run(lane_id, lane, batch)
 
     def _run(self, lane_id: str, lane: _Lane, batch: list[Job]) -> None:
         outcomes: list[Outcome] = []

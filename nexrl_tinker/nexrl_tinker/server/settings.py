@@ -44,6 +44,12 @@ class ServerSettings:
     gap_timeout_s: float = 120.0
     """A model's queue waits this long for a missing sequence number before skipping it."""
     compute_threads: int = 4
+    batch_linger_s: float = 0.003
+    """An idle sampling lane that receives a batchable request waits until no other
+    request has arrived for this long (at most `batch_linger_max_s`) before starting,
+    so a burst of an RL step's requests runs as one engine call, not as a lone first
+    request followed by the rest. 0 starts at once."""
+    batch_linger_max_s: float = 0.02
     sampler_cache_size: int = 4
     """Sampling engines kept in memory (least recently used goes first)."""
     ephemeral_keep: int = 8

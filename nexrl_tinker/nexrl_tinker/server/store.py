@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +241,11 @@ class Store:
         self.engine = make_sql_engine(url)
         Base.metadata.create_all(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._serial: Any = threading.RLock() if self.engine.dialect.name == "sqlite" else nullcontext()
+        """SQLite has one writer at a time, and a writer that finds the database locked
+        sleeps in SQLite's busy handler for milliseconds; with a burst of requests on
+        many threads that sleeping dominated. This process's transactions take turns
+        in Python instead (other processes still meet the busy timeout)."""
         self._cache_lock = threading.Lock()
         self._cache: dict[tuple[type, str], Any] = {}
 
@@ -267,7 +272,7 @@ class Store:
     @contextmanager
     def tx(self) -> Iterator[Session]:
         """One transaction: committed on success, rolled back on error."""
-        with self._sessions.begin() as session:
+        with self._serial, self._sessions.begin() as session:
             yield session
 
     # --- sessions ------------------------------------------------------------------------
