@@ -8,6 +8,9 @@ sampling must stop at differs between template families.
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +37,48 @@ def render_chat(
     if isinstance(rendered, Mapping):
         rendered = rendered["input_ids"]
     return [int(token) for token in rendered]
+
+
+class RenderCache:
+    """`render_chat` with a memory of recent conversations.
+
+    The ``group_size`` runs of a GRPO group render the same prompt at the same moment;
+    rendering a Jinja template is the costliest thing a run does before it samples, and
+    with a hundred rollout threads contending for the GIL it delays every request. A
+    conversation is keyed by its JSON; one that is not JSON-serialisable is rendered
+    every time.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, str | tuple[int, ...]] = OrderedDict()
+
+    def render(
+        self,
+        tokenizer: Any,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+    ) -> str | list[int]:
+        """What ``render_chat`` returns for the same arguments (a fresh list when ``tokenize``)."""
+        try:
+            key = json.dumps([messages, tools, add_generation_prompt, tokenize], sort_keys=True)
+        except (TypeError, ValueError):
+            return render_chat(tokenizer, messages, tools, add_generation_prompt, tokenize)
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+        if cached is None:
+            rendered = render_chat(tokenizer, messages, tools, add_generation_prompt, tokenize)
+            cached = tuple(rendered) if isinstance(rendered, list) else rendered
+            with self._lock:
+                self._entries[key] = cached
+                while len(self._entries) > self._size:
+                    self._entries.popitem(last=False)
+        return list(cached) if isinstance(cached, tuple) else cached
 
 
 def end_of_turn_marker(tokenizer: Any) -> str | None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from nexrl_core.chat import end_of_turn_marker, render_chat, stop_token_ids
+from nexrl_core.chat import RenderCache, end_of_turn_marker, stop_token_ids
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.holders import SamplingOptions, TrainStepConfig
 from nexrl_core.toolcalls import parse_tool_calls
@@ -55,6 +55,7 @@ class TinkerServiceHolder:
         self._template_facts: tuple[list[str] | list[int], str | None] | None = None
         """(default stop, end-of-turn marker): both render a probe chat, so once per holder."""
         self._saves = 0
+        self._renders = RenderCache()
         self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
 
     # --- pickling and connection ---------------------------------------------------------
@@ -142,7 +143,7 @@ class TinkerServiceHolder:
                 )
             tokens = self._renderer.build_generation_prompt(list(messages)).to_ints()
             return tokens if tokenize else tokenizer.decode(tokens)
-        return render_chat(tokenizer, messages, tools, add_generation_prompt, tokenize)
+        return self._renders.render(tokenizer, messages, tools, add_generation_prompt, tokenize)
 
     def _facts(self) -> tuple[list[str] | list[int], str | None]:
         if self._template_facts is None:
