@@ -229,41 +229,40 @@ class PaddedBatch:
     lengths: list[int]
 
 
+def _padded(rows: Sequence[Sequence[Any]], width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    """[len(rows), width] tensor of right-padded rows, built with one ``torch.tensor`` call."""
+    return torch.tensor([list(row) + [fill] * (width - len(row)) for row in rows], dtype=dtype)
+
+
 def collate(datums: Sequence[CheckedDatum], pad_id: int, device: torch.device) -> PaddedBatch:
     """Right-pad a chunk; padding gets mask 0 and value 0 (never NaN) everywhere."""
-    rows, width = len(datums), max(len(d.input_tokens) for d in datums)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((rows, width), dtype=torch.long)
-    targets = torch.zeros((rows, width), dtype=torch.long)
-    loss_mask = torch.zeros((rows, width), dtype=torch.float32)
-    optional = {key: torch.zeros((rows, width), dtype=torch.float32) for key in ("logprobs", "advantages", "ref_logprobs")}
-    present = {key: False for key in optional}
-    for row, datum in enumerate(datums):
-        n = len(datum.input_tokens)
-        input_ids[row, :n] = torch.tensor(datum.input_tokens, dtype=torch.long)
-        attention_mask[row, :n] = 1
-        targets[row, :n] = torch.tensor(datum.values["target_tokens"], dtype=torch.long)
+    lengths = [len(d.input_tokens) for d in datums]
+    width = max(lengths)
+    real = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    optional: dict[str, torch.Tensor | None] = {}
+    for key in ("logprobs", "advantages", "ref_logprobs"):
+        present = any(key in d.values for d in datums)
+        rows = [d.values.get(key, [0.0] * n) for d, n in zip(datums, lengths)]
+        optional[key] = _padded(rows, width, 0.0, torch.float32) if present else None
+    mask_rows: list[Sequence[Any]] = []
+    for datum, n in zip(datums, lengths):
         mask_key = next((key for key in _MASK_KEYS if key in datum.values), None)
-        if mask_key is None and "advantages" in datum.values:
+        if mask_key is not None:
+            mask_rows.append(datum.values[mask_key])
+        elif "advantages" in datum.values:
             # Only where something is learnt (see the module docstring).
-            loss_mask[row, :n] = torch.tensor([float(v) != 0.0 for v in datum.values["advantages"]], dtype=torch.float32)
-        elif mask_key is None:
-            loss_mask[row, :n] = 1.0
+            mask_rows.append([float(value) != 0.0 for value in datum.values["advantages"]])
         else:
-            loss_mask[row, :n] = torch.tensor([float(v) for v in datum.values[mask_key]], dtype=torch.float32)
-        for key, tensor in optional.items():
-            if key in datum.values:
-                tensor[row, :n] = torch.tensor([float(v) for v in datum.values[key]], dtype=torch.float32)
-                present[key] = True
+            mask_rows.append([1.0] * n)
     return PaddedBatch(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        targets=targets.to(device),
-        loss_mask=loss_mask.to(device),
-        old_logprobs=optional["logprobs"].to(device) if present["logprobs"] else None,
-        advantages=optional["advantages"].to(device) if present["advantages"] else None,
-        ref_logprobs=optional["ref_logprobs"].to(device) if present["ref_logprobs"] else None,
-        lengths=[len(d.input_tokens) for d in datums],
+        input_ids=_padded([d.input_tokens for d in datums], width, pad_id, torch.long).to(device),
+        attention_mask=real.long().to(device),
+        targets=_padded([d.values["target_tokens"] for d in datums], width, 0, torch.long).to(device),
+        loss_mask=_padded(mask_rows, width, 0.0, torch.float32).to(device),
+        old_logprobs=None if optional["logprobs"] is None else optional["logprobs"].to(device),
+        advantages=None if optional["advantages"] is None else optional["advantages"].to(device),
+        ref_logprobs=None if optional["ref_logprobs"] is None else optional["ref_logprobs"].to(device),
+        lengths=lengths,
     )
 
 
