@@ -22,15 +22,24 @@ import copy
 import json
 import random
 import threading
+import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
 
 from nexrl_fsdp import checkpoint as ckpt
 from nexrl_fsdp.config import EngineConfig
-from nexrl_fsdp.loading import SHIPPED_MODELS, load_model, load_tokenizer, quiet_progress, resolve_model_dir, torch_dtype
+from nexrl_fsdp.loading import (
+    SHIPPED_MODELS,
+    load_model,
+    load_tokenizer,
+    quiet_progress,
+    resolve_model_dir,
+    torch_dtype,
+)
 from nexrl_fsdp.lora import apply_training_mode, merged_copy
 from nexrl_fsdp.loss_fns import (
     CheckedDatum,
@@ -59,6 +68,9 @@ from nexrl_fsdp.types import (
 __all__ = ["Engine"]
 
 _DEFAULT_MAX_POSITIONS = 4096
+_MAX_RECYCLED_COPIES = 8
+"""Most `export_sampler` models an engine tracks for reuse (a service keeps a few
+sampler engines alive; the rest are reused)."""
 
 _CONSTRUCTION_LOCK = threading.Lock()
 """Engines load their model one at a time per process: transformers' ``from_pretrained``
@@ -151,6 +163,8 @@ class Engine:
         self._optimizer: AdamW | None = None
         self._loss_cache: dict[str, LossFn] = {}
         self._seed_stream = random.Random(config.seed)
+        self._copies: list[tuple[weakref.ref[Engine], torch.nn.Module]] = []
+        """Models handed out by `export_sampler`, reusable once their engine is gone."""
 
         model_config = self.model.config
         self.vocab_size: int = int(self.model.get_input_embeddings().num_embeddings)
@@ -463,14 +477,32 @@ class Engine:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            model = merged_copy(self._peft) if self._peft is not None else copy.deepcopy(self.model)
+            model = merged_copy(self._peft) if self._peft is not None else self._weights_copy()
         with quiet_progress():
             model.save_pretrained(str(path))
             self.tokenizer.save_pretrained(str(path))
         config = EngineConfig(model=str(path), dtype=self.config.dtype, device=self.config.device)
         clone = Engine.__new__(Engine)
         clone._setup(config, resolve_model_dir(str(path)), self.tokenizer, model, None)
+        if self._peft is None:
+            self._copies.append((weakref.ref(clone), model))
         return clone
+
+    def _weights_copy(self) -> torch.nn.Module:
+        """A copy of the (full fine-tuning) model, written into the model of an earlier
+        `export_sampler` engine nobody holds any more when there is one: a step's sampler
+        copy then costs a memory copy, not fresh allocations (which page-fault) and a
+        deepcopy of the module tree. Caller holds the lock."""
+        for index, (engine, model) in enumerate(self._copies):
+            if engine() is None:
+                del self._copies[index]
+                with torch.no_grad():
+                    for target, source in zip(model.parameters(), self.model.parameters(), strict=True):
+                        target.copy_(source)
+                return model
+        if len(self._copies) >= _MAX_RECYCLED_COPIES:
+            self._copies.pop(0)
+        return copy.deepcopy(self.model)
 
     def __repr__(self) -> str:
         mode = f"lora rank {self.config.lora_rank}" if self.is_lora else "full fine-tuning"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from nexrl_fsdp.checkpoint import MANIFEST_NAME, OPTIMIZER_NAME, WEIGHTS_NAME
 
 from nexrl_fsdp import Datum, Engine
-from nexrl_fsdp.checkpoint import MANIFEST_NAME, OPTIMIZER_NAME, WEIGHTS_NAME
 
 DATA = [
     Datum(input_tokens=[1, 40, 50, 60, 70], loss_fn_inputs={"target_tokens": [40, 50, 60, 70, 2], "weights": [0, 1, 1, 1, 1]}),
@@ -115,6 +115,22 @@ def test_export_sampler_equals_loading_the_export(engine: Engine, tmp_path: Path
     before = _logits(sampler)
     _train(engine, 1)
     assert torch.equal(_logits(sampler), before) and not torch.equal(_logits(engine), before)
+
+
+def test_export_sampler_reuses_the_weights_of_samplers_nobody_holds(engine: Engine, tmp_path: Path) -> None:
+    first = engine.export_sampler(tmp_path / "a")
+    first_model = first.model
+    _train(engine, 1)
+    second = engine.export_sampler(tmp_path / "b")
+    assert second.model is not first_model, "a live sampler's weights are never overwritten"
+    assert torch.equal(_logits(first), _logits(Engine(model=str(tmp_path / "a"))))
+    del first
+    _train(engine, 1)
+    third = engine.export_sampler(tmp_path / "c")
+    assert third.model is first_model, "the dropped sampler's model is reused"
+    assert torch.equal(_logits(third), _logits(engine))
+    assert torch.equal(_logits(third), _logits(Engine(model=str(tmp_path / "c"))))
+    assert not torch.equal(_logits(second), _logits(third))
 
 
 def test_load_rejects_other_base_or_garbage(engine: Engine, tmp_path: Path) -> None:

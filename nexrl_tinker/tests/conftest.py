@@ -18,7 +18,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see nexrl_tinker.server.s
 from collections.abc import Iterator
 
 import pytest
-from nexrl_tinker.testing import start_service
+from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,16 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 @pytest.fixture(scope="module")
 def base_url(service) -> str:
     return service.base_url
+
+
+@pytest.fixture(scope="module")
+def keyed_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A service that checks the API key (``TEST_API_KEY``), as the embedded one does."""
+    svc = start_service(tmp_path_factory.mktemp("keyed-tinkercloud"), api_key=TEST_API_KEY)
+    try:
+        yield svc.base_url
+    finally:
+        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -4,31 +4,21 @@ every run still gets exactly the sample it gets when sent alone."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
+from nexrl_tinker.holder import TinkerServiceHolder
+from nexrl_tinker.holder_config import TinkerHolderConfig
+from nexrl_tinker.testing import TEST_API_KEY
 
 from nexrl_core.holders import SamplingOptions
 from nexrl_core.seeding import call_seed
-from nexrl_tinker.holder import TinkerServiceHolder
-from nexrl_tinker.holder_config import TinkerHolderConfig
-from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 GROUP = 6
 
 
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    service = start_service(tmp_path_factory.mktemp("holder-coalescing"), api_key=TEST_API_KEY)
-    try:
-        yield service.base_url
-    finally:
-        service.stop()
-
-
-def make_holder(base_url: str, window_s: float) -> TinkerServiceHolder:
+def make_holder(keyed_base_url: str, window_s: float) -> TinkerServiceHolder:
     return TinkerServiceHolder(
-        TinkerHolderConfig(base_url=base_url, lora_rank=0, api_key=TEST_API_KEY, coalesce_window_s=window_s)
+        TinkerHolderConfig(base_url=keyed_base_url, lora_rank=0, api_key=TEST_API_KEY, coalesce_window_s=window_s)
     )
 
 
@@ -59,9 +49,9 @@ def sample_group(holder: TinkerServiceHolder, messages: list[dict[str, str]]) ->
     return results, sent
 
 
-def test_a_group_is_one_request_with_the_same_samples_as_alone(base_url: str) -> None:
+def test_a_group_is_one_request_with_the_same_samples_as_alone(keyed_base_url: str) -> None:
     messages = [{"role": "user", "content": "What is 23 + 45?"}]
-    merged_holder, alone_holder = make_holder(base_url, 0.05), make_holder(base_url, 0.0)
+    merged_holder, alone_holder = make_holder(keyed_base_url, 0.05), make_holder(keyed_base_url, 0.0)
     try:
         merged, merged_sent = sample_group(merged_holder, messages)
         alone, alone_sent = sample_group(alone_holder, messages)

@@ -6,34 +6,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from nexrl_core.testing import ServiceHolderContract
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
-from nexrl_tinker.testing import TEST_API_KEY, start_service
+from nexrl_tinker.testing import TEST_API_KEY
 
-
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    service = start_service(tmp_path_factory.mktemp("holder-contract"), api_key=TEST_API_KEY)
-    try:
-        yield service.base_url
-    finally:
-        service.stop()
+from nexrl_core.testing import ServiceHolderContract
 
 
 class TestTinkerHolderContract(ServiceHolderContract):
     @pytest.fixture
-    def holder(self, base_url: str) -> Iterator[TinkerServiceHolder]:
-        holder = TinkerServiceHolder(TinkerHolderConfig(base_url=base_url, lora_rank=0, api_key=TEST_API_KEY))
+    def holder(self, keyed_base_url: str) -> Iterator[TinkerServiceHolder]:
+        holder = TinkerServiceHolder(TinkerHolderConfig(base_url=keyed_base_url, lora_rank=0, api_key=TEST_API_KEY))
         try:
             yield holder
         finally:
             holder.close()
 
 
-def test_checkpoint_round_trip(base_url: str, tmp_path: Path) -> None:
-    holder = TinkerServiceHolder(TinkerHolderConfig(base_url=base_url, lora_rank=0, api_key=TEST_API_KEY))
+def test_checkpoint_round_trip(keyed_base_url: str, tmp_path: Path) -> None:
+    holder = TinkerServiceHolder(TinkerHolderConfig(base_url=keyed_base_url, lora_rank=0, api_key=TEST_API_KEY))
     try:
         path = holder.save_checkpoint("contract")
         assert path.startswith("tinker://") and path.endswith("/weights/contract")
