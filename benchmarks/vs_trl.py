@@ -59,9 +59,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The same OpenMP policy on both sides: spinning OpenMP threads are pathologically slow
-# on a machine where another thread or process holds a core.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The same OpenMP wait policy in every process of both sides, the one nexrl_fsdp sets by
+# default (a short spin, then sleep; see nexrl_fsdp/__init__.py): set here, before any
+# import of torch, it reaches TRL's process as well.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 MODEL_NAME = "nexrl-tiny"
 SIDES = ("nexrl", "trl")

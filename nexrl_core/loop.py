@@ -36,6 +36,7 @@ from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
 from nexrl_core.data import DataLoader, resolve_task
 from nexrl_core.holders import ServiceHolder
+from nexrl_core.longlived import freeze_long_lived_objects
 from nexrl_core.metrics import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -246,6 +247,7 @@ class TrainingLoop:
         self.checkpoint_step: int | None = state.step if state else None
         self.total_errors = state.total_agent_errors if state else 0
         self.pending: dict[int, PendingBatch] = {}
+        self._frozen = False
         if state:
             for data in state.pending:
                 batch = RolloutBatch.from_json(data)
@@ -340,6 +342,11 @@ class TrainingLoop:
             metrics["perf/tokens_per_s"] = (
                 metrics.get("rollout/response_tokens", 0.0) / step_seconds if step_seconds > 0 else 0.0
             )
+            if not self._frozen:
+                # After a first step everything a step reuses (imports, tokenizer, SDK
+                # clients) exists; full collections need not walk it again.
+                freeze_long_lived_objects()
+                self._frozen = True
             self.step = step
             if self._validate_due(step):
                 metrics.update(self.validate(step))

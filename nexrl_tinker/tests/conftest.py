@@ -13,9 +13,10 @@ os.environ.setdefault("TINKER_API_KEY", "tml-test")
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see nexrl_tinker.server.service
 
 from collections.abc import Iterator
+
+import nexrl_fsdp  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
 import pytest
 from nexrl_tinker.testing import TEST_API_KEY, start_service

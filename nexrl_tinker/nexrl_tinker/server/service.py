@@ -23,13 +23,10 @@ import threading
 import time
 from typing import IO, Any
 
-# Before torch loads: OpenMP threads that spin while waiting make a 2-thread torch op
-# up to 100x slower as soon as another process (or another compute thread of this
-# server) holds a core; passive waiting costs nothing measurable here. Only a default.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import attrs
+import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
 
+from nexrl_core.longlived import freeze_long_lived_objects
 from nexrl_core.serving import ServeOptions
 from nexrl_tinker.server.settings import ServerSettings
 
@@ -293,6 +290,7 @@ class TinkerService:
 
     def serve_forever(self) -> None:
         server = self._prepare()
+        freeze_long_lived_objects()  # this process is the server's own: models and imports are loaded
         print(
             f"TinkerCloud serving {self.settings.model} at {self.base_url} "
             f"(data: {self.settings.data_dir}, db: {self.cloud.store.url})",
