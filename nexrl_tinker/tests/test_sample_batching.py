@@ -97,31 +97,47 @@ def test_a_batch_records_every_outcome(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("linger", "expected"), [(0.05, [3]), (0.0, [1, 1, 1])])
-def test_an_idle_lane_lingers_for_the_rest_of_a_burst(tmp_path: Path, linger: float, expected: list[int]) -> None:
-    """Requests of one burst arrive a few ms apart: with a linger they run as one batch,
-    without one the first runs alone."""
+def test_a_bursty_lane_lingers_for_the_rest_of_a_burst(tmp_path: Path, linger: float, expected: list[int]) -> None:
+    """Once a lane has batched, the requests of a later burst that arrive a few ms apart
+    run as one batch with a linger; without one each runs as it arrives."""
     from nexrl_tinker.server.futures import FutureBook, Outcome
     from nexrl_tinker.server.scheduler import Job, Scheduler
     from nexrl_tinker.server.store import Store
 
     book = FutureBook(Store(f"sqlite:///{tmp_path / 'state.db'}"))
-    scheduler = Scheduler(book, threads=2, gap_timeout_s=60, linger_s=linger, linger_max_s=1.0)
+    scheduler = Scheduler(book, threads=1, gap_timeout_s=60, linger_s=linger, linger_max_s=1.0)
     batches: list[int] = []
-    done = threading.Event()
+    release = threading.Event()
+    lock = threading.Lock()
 
     def run_batch(jobs) -> list[Outcome]:
-        batches.append(len(jobs))
-        if sum(batches) == 3:
-            done.set()
+        release.wait(10)
+        with lock:
+            batches.append(len(jobs))
         return [Outcome.json({}) for _ in jobs]
 
+    def submit() -> str:
+        row, _ = book.create("owner", "weights:base", None, "Sample")
+        job = Job(row.request_id, lambda: run_batch([None])[0], batch_key="k", run_batch=run_batch)
+        scheduler.submit_fifo("lane", job)
+        return row.request_id
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while sum(batches) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     try:
-        for index in range(3):
-            row, _ = book.create("owner", "weights:base", None, "Sample")
-            job = Job(row.request_id, lambda: run_batch([None])[0], batch_key="k", run_batch=run_batch, payload=index)
-            scheduler.submit_fifo("lane", job)
+        for _ in range(3):  # the first runs alone and holds the lane; two queue behind it
+            submit()
+        release.set()
+        wait_for(3)
+        assert batches == [1, 2]
+        batches.clear()
+        for _ in range(3):  # a later burst, 10 ms apart
+            submit()
             time.sleep(0.01)
-        assert done.wait(10)
+        wait_for(3)
     finally:
         scheduler.close()
     assert batches == expected

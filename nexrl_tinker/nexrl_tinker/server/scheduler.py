@@ -10,11 +10,12 @@ lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it.
 
 Sampling lanes are first-in first-out, and consecutive compatible jobs (the same
 ``batch_key``: sampling parameters equal up to the seed) run as one batched engine
-call of at most `MAX_BATCH_ROWS` sampled rows. An idle lane that receives a batchable
-job lingers until requests stop arriving for ``linger_s`` (at most ``linger_max_s``)
-before it forms the batch: an RL step's requests reach the server over tens of
-milliseconds, and without the wait the first would run alone and the rest queue
-behind it.
+call of at most `MAX_BATCH_ROWS` sampled rows. A lane whose last batch held several
+jobs is bursty: when it is idle and receives a batchable job it lingers until requests
+stop arriving for ``linger_s`` (at most ``linger_max_s``) before it forms the batch. An
+RL step's requests reach the server over tens of milliseconds, and without the wait the
+first would run alone and the rest queue behind it; a client that sends one request at
+a time never waits.
 
 Compute runs on a thread pool, never on the event loop, so heartbeats and long-polls
 stay responsive while a model trains.
@@ -66,6 +67,8 @@ class _Lane:
     queue: deque = attrs.field(factory=deque)
     busy: bool = False
     blocked_since: float | None = None
+    bursty: bool = False
+    """The lane's last batch held more than one job."""
 
 
 def failure_outcome(exc: BaseException) -> Outcome:
@@ -154,8 +157,9 @@ class Scheduler:
         if lane.queue:
             lane.busy = True
             first = lane.queue[0]
-            if self.linger_s > 0 and first.batch_key is not None and first.run_batch is not None:
-                self._executor.submit(self._linger_then_run, lane_id, lane)
+            if lane.bursty and self.linger_s > 0 and first.batch_key is not None and first.run_batch is not None:
+                # Waiting happens on its own thread, so the compute threads stay free for other lanes.
+                threading.Thread(target=self._linger_then_run, args=(lane_id, lane), daemon=True).start()
             else:
                 self._executor.submit(self._run, lane_id, lane, self._take_batch(lane))
             return
@@ -181,6 +185,7 @@ class Scheduler:
             while lane.queue and lane.queue[0].batch_key == key and rows + lane.queue[0].rows <= MAX_BATCH_ROWS:
                 rows += lane.queue[0].rows
                 batch.append(lane.queue.popleft())
+        lane.bursty = len(batch) > 1
         return batch
 
     def _linger_then_run(self, lane_id: str, lane: _Lane) -> None:
@@ -196,7 +201,10 @@ class Scheduler:
                 seen = len(lane.queue)
         with self._lock:
             batch = self._take_batch(lane)
-        self._run(lane_id, lane, batch)
+            if self._closed:
+                lane.busy = False
+                return
+            self._executor.submit(self._run, lane_id, lane, batch)
 
     def _run(self, lane_id: str, lane: _Lane, batch: list[Job]) -> None:
         outcomes: list[Outcome] = []

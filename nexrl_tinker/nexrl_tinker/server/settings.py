@@ -43,7 +43,11 @@ class ServerSettings:
     janitor_interval_s: float = 300.0
     gap_timeout_s: float = 120.0
     """A model's queue waits this long for a missing sequence number before skipping it."""
-    compute_threads: int = 4
+    compute_threads: int = 1
+    """Threads that run engine calls (one lane's job at a time each). One by default: torch
+    gives every calling thread its own OpenMP team, and several teams on a few cores made
+    each call up to 20 % slower than queueing them on one thread; more only pay off with
+    several devices to keep busy."""
     batch_linger_s: float = 0.003
     """An idle sampling lane that receives a batchable request waits until no other
     request has arrived for this long (at most `batch_linger_max_s`) before starting,
