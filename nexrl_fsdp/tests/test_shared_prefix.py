@@ -103,7 +103,8 @@ def test_logprobs_entropy_and_gradients_equal_the_plain_pass(
         assert torch.allclose(a, b, atol=1e-6 * float(a.abs().max()), rtol=1e-5), (a - b).abs().max().item()
 
 
-def test_the_engine_trains_the_same_with_and_without_sharing(chat_prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_the_engine_trains_the_same_with_and_without_sharing(chat_prompts: list[list[int]], lora_rank: int) -> None:
     rows = grpo_rows(chat_prompts, groups=3, group_size=4, seed=4)
     rng = random.Random(5)
     datums = []
@@ -123,7 +124,7 @@ def test_the_engine_trains_the_same_with_and_without_sharing(chat_prompts: list[
         )
     results = []
     for share in (False, True):
-        engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=share)
+        engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=share, lora_rank=lora_rank)
         first = engine.forward_backward(datums, "ppo")
         engine.optim_step({"learning_rate": 1e-3})
         results.append((first, engine.forward(datums, "ppo")))
