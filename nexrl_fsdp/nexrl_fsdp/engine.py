@@ -485,7 +485,8 @@ class Engine:
         clone = Engine.__new__(Engine)
         clone._setup(config, resolve_model_dir(str(path)), self.tokenizer, model, None)
         if self._peft is None:
-            self._copies.append((weakref.ref(clone), model))
+            with self._lock:
+                self._copies.append((weakref.ref(clone), model))
         return clone
 
     def _weights_copy(self) -> torch.nn.Module:
