@@ -98,8 +98,9 @@ def test_a_batch_records_every_outcome(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("linger", "expected"), [(0.05, [3]), (0.0, [1, 1, 1])])
 def test_a_bursty_lane_lingers_for_the_rest_of_a_burst(tmp_path: Path, linger: float, expected: list[int]) -> None:
-    """Once a lane has batched, the requests of a later burst that arrive a few ms apart
-    run as one batch with a linger; without one each runs as it arrives."""
+    """Once sampling has batched, the requests of a later burst that arrive a few ms apart
+    run as one batch with a linger, also on a new lane (new weights); without a linger
+    each runs as it arrives."""
     from nexrl_tinker.server.futures import FutureBook, Outcome
     from nexrl_tinker.server.scheduler import Job, Scheduler
     from nexrl_tinker.server.store import Store
@@ -116,11 +117,10 @@ def test_a_bursty_lane_lingers_for_the_rest_of_a_burst(tmp_path: Path, linger: f
             batches.append(len(jobs))
         return [Outcome.json({}) for _ in jobs]
 
-    def submit() -> str:
-        row, _ = book.create("owner", "weights:base", None, "Sample")
+    def submit(lane: str) -> None:
+        row, _ = book.create("owner", lane, None, "Sample")
         job = Job(row.request_id, lambda: run_batch([None])[0], batch_key="k", run_batch=run_batch)
-        scheduler.submit_fifo("lane", job)
-        return row.request_id
+        scheduler.submit_fifo(lane, job)
 
     def wait_for(count: int) -> None:
         deadline = time.monotonic() + 10
@@ -129,13 +129,13 @@ def test_a_bursty_lane_lingers_for_the_rest_of_a_burst(tmp_path: Path, linger: f
 
     try:
         for _ in range(3):  # the first runs alone and holds the lane; two queue behind it
-            submit()
+            submit("weights:a")
         release.set()
         wait_for(3)
         assert batches == [1, 2]
         batches.clear()
-        for _ in range(3):  # a later burst, 10 ms apart
-            submit()
+        for _ in range(3):  # a later burst for new weights, 10 ms apart
+            submit("weights:b")
             time.sleep(0.01)
         wait_for(3)
     finally:

@@ -10,12 +10,13 @@ lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it.
 
 Sampling lanes are first-in first-out, and consecutive compatible jobs (the same
 ``batch_key``: sampling parameters equal up to the seed) run as one batched engine
-call of at most `MAX_BATCH_ROWS` sampled rows. A lane whose last batch held several
-jobs is bursty: when it is idle and receives a batchable job it lingers until requests
-stop arriving for ``linger_s`` (at most ``linger_max_s``) before it forms the batch. An
-RL step's requests reach the server over tens of milliseconds, and without the wait the
-first would run alone and the rest queue behind it; a client that sends one request at
-a time never waits.
+call of at most `MAX_BATCH_ROWS` sampled rows. While sampling is bursty (the last
+batchable batch held several jobs), an idle lane that receives a batchable job lingers
+until requests stop arriving for ``linger_s`` (at most ``linger_max_s``) before it forms
+the batch. An RL step's requests reach the server over tens of milliseconds, and without
+the wait the first would run alone and the rest queue behind it; a client that sends one
+request at a time never waits. Burstiness belongs to the scheduler, not to a lane: every
+weight update opens a new sampling lane, and an emptied FIFO lane is dropped.
 
 Compute runs on a thread pool, never on the event loop, so heartbeats and long-polls
 stay responsive while a model trains.
@@ -67,8 +68,6 @@ class _Lane:
     queue: deque = attrs.field(factory=deque)
     busy: bool = False
     blocked_since: float | None = None
-    bursty: bool = False
-    """The lane's last batch held more than one job."""
 
 
 def failure_outcome(exc: BaseException) -> Outcome:
@@ -92,6 +91,8 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tinker-compute")
         self._lock = threading.Lock()
         self._lanes: dict[str, _Lane] = {}
+        self._bursty = False
+        """The last batchable batch held more than one job."""
         self._closed = False
 
     # --- lanes ------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ class Scheduler:
         if lane.queue:
             lane.busy = True
             first = lane.queue[0]
-            if lane.bursty and self.linger_s > 0 and first.batch_key is not None and first.run_batch is not None:
+            if self._bursty and self.linger_s > 0 and first.batch_key is not None and first.run_batch is not None:
                 # Waiting happens on its own thread, so the compute threads stay free for other lanes.
                 threading.Thread(target=self._linger_then_run, args=(lane_id, lane), daemon=True).start()
             else:
@@ -175,8 +176,7 @@ class Scheduler:
             lane.busy = True
             self._executor.submit(self._run, lane_id, lane, [job])
 
-    @staticmethod
-    def _take_batch(lane: _Lane) -> list[Job]:
+    def _take_batch(self, lane: _Lane) -> list[Job]:
         """The first queued job and the compatible ones right behind it. Caller holds the lock."""
         batch = [lane.queue.popleft()]
         key = batch[0].batch_key
@@ -185,7 +185,7 @@ class Scheduler:
             while lane.queue and lane.queue[0].batch_key == key and rows + lane.queue[0].rows <= MAX_BATCH_ROWS:
                 rows += lane.queue[0].rows
                 batch.append(lane.queue.popleft())
-        lane.bursty = len(batch) > 1
+            self._bursty = len(batch) > 1
         return batch
 
     def _linger_then_run(self, lane_id: str, lane: _Lane) -> None:
@@ -229,6 +229,8 @@ class Scheduler:
                 if lane.ordered and len(batch) == 1 and batch[0].seq is not None and batch[0].seq >= lane.next_seq:
                     lane.next_seq = batch[0].seq + 1
                 self._pump(lane_id, lane)
+                if not lane.ordered and not lane.busy and not lane.queue and self._lanes.get(lane_id) is lane:
+                    del self._lanes[lane_id]  # FIFO lanes hold no state; one opens per sampler weights
         try:
             self.book.persist_many([(job.request_id, outcome) for job, outcome in zip(batch, outcomes)])
         except Exception:

@@ -48,12 +48,12 @@ class ServerSettings:
     gives every calling thread its own OpenMP team, and several teams on a few cores made
     each call up to 20 % slower than queueing them on one thread; more only pay off with
     several devices to keep busy."""
-    batch_linger_s: float = 0.003
-    """An idle sampling lane that receives a batchable request waits until no other
-    request has arrived for this long (at most `batch_linger_max_s`) before starting,
-    so a burst of an RL step's requests runs as one engine call, not as a lone first
-    request followed by the rest. 0 starts at once."""
-    batch_linger_max_s: float = 0.02
+    batch_linger_s: float = 0.008
+    """While sampling is bursty, an idle sampling lane that receives a batchable request
+    waits until no other request has arrived for this long (at most `batch_linger_max_s`)
+    before starting, so a burst of an RL step's requests runs as one engine call, not as
+    a lone first request followed by the rest (see `scheduler`). 0 starts at once."""
+    batch_linger_max_s: float = 0.1
     sampler_cache_size: int = 4
     """Sampling engines kept in memory (least recently used goes first)."""
     ephemeral_keep: int = 8
