@@ -223,11 +223,12 @@ class Engine:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Mapping[str, Any] | None = None,
         *,
-        num_samples: int = 1,
+        num_samples: int | Sequence[int] = 1,
         include_prompt_logprobs: bool = False,
         seeds: Sequence[int | None] | None = None,
     ) -> list[SampleResult]:
-        """Sample ``num_samples`` continuations of each prompt (token id lists).
+        """Sample ``num_samples`` continuations of each prompt (token id lists); a list
+        gives each prompt its own count.
 
         Returns one `SampleResult` per prompt. See `SamplingParams` for temperature,
         top-k/top-p, stop and seed semantics. Logprobs are those of the raw model
@@ -244,10 +245,9 @@ class Engine:
             params = SamplingParams()
         elif isinstance(params, Mapping):
             params = SamplingParams(**params)
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
             raise ValueError("prompts must be a non-empty list of token id lists")
+        self._check_num_samples(num_samples, len(prompts))
         checked = [self._check_prompt(prompt, index) for index, prompt in enumerate(prompts)]
         prompt_seeds = self._check_seeds(seeds, len(checked))
         with self._lock:
@@ -266,6 +266,17 @@ class Engine:
                 prompt_seeds=prompt_seeds,
                 include_prompt_logprobs=include_prompt_logprobs,
             )
+
+    @staticmethod
+    def _check_num_samples(num_samples: int | Sequence[int], n_prompts: int) -> None:
+        counts = [num_samples] if isinstance(num_samples, int) else num_samples
+        if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+            raise ValueError(f"num_samples must be an integer >= 1 or one per prompt, got {num_samples!r}")
+        if not isinstance(num_samples, int) and len(counts) != n_prompts:
+            raise ValueError(f"num_samples has {len(counts)} counts for {n_prompts} prompts; give one per prompt")
+        for count in counts:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"num_samples must be integers >= 1, got {num_samples!r}")
 
     @staticmethod
     def _check_seeds(seeds: Sequence[int | None] | None, n_prompts: int) -> list[int | None] | None:

@@ -130,7 +130,7 @@ def sample_batch(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     *,
-    num_samples: int,
+    num_samples: int | Sequence[int],
     stop_rule: StopRule,
     pad_id: int,
     max_positions: int,
@@ -139,7 +139,8 @@ def sample_batch(
     prompt_seeds: Sequence[int | None] | None = None,
     include_prompt_logprobs: bool = False,
 ) -> list[SampleResult]:
-    """Sample ``num_samples`` continuations of every prompt; one `SampleResult` per prompt.
+    """Sample ``num_samples`` continuations of every prompt (one count for all, or one per
+    prompt); one `SampleResult` per prompt.
 
     Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i] + j,
     0)`` when the prompt has its own seed, else from ``derive_seed(base_seed + j, i)``. A
@@ -179,16 +180,20 @@ def sample_batch(
     logits = out.logits[:, -1].float()
     del out
 
-    if num_samples > 1:
-        cache.batch_repeat_interleave(num_samples)
-        logits = logits.repeat_interleave(num_samples, dim=0)
-        mask = mask.repeat_interleave(num_samples, dim=0)
-        positions = positions.repeat_interleave(num_samples, dim=0)
-    n_rows = n_prompts * num_samples
-    row_limits = [limits[row // num_samples] for row in range(n_rows)]
+    counts = [num_samples] * n_prompts if isinstance(num_samples, int) else list(num_samples)
+    # Row r samples prompt_of_row[r] for the (sample_of_row[r])-th time; rows of a prompt are adjacent.
+    prompt_of_row = [prompt for prompt, count in enumerate(counts) for _ in range(count)]
+    sample_of_row = [sample for count in counts for sample in range(count)]
+    if counts != [1] * n_prompts:
+        index = torch.tensor(prompt_of_row, dtype=torch.long, device=device)
+        cache.batch_select_indices(index)
+        logits = logits.index_select(0, index)
+        mask = mask.index_select(0, index)
+        positions = positions.index_select(0, index)
+    n_rows = len(prompt_of_row)
+    row_limits = [limits[prompt_index] for prompt_index in prompt_of_row]
     seeds = []
-    for row in range(n_rows):
-        prompt_index, sample_index = divmod(row, num_samples)
+    for prompt_index, sample_index in zip(prompt_of_row, sample_of_row):
         own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
         if own is None:
             seeds.append(derive_seed(base_seed + sample_index, prompt_index))
@@ -238,8 +243,10 @@ def sample_batch(
         step += 1
 
     results = []
-    for prompt_index in range(n_prompts):
-        rows = range(prompt_index * num_samples, (prompt_index + 1) * num_samples)
+    first_row = 0
+    for prompt_index, count in enumerate(counts):
+        rows = range(first_row, first_row + count)
+        first_row += count
         results.append(
             SampleResult(
                 sequences=[SampledSequence(tokens[row], logprobs[row], reasons[row]) for row in rows],  # type: ignore[arg-type]

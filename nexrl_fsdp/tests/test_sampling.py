@@ -130,6 +130,26 @@ def test_sample_j_of_seed_s_is_the_only_sample_of_seed_s_plus_j(
     assert len({tuple(s.tokens) for s in merged}) > 1, "consecutive seeds must still draw different samples"
 
 
+def test_each_prompt_may_have_its_own_sample_count(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
+    """Requests asking for different numbers of samples can share one batch."""
+    params = SamplingParams(max_tokens=6, temperature=1.1)
+    prompts, counts, seeds = chat_prompts[:3], [2, 1, 4], [50, 60, 70]
+    together = shared_engine.sample(prompts, params, num_samples=counts, seeds=seeds)
+    assert [len(result.sequences) for result in together] == counts
+    for prompt, count, seed, got in zip(prompts, counts, seeds, together):
+        alone = shared_engine.sample([prompt], params, num_samples=count, seeds=[seed])[0]
+        assert [s.tokens for s in got.sequences] == [s.tokens for s in alone.sequences]
+
+
+@pytest.mark.parametrize(
+    ("num_samples", "message"),
+    [(0, "integers >= 1"), ([1, 2], "2 counts for 3 prompts"), ([1, 0, 1], "integers >= 1"), (True, "integers >= 1")],
+)
+def test_bad_sample_counts(shared_engine: Engine, num_samples, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        shared_engine.sample([[1, 2], [3, 4], [5, 6]], SamplingParams(max_tokens=2), num_samples=num_samples)
+
+
 @pytest.mark.parametrize(
     ("seeds", "message"),
     [

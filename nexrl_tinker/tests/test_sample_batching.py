@@ -38,8 +38,9 @@ def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _requests() -> list[tuple[list[int], types.SamplingParams, int]]:
-    """(prompt, params, num_samples): varied prompt lengths and seeds, plus requests that
-    must not join the seeded single-sample batch (other temperature, two samples)."""
+    """(prompt, params, num_samples): varied prompt lengths and seeds, a request for two
+    samples (counts may differ within a batch), and one that must not join the batch
+    (another temperature)."""
     out = []
     for index in range(12):
         prompt = [1] + [30 + (7 * index + k) % 200 for k in range(3 + index % 5)]

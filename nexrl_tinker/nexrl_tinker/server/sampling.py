@@ -4,10 +4,12 @@ A sampling session is bound at creation to fixed weights: the base model, a
 ``sampler_weights`` checkpoint (an exported HF directory), a ``weights`` checkpoint
 (training state on the base), or an ephemeral snapshot. Requests run on a FIFO lane
 per weights (so samplers of the same weights share one engine and one queue), and
-consecutive requests whose parameters differ at most in the seed are batched into one
+consecutive requests whose parameters differ at most in the seed (and the number of
+samples) are batched into one
 engine call: the RL loops send dozens of single-prompt requests at once, each with its
-own seed. Each request keeps its seed in the batch (`Engine.sample`'s ``seeds``), so it
-samples the same tokens as it would alone.
+own seed and sample count. Each request keeps its seed and count in the batch
+(`Engine.sample`'s ``seeds`` and per-prompt ``num_samples``), so it samples the same
+tokens as it would alone.
 
 The asample future carries one ``sample_sequence_id`` per sample (the SDK asserts it),
 and a resubmission of the same ``(sampling_session_id, seq_id)`` gets the same future.
@@ -182,8 +184,9 @@ class SamplingService:
             owner, lane, seq, "Sample", extra={"sample_sequence_ids": ids}, request_id=request_id
         )
         if is_new:
-            # Everything but the seed must match: each request's seed goes into the batch.
-            key = (attrs.astuple(attrs.evolve(task.params, seed=None)), task.num_samples, task.prompt_logprobs)
+            # Everything but the seed and the sample count must match: each request's seed
+            # and count go into the batch.
+            key = (attrs.astuple(attrs.evolve(task.params, seed=None)), task.prompt_logprobs)
             job = Job(
                 row.request_id,
                 lambda: self._run([task], ref)[0],
@@ -201,7 +204,7 @@ class SamplingService:
         results = engine.sample(
             [task.prompt for task in tasks],
             attrs.evolve(first.params, seed=None),
-            num_samples=first.num_samples,
+            num_samples=[task.num_samples for task in tasks],
             include_prompt_logprobs=first.prompt_logprobs,
             seeds=[task.params.seed for task in tasks],
         )
