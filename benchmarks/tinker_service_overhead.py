@@ -28,11 +28,10 @@ from pathlib import Path
 os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The same OpenMP wait policy on both sides, the one nexrl_fsdp (and so the service) sets
-# by default: a short spin, then sleep (see nexrl_fsdp/__init__.py).
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# The same OpenMP wait policy in every process of both sides: importing nexrl_fsdp (light,
+# no torch) sets its default in os.environ before anything loads torch, and child
+# processes inherit it.
+import nexrl_fsdp  # noqa: E402, F401
 
 
 def timed_pair(a: Callable[[], object], b: Callable[[], object], reps: int, warmup: int) -> tuple[float, float]:

@@ -59,12 +59,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The same OpenMP wait policy in every process of both sides, the one nexrl_fsdp sets by
-# default (a short spin, then sleep; see nexrl_fsdp/__init__.py): set here, before any
-# import of torch, it reaches TRL's process as well.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# The same OpenMP wait policy in every process of both sides: importing nexrl_fsdp (light,
+# no torch) sets its default in os.environ before anything loads torch, and child
+# processes inherit it.
+import nexrl_fsdp  # noqa: E402, F401
 
 MODEL_NAME = "nexrl-tiny"
 SIDES = ("nexrl", "trl")
