@@ -28,7 +28,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from nexrl_core.holders import SamplingOptions
+from nexrl_core.chat_model import SamplingOptions
 
 __all__ = ["SampleCoalescer", "consecutive_runs"]
 

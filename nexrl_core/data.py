@@ -28,31 +28,8 @@ import attrs
 
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TaskConfig
+from nexrl_core.rollout import Agent, RunRequest
 from nexrl_core.seeding import derive_seed
-from nexrl_core.tasks import Agent
-
-
-@attrs.frozen(kw_only=True)
-class RunRequest:
-    """One agent run to perform: an item, where it sits in the run, and its seed."""
-
-    step: int
-    """Training step whose batch the run belongs to (1-based); for validation, the step
-    after which it validates (0 before training)."""
-    item_index: int
-    """Position of the item within its step's batch (or within the validation set)."""
-    run_id: int
-    """Which of the ``group_size`` runs of this item (0..n-1)."""
-    group_id: str
-    """Shared by the runs of one item in one step."""
-    task_id: str
-    """Identifies the item in its dataset."""
-    item: Mapping[str, Any] = attrs.field(eq=False)
-    """The item the agent receives."""
-    seed: int
-    """Seed of the run's group (shared by its runs); the n-th LLM call of run r uses
-    ``call_seed(seed, n, r)``."""
-    is_val: bool = False
 
 
 # --- item streams -------------------------------------------------------------------------------
@@ -151,7 +128,8 @@ class TaskItems(ItemStream):
 class TaskData:
     """What the loop needs from a task: the agent, the training stream and held-out items."""
 
-    name: str
+    name: str | None
+    """The registered task's name; None for a task given by data file and agent."""
     agent: Agent = attrs.field(eq=False)
     train: ItemStream = attrs.field(eq=False)
     val_items: list[tuple[Mapping[str, Any], str]] = attrs.field(eq=False)
@@ -246,6 +224,10 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
     def registered_task() -> Any:
         nonlocal registered
         if registered is None:
+            if config.name is None:
+                raise ConfigError(
+                    ["task: set task.name to a registered task, or task.data_path and task.agent for your own"]
+                )
             try:
                 spec = find_spec("tasks", config.name)
             except UnknownComponentError as error:
@@ -260,9 +242,7 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
             try:
                 agent = registered_task().agent
             except ConfigError:
-                problem = (
-                    f"task.agent: required with task.data_path unless task.name ({config.name!r}) is a registered task"
-                )
+                problem = "task.agent: required with task.data_path unless task.name is a registered task"
                 raise ConfigError([problem]) from None
         else:
             agent = load_agent(config.agent, recipe_dir)
@@ -273,15 +253,13 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
 
     if config.val_data_path is not None:
         val_items = _jsonl_items(config.val_data_path, "task.val_data_path", recipe_dir)
+    elif config.name is not None:
+        val_items = [
+            (item, item_task_id(item, fallback=f"val:{index}"))
+            for index, item in enumerate(registered_task().val_items())
+        ]
     else:
-        try:
-            task = registered_task()
-        except ConfigError:
-            val_items = []
-        else:
-            val_items = [
-                (item, item_task_id(item, fallback=f"val:{index}")) for index, item in enumerate(task.val_items())
-            ]
+        val_items = []
     if config.val_size is not None:
         val_items = val_items[: config.val_size]
     return TaskData(name=config.name, agent=agent, train=train, val_items=val_items)

@@ -8,71 +8,67 @@ the trainer last published. A holder must survive being pickled into another pro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol, Union
 
 import attrs
 
-from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_core.chat_model import ChatModel
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.schema import ModelConfig
+from nexrl_core.types import RemoteDatum
 
 
 @attrs.frozen(kw_only=True)
-class SamplingOptions:
-    """How one completion is sampled."""
+class HolderTarget:
+    """What every service holder's config starts with: the model to train and where.
 
-    max_tokens: int = attrs.field(default=64, validator=attrs.validators.gt(0))
-    temperature: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
-    top_p: float = attrs.field(default=1.0, validator=[attrs.validators.gt(0), attrs.validators.le(1)])
-    top_k: int = -1
-    """-1 disables top-k."""
-    stop: Sequence[str] | Sequence[int] | None = None
-    """Stop strings or token ids; None uses the chat template's end-of-turn markers."""
-    seed: int | None = None
+    A holder's config class subclasses it and adds its own options; the backend that
+    builds the holder fills these four from the recipe (``model``, ``seed``) and from
+    how it reached the service (``base_url``, ``api_key``).
+    """
+
+    model: ModelConfig
+    """The recipe's model section: name, LoRA rank (0 trains every weight), dtype."""
+    seed: int = 0
+    """Seeds LoRA initialisation and anything else the holder draws at random."""
+    base_url: str | None = None
+    """Service URL; None lets the holder use its SDK's default."""
+    api_key: str | None = None
+    """Service API key; None lets the holder's SDK read its own environment variable."""
+
+
+LossOptionValue = Union[float, int, str, bool]
+"""A loss option as it travels: numbers, and enum members by their string value."""
 
 
 @attrs.frozen(kw_only=True)
 class TrainStepConfig:
-    """One optimisation step on a remote API: the loss and every AdamW parameter.
-
-    The original NexRL dropped weight decay and gradient clipping on the way to the
-    service; every field here reaches the optimizer.
-    """
+    """One optimisation step on a remote API: the loss with all its options, and AdamW."""
 
     loss_fn: str = "importance_sampling"
     """Loss name understood by the backend (and by NexRL's policy-loss registry)."""
-    loss_fn_config: dict[str, float] = attrs.field(factory=dict)
-    """Loss options in the backend's vocabulary (e.g. Tinker's ``clip_low_threshold``)."""
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip_norm: float = 1.0
+    loss_fn_config: dict[str, LossOptionValue] = attrs.field(factory=dict)
+    """Every option of the loss's config class as NexRL names it (``clip_low``,
+    ``agg_mode``, ``entropy_coeff``, ...); options left at None are absent. A holder
+    translates them into its backend's vocabulary, or refuses those it cannot honour
+    (see `ServiceHolder.refused_options`)."""
+    optimizer: AdamWSettings = attrs.field(factory=AdamWSettings)
+    """Every AdamW parameter; all of them reach the optimizer."""
 
 
-class ServiceHolder(Protocol):
+class ServiceHolder(ChatModel, Protocol):
     """Sampling and training on one backend; see ``docs/plugins.md``."""
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-    ) -> str | list[int]:
-        """Render chat messages with the model's template; token ids when ``tokenize``."""
+    def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
+        """What this holder cannot honour, by key (``loss_fn_config.<option>``,
+        ``optimizer.<field>``, or ``model.<field>`` of its own `HolderTarget`), each
+        with what to do instead; empty when everything is honoured. Asked before the
+        first step, so a run never trains with a setting that is silently dropped."""
         ...
 
-    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
-        """Sample one completion of a tokenised prompt."""
-        ...
-
-    def sample_from_messages(
-        self,
-        messages: Sequence[dict[str, Any]],
-        options: SamplingOptions,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> SampleResult:
-        """Render ``messages`` (and ``tools``), sample one assistant turn, parse its tool calls."""
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per sequence, ``log p_ref(token[i] | tokens[:i])`` under the base model's
+        weights (the reference of a KL penalty), with 0.0 at position 0."""
         ...
 
     def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:

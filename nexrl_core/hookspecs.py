@@ -11,7 +11,9 @@ import pluggy
 
 from nexrl_core.specs import (
     AdvantageEstimatorSpec,
+    BackendSpec,
     PolicyLossSpec,
+    RolloutSourceSpec,
     ServiceHolderSpec,
     ServiceSpec,
     TaskSpec,
@@ -74,11 +76,35 @@ def nexrl_trainers() -> list[TrainerSpec]:
     Called once, when the registries are first built.
 
     :return: the plugin's `TrainerSpec` records, looked up through ``get_trainer(name)``
-        and ``trainer.name`` in a recipe.
+        and by the backend that trains with them (``backend.options.trainer``).
     """
 
 
 # --- backends -----------------------------------------------------------------------------
+
+
+@hookspec
+def nexrl_backends() -> list[BackendSpec]:
+    """Register backends: where ``nexrl train`` samples and trains the policy.
+
+    Called once, when the registries are first built. The factory is called with a
+    `nexrl_core.backend.BackendSetup` and returns a `nexrl_core.backend.Backend`.
+
+    :return: the plugin's `BackendSpec` records, looked up by ``backend.name`` in a
+        recipe; ``backend.options`` is structured into the spec's config class.
+    """
+
+
+@hookspec
+def nexrl_rollout_sources() -> list[RolloutSourceSpec]:
+    """Register rollout sources: what turns a step's run requests into rewarded trajectories.
+
+    Called once, when the registries are first built. The factory is called with a
+    `nexrl_core.backend.RolloutSetup` and returns a `nexrl_core.backend.RolloutSource`.
+
+    :return: the plugin's `RolloutSourceSpec` records, looked up by
+        ``rollout.source.name`` in a recipe.
+    """
 
 
 @hookspec
@@ -88,7 +114,8 @@ def nexrl_service_holders() -> list[ServiceHolderSpec]:
     Called once, when the registries are first built.
 
     :return: the plugin's `ServiceHolderSpec` records, looked up through
-        ``get_service_holder(name)`` and ``backend.service_holder`` in a recipe.
+        ``get_service_holder(name)`` and by backends that drive a service holder
+        (``backend.options.service_holder``).
     """
 
 
@@ -99,7 +126,7 @@ def nexrl_transports() -> list[TransportSpec]:
     Called once, when the registries are first built.
 
     :return: the plugin's `TransportSpec` records, looked up through
-        ``get_transport(name)`` and ``backend.transport`` in a recipe.
+        ``get_transport(name)`` and by backends that drive workers through one.
     """
 
 
@@ -110,5 +137,5 @@ def nexrl_services() -> list[ServiceSpec]:
     Called once, when the registries are first built.
 
     :return: the plugin's `ServiceSpec` records, started by ``nexrl serve NAME`` and by
-        ``nexrl train`` when a recipe's ``backend.base_url`` is empty.
+        backends that start a local service for a run (an embedded service).
     """

@@ -10,19 +10,19 @@ are rolled out while step k trains, and the loop waits for them before it publis
 new weights, so batch k is always sampled with the weights after step k-1-s, whatever
 the timing. Validation runs before the first step, every ``schedule.validate_every``
 steps and after the last one. A checkpoint (``schedule.checkpoint_every``) saves the
-backend's weights and optimizer and then, atomically, the small run state (step, data
-position, pending batches, metrics so far); ``--resume`` continues from it with the same
-results as an uninterrupted run, wall-clock metrics (``time/*``, ``perf/*``) aside.
+backend's state (weights, optimizer, trainer state) and then, atomically, the small run
+state (step, data position, pending batches, metrics so far); ``--resume`` continues
+from it with the same results as an uninterrupted run, wall-clock metrics (``time/*``,
+``perf/*``) aside.
 
-With ``backend.base_url: null`` the loop starts the registered service (the local
-Tinker-compatible one by default) in the background and stops it at the end, on an
-error and on Ctrl-C.
+Where the model runs and where runs happen are plugins: the loop opens the registered
+backend ``backend.name`` and the rollout source ``rollout.source.name``, and closes
+both at the end, on an error and on Ctrl-C (see `nexrl_core.backend`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -31,11 +31,11 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.config.converter import dump_config, structure_config
+from nexrl_core.backend import Backend, BackendSetup, RolloutSetup, RolloutSource
+from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
-from nexrl_core.data import DataLoader, resolve_task
-from nexrl_core.holders import ServiceHolder
+from nexrl_core.data import DataLoader, TaskData, resolve_task
 from nexrl_core.longlived import freeze_long_lived_objects
 from nexrl_core.metrics import (
     METRICS_FILE,
@@ -51,8 +51,6 @@ from nexrl_core.rollout import (
     CompletedBatch,
     PendingBatch,
     RolloutBatch,
-    RolloutRunner,
-    SamplingDefaults,
     check_error_budget,
 )
 from nexrl_core.run_state import (
@@ -63,15 +61,15 @@ from nexrl_core.run_state import (
     load_run_state,
     save_run_state,
 )
-from nexrl_core.trainer import Trainer
 
 logger = logging.getLogger("nexrl.train")
 
 CONFIG_FILE = "config.yaml"
-SERVICE_DIR = "service"
+BACKEND_DIR = "backend"
+ROLLOUT_DIR = "rollout"
 RESUMABLE_CHANGES = ("schedule.", "output.")
 """Recipe keys a resumed run may change (e.g. more steps); anything else must match."""
-RUN_FILES = (METRICS_FILE, RUN_STATE_FILE, CONFIG_FILE, REWARD_CURVE_FILE, TENSORBOARD_DIR, SERVICE_DIR)
+RUN_FILES = (METRICS_FILE, RUN_STATE_FILE, CONFIG_FILE, REWARD_CURVE_FILE, TENSORBOARD_DIR, BACKEND_DIR, ROLLOUT_DIR)
 """What a run writes in its output directory; ``--overwrite`` removes exactly these."""
 
 
@@ -109,79 +107,23 @@ def _component_spec(kind: str, name: str, key: str) -> Any:
         raise ConfigError([f"{key}: {error}"]) from None
 
 
-def build_trainer(config: TrainConfig) -> Trainer:
-    """The trainer ``backend.trainer`` names, configured from the recipe."""
-    spec = _component_spec("trainers", config.backend.trainer, "backend.trainer")
-    from_recipe = getattr(spec.config_class, "from_recipe", None)
-    trainer_config = from_recipe(config) if callable(from_recipe) else spec.config_class()
-    return spec.build(trainer_config)
+def open_backend(config: TrainConfig, options: Any, out_dir: Path) -> Backend:
+    """The backend ``backend.name`` names, opened for this run (it may start services)."""
+    assert config.backend.name is not None  # resolve_all_options refused a missing name
+    spec = _component_spec("backends", config.backend.name, "backend.name")
+    work_dir = out_dir / BACKEND_DIR
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return spec.open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
 
 
-def embedded_api_key(out_dir: Path) -> str:
-    """The API key shared by an embedded service and its holder.
-
-    Random on the first run and kept in the service's data directory, so a resumed run
-    (a new service process on the same data) still owns the checkpoints it saved.
-    """
-    import secrets
-
-    key_file = out_dir / SERVICE_DIR / "api_key"
-    if not key_file.exists():
-        key_file.parent.mkdir(parents=True, exist_ok=True)
-        key_file.write_text(f"tml-nexrl-{secrets.token_hex(16)}")
-        key_file.chmod(0o600)
-    return key_file.read_text().strip()
-
-
-def holder_config(config_class: type, config: TrainConfig, base_url: str | None, api_key: str | None = None) -> Any:
-    """The service holder's config: fields named like recipe values are filled from the
-    recipe (``base_url``, ``base_model``/``model``, ``lora_rank``, ``dtype``, ``seed``,
-    ``api_key``: the embedded service's key, else the ``backend.api_key_env`` variable);
-    ``backend.options`` sets the rest."""
-    if not attrs.has(config_class):
-        if config.backend.options:
-            raise ConfigError([f"backend.options: service holder {config.backend.service_holder!r} takes no options"])
-        return config_class()
-    fields = attrs.fields_dict(config_class)
-    filled: dict[str, Any] = {
-        "base_url": base_url,
-        "base_model": config.model.name,
-        "model": config.model.name,
-        "lora_rank": config.model.lora_rank,
-        "dtype": config.model.dtype.value,
-        "seed": config.seed,
-    }
-    api_key = api_key or os.environ.get(config.backend.api_key_env)
-    if api_key:
-        filled["api_key"] = api_key
-    raw = {key: value for key, value in filled.items() if key in fields}
-    raw.update(config.backend.options)
-    return structure_config(raw, config_class, path="backend.options")
-
-
-def build_service(config: TrainConfig, out_dir: Path) -> Any:
-    """The registered service an embedded run starts (``backend.service``, else the
-    service named like ``backend.service_holder``), on a free loopback port, keeping its
-    data (database, checkpoints) in ``<output.dir>/service``. It is asked to serve from a
-    child process: its request handling then does not share the GIL with the SDK client
-    threads of the rollout."""
-    from nexrl_core.serving import ServeOptions
-
-    name = config.backend.service or config.backend.service_holder
-    spec = _component_spec("services", name, "backend.service" if config.backend.service else "backend.base_url")
-    options = ServeOptions(
-        port=0,
-        model=config.model.name,
-        data_dir=str(out_dir / SERVICE_DIR),
-        api_key=embedded_api_key(out_dir),
-        separate_process=True,
-    )
-    return spec.build(options)
-
-
-def build_holder(config: TrainConfig, base_url: str | None, api_key: str | None = None) -> ServiceHolder:
-    spec = _component_spec("service_holders", config.backend.service_holder, "backend.service_holder")
-    return spec.build(holder_config(spec.config_class, config, base_url, api_key))
+def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, task: TaskData, out_dir: Path) -> RolloutSource:
+    """The rollout source ``rollout.source.name`` names, sampling from the backend's chat model."""
+    assert config.rollout.source.name is not None
+    spec = _component_spec("rollout_sources", config.rollout.source.name, "rollout.source.name")
+    work_dir = out_dir / ROLLOUT_DIR
+    work_dir.mkdir(parents=True, exist_ok=True)
+    setup = RolloutSetup(recipe=config, options=options, model=backend.chat_model(), agent=task.agent, work_dir=work_dir)
+    return spec.open(setup)
 
 
 def prepare_output(out_dir: Path, resume: bool, overwrite: bool) -> RunState | None:
@@ -220,24 +162,22 @@ def prepare_output(out_dir: Path, resume: bool, overwrite: bool) -> RunState | N
 
 
 class TrainingLoop:
-    """One run: owns the rollout runner, the metrics log and the progress display."""
+    """One run's steps: rollouts from the source, updates and weight syncs on the backend."""
 
     def __init__(
         self,
         config: TrainConfig,
         *,
-        holder: ServiceHolder,
-        trainer: Trainer,
+        backend: Backend,
         loader: DataLoader,
-        runner: RolloutRunner,
+        runner: RolloutSource,
         metrics: MetricsLog,
         display: ProgressDisplay,
         out_dir: Path,
         state: RunState | None,
     ) -> None:
         self.config = config
-        self.holder = holder
-        self.trainer = trainer
+        self.backend = backend
         self.loader = loader
         self.runner = runner
         self.metrics = metrics
@@ -293,7 +233,7 @@ class TrainingLoop:
             self.next_batch += 1
 
     def checkpoint(self, step: int) -> None:
-        path = self.holder.save_checkpoint(f"step_{step:06d}")
+        path = self.backend.save_checkpoint(f"step_{step:06d}")
         pending = [self.pending[key].result().to_json() for key in sorted(self.pending)]
         state = RunState(
             step=step,
@@ -328,11 +268,11 @@ class TrainingLoop:
             self._account(batch, f"step {step}")
             metrics = batch.metrics()
             metrics["rollout/agent_errors_total"] = float(self.total_errors)
-            metrics.update(self.trainer.train(self.holder, batch.trajectories, step))
+            metrics.update(self.backend.train(batch.trajectories, step))
             trained = time.monotonic()
             for later in self.pending.values():  # batches sampled with the old weights finish first
                 later.result()
-            self.trainer.sync_weights(self.holder, step)
+            self.backend.sync_weights(step)
             finished = time.monotonic()
             step_seconds = finished - started
             metrics["time/rollout_s"] = rolled_out - started
@@ -382,14 +322,11 @@ def run_training(
     resume: bool = False,
     overwrite: bool = False,
     recipe_dir: Path | None = None,
-    holder: ServiceHolder | None = None,
     progress_bar: bool | None = None,
 ) -> RunSummary:
     """Run (or resume) the training a recipe describes.
 
     :param recipe_dir: where relative data and agent paths are also looked up.
-    :param holder: use this service holder instead of building one from ``backend``
-        (no service is started; the caller keeps ownership and closes it).
     :param progress_bar: force the live bar on or off (default: on a terminal, not under CI).
     :raises ConfigError: for a bad recipe, before anything is started.
     :raises TrainingError: when the output directory does not fit ``resume``/``overwrite``.
@@ -399,11 +336,10 @@ def run_training(
     from nexrl_core.config.components import resolve_all_options
 
     out_dir = Path(config.output.dir)
-    resolve_all_options(config)
+    options = resolve_all_options(config)
     state = prepare_output(out_dir, resume, overwrite)
     if state is not None:
         _check_resumable(state, config)
-    trainer = build_trainer(config)
     task = resolve_task(config.task, config.seed, recipe_dir)
     loader = DataLoader(task, config.rollout.prompts_per_step, config.rollout.group_size, config.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -423,42 +359,22 @@ def run_training(
             checkpoint_step=state.step,
         )
 
-    service = None
-    owns_holder = holder is None
-    runner: RolloutRunner | None = None
+    backend: Backend | None = None
+    runner: RolloutSource | None = None
     metrics: MetricsLog | None = None
     display: ProgressDisplay | None = None
     loop: TrainingLoop | None = None
     try:
-        if holder is None:
-            base_url = config.backend.base_url
-            api_key = None
-            if base_url is None:
-                service = build_service(config, out_dir)  # stopped in `finally`, even if start is interrupted
-                logger.info("starting the embedded service (data in %s)", out_dir / SERVICE_DIR)
-                base_url = service.start()
-                logger.info("the embedded service is up at %s", base_url)
-                api_key = embedded_api_key(out_dir)
-            holder = build_holder(config, base_url, api_key)
+        backend = open_backend(config, options["backend"], out_dir)
         if state is not None:
             logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
-            holder.load_checkpoint(state.checkpoint_path)
-            holder.update_sampling_weights()
-        runner = RolloutRunner(
-            holder,
-            task.agent,
-            concurrency=config.rollout.runs_in_flight(),
-            defaults=SamplingDefaults(
-                max_tokens=config.rollout.max_tokens, temperature=config.rollout.temperature, top_p=config.rollout.top_p
-            ),
-            model=config.model.name,
-        )
+            backend.load_checkpoint(state.checkpoint_path)
+        runner = open_rollout_source(config, options["rollout.source"], backend, task, out_dir)
         metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
         display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
         loop = TrainingLoop(
             config,
-            holder=holder,
-            trainer=trainer,
+            backend=backend,
             loader=loader,
             runner=runner,
             metrics=metrics,
@@ -472,18 +388,14 @@ def run_training(
         raise TrainingInterrupted(out_dir, checkpoint_step) from None
     finally:
         if runner is not None:
-            _close_quietly("rollout workers", runner.close)
+            _close_quietly("rollout source", runner.close)
         if display is not None:
             _close_quietly("progress display", display.close)
         if metrics is not None:
             _close_quietly("metrics log", metrics.close)
             _close_quietly("reward curve", lambda: plot_reward_curve(metrics.rows, out_dir / REWARD_CURVE_FILE))
-        if owns_holder and holder is not None:
-            close = getattr(holder, "close", None)
-            if callable(close):
-                _close_quietly("service holder", close)
-        if service is not None:
-            _close_quietly("embedded service", service.stop)
+        if backend is not None:
+            _close_quietly("backend", backend.close)
 
     rows = metrics.rows if metrics else []
     curve = out_dir / REWARD_CURVE_FILE

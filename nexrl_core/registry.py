@@ -17,8 +17,10 @@ import attrs
 from nexrl_core.plugins import LoadedPlugins, load_plugins
 from nexrl_core.specs import (
     AdvantageEstimatorSpec,
+    BackendSpec,
     ComponentSpec,
     PolicyLossSpec,
+    RolloutSourceSpec,
     ServiceHolderSpec,
     ServiceSpec,
     TaskSpec,
@@ -34,20 +36,28 @@ KINDS: Mapping[str, type[ComponentSpec]] = {
     "transports": TransportSpec,
     "services": ServiceSpec,
     "tasks": TaskSpec,
+    "backends": BackendSpec,
+    "rollout_sources": RolloutSourceSpec,
 }
 """Registry kind → the spec record its hook returns; the hook is ``nexrl_<kind>``."""
 
-FIRST_PARTY_PROVIDERS: Mapping[str, Mapping[str, str]] = {
-    "advantage_estimators": {name: "nexrl-grpo" for name in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus")},
-    "policy_losses": {
-        name: "nexrl-grpo" for name in ("ppo", "importance_sampling", "cross_entropy", "cispo", "gspo")
-    },
-    "trainers": {"remote_api_grpo": "nexrl-grpo"},
-    "service_holders": {"tinker": "nexrl[tinker]"},
-    "services": {"tinker": "nexrl[tinker]"},
-    "tasks": {"addition": "nexrl[fsdp]"},
-}
-"""Names our own distributions register, so an unknown-name error can say what to install."""
+CORE_DISTRIBUTION = "nexrl"
+"""The distribution of the core, whose extras name the plugins one can add to it."""
+
+
+def _install_hint(name: str) -> str | None:
+    """``pip install 'nexrl[NAME]'`` when the core distribution has an extra called like
+    the missing component (its extras are how optional plugins are installed), else None."""
+    from importlib import metadata
+
+    try:
+        extras = metadata.metadata(CORE_DISTRIBUTION).get_all("Provides-Extra") or []
+    except metadata.PackageNotFoundError:
+        return None
+    wanted = name.replace("_", "-").lower()
+    if wanted in (extra.lower() for extra in extras):
+        return f"{CORE_DISTRIBUTION}[{wanted}]"
+    return None
 
 
 class RegistryError(Exception):
@@ -97,9 +107,9 @@ class Registry:
         close = difflib.get_close_matches(name, self.names(kind), n=1)
         if close:
             lines.append(f"Did you mean {close[0]!r}?")
-        provider = FIRST_PARTY_PROVIDERS.get(kind, {}).get(name)
+        provider = _install_hint(name)
         if provider is not None:
-            lines.append(f"{name!r} is provided by {provider}: pip install '{provider}'.")
+            lines.append(f"{name!r} is provided by an extra of NexRL: pip install '{provider}'.")
         broken = [f"{info.name} ({info.error})" for info in self.plugins.infos if info.error]
         broken += [f"{plugin} ({error})" for plugin, error in self.hook_errors.items()]
         if broken:

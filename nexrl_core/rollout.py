@@ -1,8 +1,8 @@
 """Rollout: agents talk to the model through an OpenAI-shaped client, and every call is kept.
 
 An agent is ordinary code that calls ``llm.chat.completions.create(messages=...)`` as it
-would call OpenAI. The `LLMClient` it receives is backed by the service holder's
-``sample_from_messages`` and returns a `ChatCompletion` with OpenAI's fields
+would call OpenAI. The `LLMClient` it receives is backed by the backend's `ChatModel`
+(``sample_from_messages``) and returns a `ChatCompletion` with OpenAI's fields
 (``choices[0].message.content``, ``.tool_calls``, ``.finish_reason``, ``usage``) plus
 ``completion.nexrl``: the `SampleResult` with the exact token ids and logprobs sampled.
 The client records every call; once the agent returns its reward, `build_trajectories`
@@ -31,14 +31,12 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, Union
 
 import attrs
 
-from nexrl_core.data import RunRequest
-from nexrl_core.holders import SamplingOptions, ServiceHolder
+from nexrl_core.chat_model import ChatModel, SamplingOptions
 from nexrl_core.seeding import call_seed
-from nexrl_core.tasks import Agent
 from nexrl_core.types import SampleResult, Trajectory
 
 logger = logging.getLogger("nexrl.rollout")
@@ -218,7 +216,7 @@ class LLMClient:
 
     def __init__(
         self,
-        holder: ServiceHolder,
+        chat_model: ChatModel,
         defaults: SamplingDefaults,
         seed: int,
         run_id: int = 0,
@@ -227,7 +225,7 @@ class LLMClient:
     ) -> None:
         self.chat = _Chat(self)
         self.calls: list[SampleResult] = []
-        self._holder = holder
+        self._chat_model = chat_model
         self._defaults = defaults
         self._seed = seed
         self._run_id = run_id
@@ -275,18 +273,59 @@ class LLMClient:
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop is not None else None),
             seed=seed_of_call,
         )
-        sample = self._holder.sample_from_messages(
+        sample = self._chat_model.sample_from_messages(
             [_as_dict(message, "messages") for message in messages],
             options,
             tools=[_as_dict(tool, "tools") for tool in tools] if tools else None,
         )
         if not isinstance(sample, SampleResult):
             raise TypeError(
-                f"the service holder's sample_from_messages returned {type(sample).__name__}, not a SampleResult"
+                f"the chat model's sample_from_messages returned {type(sample).__name__}, not a SampleResult"
             )
         with self._lock:
             self.calls.append(sample)
         return completion_from_sample(sample, completion_id=f"chatcmpl-{seed_of_call:08x}", model=model or self._model)
+
+
+# --- what one run is ------------------------------------------------------------------------------
+
+
+AgentResult = Union[float, Mapping[str, Any]]
+"""What an agent returns: the reward, or a mapping with ``reward`` and optional extra metrics."""
+
+
+class Agent(Protocol):
+    """User code that solves one task item with the LLM and scores the outcome.
+
+    It calls ``llm.chat.completions.create(...)`` as it would an OpenAI client, as many
+    times as it likes; every call's tokens and logprobs are recorded and trained on.
+    """
+
+    def __call__(self, item: Mapping[str, Any], llm: LLMClient) -> AgentResult: ...
+
+
+
+@attrs.frozen(kw_only=True)
+class RunRequest:
+    """One agent run to perform: an item, where it sits in the run, and its seed."""
+
+    step: int
+    """Training step whose batch the run belongs to (1-based); for validation, the step
+    after which it validates (0 before training)."""
+    item_index: int
+    """Position of the item within its step's batch (or within the validation set)."""
+    run_id: int
+    """Which of the ``group_size`` runs of this item (0..n-1)."""
+    group_id: str
+    """Shared by the runs of one item in one step."""
+    task_id: str
+    """Identifies the item in its dataset."""
+    item: Mapping[str, Any] = attrs.field(eq=False)
+    """The item the agent receives."""
+    seed: int
+    """Seed of the run's group (shared by its runs); the n-th LLM call of run r uses
+    ``call_seed(seed, n, r)``."""
+    is_val: bool = False
 
 
 # --- trajectories ------------------------------------------------------------------------------------
@@ -503,18 +542,18 @@ _LOGGED_TRACEBACKS = 5
 
 
 class RolloutRunner:
-    """Runs agents on a bounded thread pool against one service holder."""
+    """The default rollout source: agent functions on a bounded thread pool, sampling from one chat model."""
 
     def __init__(
         self,
-        holder: ServiceHolder,
+        chat_model: ChatModel,
         agent: Agent,
         *,
         concurrency: int,
         defaults: SamplingDefaults,
         model: str = "nexrl-policy",
     ) -> None:
-        self._holder = holder
+        self._chat_model = chat_model
         self._agent = agent
         self._defaults = defaults
         self._model = model
@@ -533,7 +572,7 @@ class RolloutRunner:
 
     def _run(self, request: RunRequest, defaults: SamplingDefaults) -> RunResult:
         client = LLMClient(
-            self._holder, defaults, request.seed, run_id=request.run_id, model=self._model, stop_event=self._stop
+            self._chat_model, defaults, request.seed, run_id=request.run_id, model=self._model, stop_event=self._stop
         )
         base = dict(
             step=request.step,

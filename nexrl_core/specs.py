@@ -65,12 +65,28 @@ class ComponentSpec:
         """Build the implementation with ``config`` (default: the config class's defaults)."""
         if config is None:
             config = self.config_class()
-        elif not isinstance(config, self.config_class):
+        else:
+            self._check_config(config)
+        return self.resolve_factory()(config)
+
+    def _check_config(self, config: Any) -> None:
+        if not isinstance(config, self.config_class):
             raise TypeError(
                 f"{self.kind} {self.name!r} takes a {self.config_class.__name__} config, "
                 f"got {type(config).__name__}"
             )
-        return self.resolve_factory()(config)
+
+
+@attrs.frozen(kw_only=True)
+class _SetupSpec(ComponentSpec):
+    """A component built for one run: its factory takes a setup record (the recipe, its
+    own options as ``config_class``, a work directory) instead of the bare options."""
+
+    def open(self, setup: Any) -> Any:
+        """Build the implementation for one run from ``setup`` (whose ``options`` must be
+        a ``config_class`` instance)."""
+        self._check_config(setup.options)
+        return self.resolve_factory()(setup)
 
 
 @attrs.frozen(kw_only=True)
@@ -121,3 +137,19 @@ class TaskSpec(ComponentSpec):
     """Registers a task (items plus agent, see `nexrl_core.tasks.Task`) by name."""
 
     kind: ClassVar[str] = "task"
+
+
+@attrs.frozen(kw_only=True)
+class BackendSpec(_SetupSpec):
+    """Registers a backend (see `nexrl_core.backend.Backend`); the factory takes a
+    `nexrl_core.backend.BackendSetup`."""
+
+    kind: ClassVar[str] = "backend"
+
+
+@attrs.frozen(kw_only=True)
+class RolloutSourceSpec(_SetupSpec):
+    """Registers a rollout source (see `nexrl_core.backend.RolloutSource`); the factory
+    takes a `nexrl_core.backend.RolloutSetup`."""
+
+    kind: ClassVar[str] = "rollout_source"

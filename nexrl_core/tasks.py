@@ -8,24 +8,9 @@ Either way the loop sees the same two things: a stream of items and an agent.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from nexrl_core.rollout import LLMClient
-
-AgentResult = Union[float, Mapping[str, Any]]
-"""What an agent returns: the reward, or a mapping with ``reward`` and optional extra metrics."""
-
-
-class Agent(Protocol):
-    """User code that solves one task item with the LLM and scores the outcome.
-
-    It calls ``llm.chat.completions.create(...)`` as it would an OpenAI client, as many
-    times as it likes; every call's tokens and logprobs are recorded and trained on.
-    """
-
-    def __call__(self, item: Mapping[str, Any], llm: LLMClient) -> AgentResult: ...
-
+from nexrl_core.rollout import Agent
 
 class Task(Protocol):
     """A registered task: items for training and validation, and the agent that runs them."""

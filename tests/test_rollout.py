@@ -13,7 +13,7 @@ import pytest
 
 from nexrl_core.config import ConfigError, TaskConfig
 from nexrl_core.data import DataLoader, ListItems, TaskData, TaskItems, read_jsonl, resolve_task
-from nexrl_core.holders import SamplingOptions
+from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.rollout import (
     ChatCompletion,
     LLMClient,

@@ -26,7 +26,8 @@ from click.testing import CliRunner
 
 from nexrl_core.cli import cli
 from nexrl_core.config import ConfigError, TrainConfig, load_config
-from nexrl_core.holders import SamplingOptions, TrainStepConfig
+from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.holders import TrainStepConfig
 from nexrl_core.loop import TrainingInterrupted, run_training
 from nexrl_core.metrics import WALL_CLOCK_PREFIXES
 from nexrl_core.plugins import load_plugins

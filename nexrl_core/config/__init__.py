@@ -13,7 +13,6 @@ from nexrl_core.config.overrides import apply_overrides
 from nexrl_core.config.schema import (
     REGISTRY_KIND,
     AlgorithmConfig,
-    BackendConfig,
     ComponentChoice,
     DType,
     KLController,
@@ -30,7 +29,6 @@ from nexrl_core.config.schema import (
 __all__ = [
     "REGISTRY_KIND",
     "AlgorithmConfig",
-    "BackendConfig",
     "Check",
     "CheckFailed",
     "ComponentChoice",

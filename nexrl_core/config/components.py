@@ -26,8 +26,14 @@ def resolve_options(kind: str, choice: ComponentChoice, path: str) -> Any:
         problems read ``algorithm.loss.options.clip_low: ...``.
     :raises ConfigError: when the name is unknown or an option is invalid.
     """
-    from nexrl_core.registry import UnknownComponentError, find_spec
+    from nexrl_core.registry import UnknownComponentError, find_spec, get_registry
 
+    if choice.name is None:
+        registry = get_registry()
+        known = [f"{name} (from {registry.providers[(kind, name)]})" for name in registry.names(kind)]
+        raise ConfigError(
+            [f"{path}.name: not set; choose one of the installed: {', '.join(known) or 'none (install a plugin that provides one)'}"]
+        )
     try:
         spec = find_spec(kind, choice.name)
     except UnknownComponentError as error:

@@ -1,10 +1,11 @@
 """The recipe ``nexrl train`` runs: one attrs class per YAML section.
 
-Every field has a default, so an empty file is a valid recipe (the addition task on
-the tiny model through the embedded local service) and a recipe states only what it
-changes. Components chosen by name (advantage estimator, policy loss) carry their own
-options, which are checked against the config class the component registered; the
-registry kind of each such field is recorded in its metadata under `REGISTRY_KIND`.
+A recipe states what it changes from the defaults. The core has no defaults for what
+only a plugin provides (the backend, the task, the model): a recipe names them, as the
+built-in quickstart does. Components chosen by name (backend, rollout source,
+advantage estimator, policy loss) carry their own options, which are checked against
+the config class the component registered; the registry kind of each such field is
+recorded in its metadata under `REGISTRY_KIND`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from typing import Any
 
 import attrs
 
+from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.checks import (
     fraction,
-    fraction_below_one,
     non_empty,
     non_negative,
-    optional_http_url,
     optional_module_attribute,
     optional_non_empty,
     optional_non_negative_int,
@@ -68,14 +68,15 @@ class KLPenalty(str, enum.Enum):
 class ComponentChoice:
     """A registered component picked by name, with options for its own config class."""
 
-    name: str = attrs.field(validator=non_empty)
-    """Registered name, e.g. ``grpo``; ``nexrl plugins`` lists what is installed."""
+    name: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Registered name, e.g. ``grpo``; ``nexrl plugins`` lists what is installed. Null
+    where the core has no default: the run then stops and lists the installed choices."""
     options: dict[str, Any] = attrs.field(factory=dict)
     """Structured into the component's config class when the recipe is resolved; an
     option left out takes the component's default."""
 
 
-def _component(kind: str, default: str) -> Any:
+def _component(kind: str, default: str | None) -> Any:
     return attrs.field(factory=lambda: ComponentChoice(name=default), metadata={REGISTRY_KIND: kind})
 
 
@@ -83,8 +84,9 @@ def _component(kind: str, default: str) -> Any:
 class TaskConfig:
     """What to train on: prompts, the agent that answers them, and its reward."""
 
-    name: str = attrs.field(default="addition", validator=non_empty)
-    """A built-in task (``addition``), or a label for a task given by ``data_path`` and ``agent``."""
+    name: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """A registered task (``nexrl plugins`` lists them), or null for a task given by
+    ``data_path`` and ``agent``."""
     data_path: str | None = None
     """JSONL file of training prompts; null uses the built-in task's data."""
     val_data_path: str | None = None
@@ -97,32 +99,12 @@ class TaskConfig:
 
 
 @attrs.frozen(kw_only=True)
-class BackendConfig:
-    """Where sampling and training run."""
-
-    service_holder: str = attrs.field(default="tinker", validator=non_empty)
-    """Registered service holder that talks to the backend (``tinker``, ``weaver``, ...)."""
-    base_url: str | None = attrs.field(default=None, validator=optional_http_url)
-    """URL of a running service; null starts NexRL's own service on 127.0.0.1 for the run."""
-    api_key_env: str = attrs.field(default="TINKER_API_KEY", validator=non_empty)
-    """Name of the environment variable holding the API key, so the key never sits in a recipe."""
-    trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
-    """Registered trainer that turns trajectories into updates on this backend."""
-    service: str | None = attrs.field(default=None, validator=optional_non_empty)
-    """Registered service started in the background when ``base_url`` is null; null means
-    the service named like ``service_holder`` (``nexrl serve NAME`` runs the same one)."""
-    options: dict[str, Any] = attrs.field(factory=dict)
-    """Options of the service holder's own config class, checked against it when the run
-    starts. ``base_url``, ``base_model``/``model``, ``lora_rank``, ``dtype``, ``api_key``
-    and ``seed`` are filled in from the recipe when the class has such a field."""
-
-
-@attrs.frozen(kw_only=True)
 class ModelConfig:
     """The policy being trained."""
 
-    name: str = attrs.field(default="nexrl-tiny", validator=non_empty)
-    """Model name or path as the backend knows it; ``nexrl-tiny`` is the model NexRL ships."""
+    name: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Model name or path as the backend knows it (``nexrl-tiny``, the model nexrl-fsdp
+    ships, or a local Hugging Face directory)."""
     lora_rank: int = attrs.field(default=0, validator=non_negative)
     """Rank of the LoRA adapters; 0 trains every weight."""
     dtype: DType = DType.FP32
@@ -146,8 +128,10 @@ class KLSettings:
 
 
 @attrs.frozen(kw_only=True)
-class AlgorithmConfig:
-    """How rewards become gradients, and the optimizer that applies them."""
+class AlgorithmConfig(AdamWSettings):
+    """How rewards become gradients, and the optimizer that applies them: the AdamW
+    fields (``learning_rate``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``,
+    ``grad_clip_norm``) are `AdamWSettings`'s, so they reach every backend's optimizer."""
 
     advantage: ComponentChoice = _component("advantage_estimators", "grpo")
     """Advantage estimator."""
@@ -155,24 +139,15 @@ class AlgorithmConfig:
     """Policy loss."""
     kl: KLSettings = attrs.field(factory=KLSettings)
     """KL penalty against the reference model."""
-    learning_rate: float = attrs.field(default=1e-4, validator=positive)
-    """AdamW learning rate."""
-    beta1: float = attrs.field(default=0.9, validator=fraction_below_one)
-    """AdamW first-moment decay."""
-    beta2: float = attrs.field(default=0.95, validator=fraction_below_one)
-    """AdamW second-moment decay."""
-    eps: float = attrs.field(default=1e-8, validator=positive)
-    """AdamW denominator epsilon."""
-    weight_decay: float = attrs.field(default=0.01, validator=non_negative)
-    """AdamW decoupled weight decay."""
-    grad_clip_norm: float = attrs.field(default=1.0, validator=positive)
-    """Gradients are rescaled so their global norm is at most this."""
 
 
 @attrs.frozen(kw_only=True)
 class RolloutConfig:
     """How experience is collected each step."""
 
+    source: ComponentChoice = _component("rollout_sources", "threads")
+    """Where runs happen: ``threads`` runs the task's agent function on a thread pool
+    in this process; plugins add others."""
     prompts_per_step: int = attrs.field(default=16, validator=positive)
     """Distinct prompts per training step."""
     group_size: int = attrs.field(default=8, validator=positive)
@@ -233,8 +208,9 @@ class TrainConfig:
 
     task: TaskConfig = attrs.field(factory=TaskConfig)
     """What to train on."""
-    backend: BackendConfig = attrs.field(factory=BackendConfig)
-    """Where sampling and training run."""
+    backend: ComponentChoice = _component("backends", None)
+    """Where sampling and training run: a registered backend (``nexrl plugins`` lists
+    them) and its options."""
     model: ModelConfig = attrs.field(factory=ModelConfig)
     """The policy being trained."""
     algorithm: AlgorithmConfig = attrs.field(factory=AlgorithmConfig)

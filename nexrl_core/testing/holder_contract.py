@@ -15,7 +15,8 @@ import pickle
 
 import pytest
 
-from nexrl_core.holders import SamplingOptions, ServiceHolder, TrainStepConfig
+from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 
 MESSAGES = [{"role": "user", "content": "12+7="}]

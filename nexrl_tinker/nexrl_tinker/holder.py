@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from nexrl_core.chat import RenderCache, end_of_turn_marker, stop_token_ids
 from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.holders import SamplingOptions, TrainStepConfig
+from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.holders import TrainStepConfig
 from nexrl_core.toolcalls import parse_tool_calls
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
@@ -25,9 +26,16 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RL_LOSSES = frozenset({"importance_sampling", "ppo", "cispo", "gspo"})
-"""Tinker losses that read the sampler's logprobs and per-token advantages."""
+"""Losses that read the sampler's logprobs and per-token advantages."""
+HOSTED_LOSSES = frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo"})
+"""The losses hosted Tinker computes itself (NexRL's local service has every registered one)."""
 CLIPPED_LOSSES = frozenset({"ppo", "cispo"})
 """Tinker losses that take ``clip_low_threshold`` / ``clip_high_threshold`` (ratio bounds)."""
+HOSTED_AGGREGATION = "token-sum"
+"""Hosted Tinker's losses are sums over tokens."""
+NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
+"""Answered by NexRL's local service only: it computes every registered loss with all
+its options (``loss_fn_config`` carries them, strings in the SDK's v2 map)."""
 
 
 def _transient_errors() -> tuple[type[BaseException], ...]:
@@ -55,6 +63,8 @@ class TinkerServiceHolder:
         self._template_facts: tuple[list[str] | list[int], str | None] | None = None
         """(default stop, end-of-turn marker): both render a probe chat, so once per holder."""
         self._saves = 0
+        self._reference: Any = None
+        self._nexrl_service: bool | None = None
         self._renders = RenderCache()
         self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
 
@@ -80,7 +90,9 @@ class TinkerServiceHolder:
                 self._training = self._retry(
                     "create a training client",
                     lambda: self._service_client()
-                    .create_lora_training_client(self.config.base_model, rank=self.config.lora_rank, seed=self.config.seed)
+                    .create_lora_training_client(
+                        self.config.model.name, rank=self.config.model.lora_rank, seed=self.config.seed
+                    )
                     .result(),
                 )
             return self._training
@@ -220,15 +232,8 @@ class TinkerServiceHolder:
         if not datums:
             raise ValueError("train needs at least one datum")
         data = [_to_tinker_datum(datum, config.loss_fn) for datum in datums]
-        loss_fn_config = _tinker_loss_config(config)
-        adam = tinker.types.AdamParams(
-            learning_rate=config.learning_rate,
-            beta1=config.beta1,
-            beta2=config.beta2,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            grad_clip_norm=config.grad_clip_norm,
-        )
+        loss_fn_config = dict(config.loss_fn_config) if self.is_nexrl_service() else _hosted_loss_config(config)
+        adam = tinker.types.AdamParams(**config.optimizer.to_json())
         training = self._training_client()
 
         def step() -> dict[str, float]:
@@ -239,6 +244,65 @@ class TinkerServiceHolder:
             return metrics
 
         return self._retry("train", step)
+
+    def is_nexrl_service(self) -> bool:
+        """Whether the service is NexRL's own (it answers `NEXRL_CAPABILITIES_ROUTE`), which
+        computes every registered loss with all its options; hosted Tinker does not."""
+        with self._lock:
+            if self._nexrl_service is None:
+                import httpx
+
+                base_url = (self.config.base_url or "").rstrip("/")
+                if not base_url:
+                    self._nexrl_service = False
+                else:
+                    headers = {"X-API-Key": self.config.api_key} if self.config.api_key else {}
+                    try:
+                        response = httpx.get(base_url + NEXRL_CAPABILITIES_ROUTE, headers=headers, timeout=30)
+                    except httpx.HTTPError as exc:
+                        raise RuntimeError(f"cannot reach the Tinker service at {base_url}: {exc}") from exc
+                    self._nexrl_service = response.status_code == 200
+            return self._nexrl_service
+
+    def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
+        refused: dict[str, str] = {}
+        if self.config.model.dtype.value != "fp32":
+            refused["model.dtype"] = (
+                "the Tinker API has no dtype setting (NexRL's local Tinker service trains in fp32); "
+                "use fp32, or backend.name=inprocess for bf16"
+            )
+        if self.is_nexrl_service():
+            return refused
+        if config.loss_fn not in HOSTED_LOSSES:
+            refused["loss_fn"] = f"hosted Tinker computes only {', '.join(sorted(HOSTED_LOSSES))}"
+            return refused
+        for option, value in config.loss_fn_config.items():
+            if option in ("clip_low", "clip_high") and config.loss_fn in CLIPPED_LOSSES:
+                continue
+            if option == "agg_mode":
+                if value != HOSTED_AGGREGATION:
+                    refused[f"loss_fn_config.{option}"] = f"hosted Tinker sums the loss over tokens; set it to {HOSTED_AGGREGATION}"
+            elif option == "entropy_coeff":
+                if value != 0:
+                    refused[f"loss_fn_config.{option}"] = "hosted Tinker's losses have no entropy bonus; set it to 0"
+            else:
+                refused[f"loss_fn_config.{option}"] = f"hosted Tinker's {config.loss_fn!r} loss has no such option; remove it"
+        return refused
+
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Logprobs under the base model, from a sampling client of the base weights
+        (``compute_logprobs``), as tinker-cookbook computes its KL reference."""
+        import tinker
+
+        with self._lock:
+            if self._reference is None:
+                self._reference = self._retry(
+                    "create a reference sampling client",
+                    lambda: self._service_client().create_sampling_client(base_model=self.config.model.name),
+                )
+            reference = self._reference
+        futures = [reference.compute_logprobs(tinker.types.ModelInput.from_ints(tokens=list(tokens))) for tokens in sequences]
+        return [[0.0 if value is None else float(value) for value in future.result()] for future in futures]
 
     def update_sampling_weights(self, weight_path: str | None = None) -> str:
         with self._lock:
@@ -266,7 +330,7 @@ class TinkerServiceHolder:
     def close(self) -> None:
         with self._lock:
             service, self._service = self._service, None
-            self._training = self._sampling = None
+            self._training = self._sampling = self._reference = None
         if service is not None:
             service.close("success").result()
 
@@ -293,9 +357,10 @@ def _to_tinker_datum(datum: RemoteDatum, loss_fn: str) -> Any:
     return tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens=list(datum.input_tokens)), loss_fn_inputs=inputs)
 
 
-def _tinker_loss_config(config: TrainStepConfig) -> dict[str, float]:
-    """NexRL's clip widths (``clip_low``/``clip_high``, as in PPO papers) become Tinker's
-    ratio bounds; options Tinker's fixed loss sums do not have are left out."""
+def _hosted_loss_config(config: TrainStepConfig) -> dict[str, float]:
+    """NexRL's clip widths (``clip_low``/``clip_high``, as in PPO papers) as hosted Tinker's
+    ratio bounds; `TinkerServiceHolder.refused_options` has refused every other option
+    that would change the loss."""
     if config.loss_fn not in CLIPPED_LOSSES:
         return {}
     options = config.loss_fn_config

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
+import secrets
+
 import attrs
+
+from nexrl_core.holders import HolderTarget
 
 
 @attrs.frozen(kw_only=True)
-class TinkerHolderConfig:
-    """How to reach a Tinker service and what to train there."""
+class TinkerHolderConfig(HolderTarget):
+    """How to reach a Tinker service and what to train there (`HolderTarget`), plus the
+    options only this holder has. ``api_key`` is a ``tml-...`` key; None lets the SDK
+    read ``TINKER_API_KEY``. ``model.lora_rank`` 0 is full fine-tuning on NexRL's local
+    service; hosted Tinker needs a rank > 0."""
 
-    base_url: str | None = None
-    """Service URL; None uses the SDK's default (hosted Tinker, or ``TINKER_BASE_URL``)."""
-    base_model: str = "nexrl-tiny"
-    """Model to train, as the service names it."""
-    lora_rank: int = attrs.field(default=32, validator=attrs.validators.ge(0))
-    """LoRA rank; NexRL's local service takes 0 as full fine-tuning, hosted Tinker needs > 0."""
-    seed: int = 0
-    """Seed of the LoRA initialisation."""
-    api_key: str | None = None
-    """Tinker API key (``tml-...``); None lets the SDK read ``TINKER_API_KEY``."""
     tokenizer_path: str | None = None
     """Local tokenizer directory; None asks the service (``get_info``'s tokenizer id)."""
     renderer_name: str | None = None
@@ -30,3 +27,8 @@ class TinkerHolderConfig:
     coalesce_window_s: float = attrs.field(default=0.003, validator=attrs.validators.ge(0))
     """How long a sample request waits for others with the same prompt and options, to
     send them as one ``num_samples`` request (`nexrl_core.coalesce`); 0 sends each alone."""
+
+    @staticmethod
+    def new_api_key() -> str:
+        """A fresh key in the format the Tinker SDK accepts (it refuses keys without ``tml-``)."""
+        return f"tml-nexrl-{secrets.token_hex(16)}"

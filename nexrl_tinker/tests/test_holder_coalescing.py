@@ -10,7 +10,7 @@ from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 from nexrl_tinker.testing import TEST_API_KEY
 
-from nexrl_core.holders import SamplingOptions
+from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.seeding import call_seed
 
 GROUP = 6

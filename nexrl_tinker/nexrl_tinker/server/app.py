@@ -136,6 +136,11 @@ def create_app(cloud: Cloud) -> FastAPI:
             ]
         }
 
+    @app.get("/api/v1/nexrl_capabilities")
+    def nexrl_capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
+        """Tells NexRL's own holder that every registered loss and all its options work here."""
+        return {"loss_options": "all"}
+
     @app.post("/api/v1/cancel_future")
     async def cancel_future(_owner: str = Depends(owner)) -> dict[str, Any]:
         return {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
-from nexrl_core.trainer import RemoteApiTrainerConfig
 from nexrl_grpo.config import (
     CispoLossConfig,
     CrossEntropyLossConfig,
@@ -22,6 +21,7 @@ from nexrl_grpo.config import (
     ReinforcePlusPlusConfig,
     RlooConfig,
 )
+from nexrl_remote_api.trainer import RemoteApiTrainerConfig
 
 _GROUP_RELATIVE = frozenset({"group_relative"})
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from nexrl_core.trainer import RemoteApiTrainer, RemoteApiTrainerConfig
 from nexrl_core.types import Trajectory
+from nexrl_remote_api.trainer import RemoteApiTrainer, RemoteApiTrainerConfig
 
 __all__ = ["RemoteApiGrpoTrainer", "RemoteApiTrainerConfig"]
 

@@ -1,0 +1,102 @@
+"""The two seams of ``nexrl train``: where the model runs (a backend) and where rollouts come from.
+
+The loop knows nothing else about where work happens. A plugin registers a backend
+(``nexrl_backends``) and a recipe picks it with ``backend.name``; a plugin registers a
+rollout source (``nexrl_rollout_sources``) and a recipe picks it with
+``rollout.source.name``. Each spec's factory receives a setup record: the whole recipe
+(already checked), the component's own options structured into its config class, and
+a directory the component may keep files in.
+
+A backend owns the model: it gives rollouts a `ChatModel` to sample from, trains on a
+step's trajectories, publishes the new weights to sampling, saves and restores what
+``--resume`` needs, and releases everything on `Backend.close`. A rollout source turns
+a step's run requests into trajectories with rewards, sampling through that
+`ChatModel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from nexrl_core.chat_model import ChatModel
+from nexrl_core.types import Trajectory
+
+if TYPE_CHECKING:
+    from nexrl_core.config.schema import TrainConfig
+    from nexrl_core.rollout import Agent, PendingBatch, RunRequest
+
+
+class Backend(Protocol):
+    """Where the policy is sampled and trained; built by a registered `BackendSpec`."""
+
+    def chat_model(self) -> ChatModel:
+        """What rollouts sample from; always sees the weights of the last `sync_weights`."""
+        ...
+
+    def train(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        """One update from a step's trajectories (``step`` is 1-based); returns float metrics."""
+        ...
+
+    def sync_weights(self, step: int) -> str | None:
+        """Make sampling use the weights of the last `train`; returns where they are, or
+        None when that call changed nothing. Called once no rollout that must see the
+        previous weights is still running."""
+        ...
+
+    def save_checkpoint(self, name: str) -> str:
+        """Save weights, optimizer and any trainer state resume needs; returns a path
+        that `load_checkpoint` takes."""
+        ...
+
+    def load_checkpoint(self, path: str) -> None:
+        """Continue from a checkpoint of `save_checkpoint`, sampling included."""
+        ...
+
+    def close(self) -> None:
+        """Release everything the backend started: clients, services, processes, threads."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class BackendSetup:
+    """What a backend factory is called with."""
+
+    recipe: TrainConfig
+    """The whole recipe, checked."""
+    options: Any
+    """``backend.options`` structured into the spec's config class."""
+    work_dir: Path
+    """``<output.dir>/backend``: files the backend keeps across ``--resume`` (an embedded
+    service's database and checkpoints, say). Created by the loop."""
+
+
+class RolloutSource(Protocol):
+    """Turns run requests into finished runs (trajectories with rewards)."""
+
+    def submit(self, step: int, requests: Sequence[RunRequest], temperature: float | None = None) -> PendingBatch:
+        """Start every request; ``temperature`` replaces the recipe's (validation passes its own)."""
+        ...
+
+    def close(self) -> None:
+        """Stop: runs still going fail at their next model call; nothing is left running."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class RolloutSetup:
+    """What a rollout source factory is called with."""
+
+    recipe: TrainConfig
+    """The whole recipe, checked."""
+    options: Any
+    """``rollout.source.options`` structured into the spec's config class."""
+    model: ChatModel
+    """The backend's chat model every run samples from."""
+    agent: Agent | None
+    """The task's agent function (None when the task has none: runs are driven from elsewhere)."""
+    work_dir: Path
+    """``<output.dir>/rollout``: files the source keeps across ``--resume``."""

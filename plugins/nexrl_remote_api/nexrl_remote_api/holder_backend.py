@@ -1,0 +1,112 @@
+"""`HolderBackend`: any service holder plus a registered trainer is a `nexrl_core.backend.Backend`.
+
+The holder samples for rollouts and trains; the trainer turns trajectories into the
+holder's training calls. A checkpoint is a small JSON file in the backend's work
+directory that names the holder's checkpoint and holds the trainer's state (an
+adaptive KL coefficient, say), so ``--resume`` restores both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nexrl_core.backend import ChatModel
+from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.schema import TrainConfig
+from nexrl_core.holders import ServiceHolder
+from nexrl_core.trainer import Trainer
+from nexrl_core.types import Trajectory
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+OPTION_PATHS = {"loss_fn_config.": "algorithm.loss.options.", "optimizer.": "algorithm.", "model.": "model."}
+"""Where each `ServiceHolder.refused_options` key sits in a recipe."""
+
+
+def build_trainer(recipe: TrainConfig, name: str, key: str) -> Trainer:
+    """The registered trainer ``name``, configured from the recipe.
+
+    :raises ConfigError: naming ``key`` for an unknown trainer or bad settings.
+    """
+    from nexrl_core.registry import UnknownComponentError, find_spec
+
+    try:
+        spec = find_spec("trainers", name)
+    except UnknownComponentError as error:
+        raise ConfigError([f"{key}: {error}"]) from None
+    from_recipe = getattr(spec.config_class, "from_recipe", None)
+    trainer_config = from_recipe(recipe) if callable(from_recipe) else spec.config_class()
+    return spec.build(trainer_config)
+
+
+def recipe_path(key: str) -> str:
+    """A `ServiceHolder.refused_options` key as the recipe key a user edits."""
+    for prefix, path in OPTION_PATHS.items():
+        if key.startswith(prefix):
+            return path + key[len(prefix) :]
+    return key
+
+
+class HolderBackend:
+    """A backend over one service holder, shared by rollouts and the trainer."""
+
+    def __init__(
+        self,
+        holder: ServiceHolder,
+        trainer: Trainer,
+        *,
+        name: str,
+        work_dir: Path,
+        on_close: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        """:param name: the backend's registered name, for messages.
+        :param on_close: called after the holder is closed (stop an embedded service).
+        :raises ConfigError: when the holder cannot honour the trainer's settings.
+        """
+        self.holder = holder
+        self.trainer = trainer
+        self.name = name
+        self.work_dir = work_dir
+        self._on_close = list(on_close)
+        refused = holder.refused_options(trainer.train_step)
+        if refused:
+            raise ConfigError(
+                [f"{recipe_path(key)}: backend {name!r} cannot honour it: {reason}" for key, reason in refused.items()]
+            )
+
+    def chat_model(self) -> ChatModel:
+        return self.holder
+
+    def train(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        return self.trainer.train(self.holder, trajectories, step)
+
+    def sync_weights(self, step: int) -> str | None:
+        return self.trainer.sync_weights(self.holder, step)
+
+    def save_checkpoint(self, name: str) -> str:
+        record = {"holder": self.holder.save_checkpoint(name), "trainer": self.trainer.state()}
+        path = self.work_dir / CHECKPOINT_DIR / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, path)
+        return str(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        record: dict[str, Any] = json.loads(Path(path).read_text())
+        self.holder.load_checkpoint(record["holder"])
+        self.holder.update_sampling_weights()
+        self.trainer.load_state(record["trainer"])
+
+    def close(self) -> None:
+        try:
+            self.holder.close()
+        finally:
+            for close in self._on_close:
+                close()

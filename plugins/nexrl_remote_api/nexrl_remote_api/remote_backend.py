@@ -1,0 +1,144 @@
+"""The ``remote_api`` backend: a registered service holder against a URL, or against a
+local service started for the run.
+
+With ``base_url`` null the backend starts the registered service named like the
+holder (or ``service``) on a free loopback port, from a child process, with its data
+in ``<output.dir>/backend/service`` and a per-run API key kept there too, so a resumed
+run (a new service process on the same data) still owns the checkpoints it saved. The
+service stops when the backend closes, also after an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from nexrl_core.backend import BackendSetup
+from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty
+from nexrl_core.config.converter import structure_config
+from nexrl_core.config.errors import ConfigError
+from nexrl_core.holders import HolderTarget
+from nexrl_core.serving import ServeOptions
+from nexrl_remote_api.holder_backend import HolderBackend, build_trainer
+
+logger = logging.getLogger(__name__)
+
+SERVICE_DIR = "service"
+API_KEY_FILE = "api_key"
+
+
+@attrs.frozen(kw_only=True)
+class RemoteApiBackendConfig:
+    """``backend.options`` of the ``remote_api`` backend."""
+
+    service_holder: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Registered service holder that talks to the service (``nexrl plugins`` lists them)."""
+    base_url: str | None = attrs.field(default=None, validator=optional_http_url)
+    """URL of a running service; null starts NexRL's own service on 127.0.0.1 for the run."""
+    api_key_env: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Environment variable holding the API key, so the key never sits in a recipe; null
+    lets the holder's SDK read its own variable. Unused with an embedded service, which
+    gets a fresh key per run."""
+    service: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Registered service started when ``base_url`` is null; null means the service named
+    like ``service_holder`` (``nexrl serve NAME`` runs the same one)."""
+    trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
+    """Registered trainer that turns trajectories into the holder's training calls."""
+    holder: dict[str, Any] = attrs.field(factory=dict)
+    """Options of the service holder's own config class (the model, seed, URL and key
+    come from the recipe and from this backend, not from here)."""
+
+
+def _registered(kind: str, name: str | None, key: str) -> Any:
+    from nexrl_core.registry import UnknownComponentError, find_spec, get_registry
+
+    if name is None:
+        known = ", ".join(get_registry().names(kind)) or "none installed"
+        raise ConfigError([f"{key}: not set; choose one of: {known}"])
+    try:
+        return find_spec(kind, name)
+    except UnknownComponentError as error:
+        raise ConfigError([f"{key}: {error}"]) from None
+
+
+def _embedded_api_key(data_dir: Path, config_class: type) -> str:
+    """The run's API key, in the holder's own format (``config_class.new_api_key()``
+    where it has one), made on the first run and kept in the service's data directory."""
+    key_file = data_dir / API_KEY_FILE
+    if not key_file.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        new_key = getattr(config_class, "new_api_key", None)
+        key_file.write_text(new_key() if callable(new_key) else secrets.token_hex(16))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+def holder_config(config_class: type, setup: BackendSetup, base_url: str | None, api_key: str | None) -> Any:
+    """The holder's config: `HolderTarget`'s fields from the recipe and the connection,
+    ``backend.options.holder`` for the holder's own options.
+
+    :raises ConfigError: for a holder whose config is not a `HolderTarget`, or bad options.
+    """
+    if not (isinstance(config_class, type) and issubclass(config_class, HolderTarget)):
+        raise ConfigError(
+            [f"backend.options.service_holder: its config class {config_class.__name__} must subclass HolderTarget"]
+        )
+    taken = sorted(set(setup.options.holder) & {field.name for field in attrs.fields(HolderTarget)})
+    if taken:
+        raise ConfigError(
+            [f"backend.options.holder.{key}: set by the recipe (model.*, seed) and this backend, not here" for key in taken]
+        )
+    target = {"model": attrs.asdict(setup.recipe.model), "seed": setup.recipe.seed, "base_url": base_url, "api_key": api_key}
+    return structure_config({**setup.options.holder, **target}, config_class, path="backend.options.holder")
+
+
+def open_remote_api(setup: BackendSetup) -> HolderBackend:
+    """Open the ``remote_api`` backend for one run.
+
+    :raises ConfigError: for an unknown holder, service or trainer, bad holder options, or
+        a setting the holder cannot honour; anything started so far is stopped first.
+    """
+    options: RemoteApiBackendConfig = setup.options
+    if setup.recipe.model.name is None:
+        raise ConfigError(["model.name: not set; name the model to train (e.g. nexrl-tiny)"])
+    holder_spec = _registered("service_holders", options.service_holder, "backend.options.service_holder")
+    trainer = build_trainer(setup.recipe, options.trainer, "backend.options.trainer")
+    service = None
+    holder = None
+    try:
+        base_url = options.base_url
+        api_key = os.environ.get(options.api_key_env) if options.api_key_env else None
+        if options.api_key_env and not api_key:
+            raise ConfigError([f"backend.options.api_key_env: the environment variable {options.api_key_env} is not set"])
+        if base_url is None:
+            service_key = "backend.options.service" if options.service else "backend.options.service_holder"
+            service_spec = _registered("services", options.service or options.service_holder, service_key)
+            data_dir = setup.work_dir / SERVICE_DIR
+            api_key = _embedded_api_key(data_dir, holder_spec.config_class)
+            service = service_spec.build(
+                ServeOptions(
+                    port=0, model=setup.recipe.model.name, data_dir=str(data_dir), api_key=api_key, separate_process=True
+                )
+            )
+            logger.info("starting the embedded service (data in %s)", data_dir)
+            base_url = service.start()
+            logger.info("the embedded service is up at %s", base_url)
+        holder = holder_spec.build(holder_config(holder_spec.config_class, setup, base_url, api_key))
+        return HolderBackend(
+            holder,
+            trainer,
+            name="remote_api",
+            work_dir=setup.work_dir,
+            on_close=[service.stop] if service is not None else [],
+        )
+    except BaseException:
+        if holder is not None:
+            holder.close()
+        if service is not None:
+            service.stop()
+        raise

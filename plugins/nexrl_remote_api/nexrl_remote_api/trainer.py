@@ -1,0 +1,240 @@
+"""`RemoteApiTrainer`: advantages here, forward-backward and the optimizer step on a service holder.
+
+It serves every backend whose model sits behind a service holder (Tinker, Weaver,
+NexRL's local services, the in-process engine): it computes advantages locally with
+the configured estimator, converts each trajectory into a `RemoteDatum` (input
+``tokens[:-1]``, target ``tokens[1:]``, the sampler's logprobs as the behaviour policy,
+per-token advantages times the loss mask), leaves out datums whose advantages are all
+zero (a group whose runs all scored the same teaches nothing), and sends the rest with
+one `TrainStepConfig` carrying every option of the loss and every AdamW parameter.
+`sync_weights` then points sampling at the new weights.
+
+Flavours subclass it: `shape_rewards` is where per-token reward terms (a KL penalty
+against the reference model, in the GRPO flavour) enter before advantages are
+computed. This module imports torch only where advantages are computed.
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.schema import ComponentChoice, KLSettings, TrainConfig
+from nexrl_core.holders import LossOptionValue, ServiceHolder, TrainStepConfig
+from nexrl_core.types import RemoteDatum, Trajectory
+
+if TYPE_CHECKING:
+    import torch
+
+    from nexrl_core.batch import Batch
+
+
+def loss_option_values(options: Any) -> dict[str, LossOptionValue]:
+    """Every option of an attrs loss config as it travels: enum members by value, None left out."""
+    if options is None or not attrs.has(type(options)):
+        return {}
+    values: dict[str, LossOptionValue] = {}
+    for field in attrs.fields(type(options)):
+        value = getattr(options, field.name)
+        if value is None:
+            continue
+        values[field.name] = value.value if isinstance(value, enum.Enum) else value
+    return values
+
+
+@attrs.frozen(kw_only=True)
+class RemoteApiTrainerConfig:
+    """Everything a remote-API trainer needs, built from the recipe's ``algorithm`` section."""
+
+    advantage: ComponentChoice = attrs.field(factory=lambda: ComponentChoice(name="grpo"))
+    """Registered advantage estimator."""
+    advantage_options: Any = None
+    """The estimator's options as its config class (None: its defaults)."""
+    train_step: TrainStepConfig = attrs.field(factory=TrainStepConfig)
+    """Loss (with every option) and optimizer settings sent with every step."""
+    kl: KLSettings = attrs.field(factory=KLSettings)
+    """KL penalty against the reference model (``coef`` 0: none)."""
+
+    @classmethod
+    def from_recipe(cls, config: TrainConfig) -> RemoteApiTrainerConfig:
+        """Read ``algorithm``: estimator, loss with all its options, KL and every AdamW parameter.
+
+        :raises ConfigError: for bad component options.
+        """
+        from nexrl_core.config.components import resolve_options
+
+        algorithm = config.algorithm
+        problems = []
+        advantage_options = loss_options = None
+        try:
+            advantage_options = resolve_options("advantage_estimators", algorithm.advantage, "algorithm.advantage")
+        except ConfigError as error:
+            problems += error.problems
+        try:
+            loss_options = resolve_options("policy_losses", algorithm.loss, "algorithm.loss")
+        except ConfigError as error:
+            problems += error.problems
+        if problems:
+            raise ConfigError(problems)
+        assert algorithm.loss.name is not None
+        optimizer = AdamWSettings(**{field.name: getattr(algorithm, field.name) for field in attrs.fields(AdamWSettings)})
+        return cls(
+            advantage=algorithm.advantage,
+            advantage_options=advantage_options,
+            train_step=TrainStepConfig(
+                loss_fn=algorithm.loss.name,
+                loss_fn_config=loss_option_values(loss_options),
+                optimizer=optimizer,
+            ),
+            kl=algorithm.kl,
+        )
+
+
+def _run_key(run_id: Any) -> tuple[int, Any]:
+    return (0, run_id) if isinstance(run_id, int) else (1, str(run_id))
+
+
+def sort_trajectories(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """A fixed order whatever order rollouts finished in: by group, run, then position in the run."""
+    return sorted(
+        trajectories,
+        key=lambda t: (t.group_id, _run_key(t.run_id), t.extra.get("trajectory_index", 0), t.task_id),
+    )
+
+
+class RemoteApiTrainer:
+    """Advantages locally, forward-backward and the optimizer step on the service holder."""
+
+    supports_kl = False
+    """Whether `shape_rewards` applies ``algorithm.kl``; a flavour that does sets it."""
+
+    def __init__(self, config: RemoteApiTrainerConfig | None = None) -> None:
+        self.config = config or RemoteApiTrainerConfig()
+        self.train_step = self.config.train_step
+        if self.config.kl.coef > 0 and not self.supports_kl:
+            raise ConfigError(
+                [
+                    f"algorithm.kl.coef: trainer {type(self).__name__} applies no KL penalty; set it to 0 or "
+                    "choose a trainer that does (remote_api_grpo)"
+                ]
+            )
+        self._estimator: Any = None
+        self._changed = False
+
+    @property
+    def estimator(self) -> Any:
+        if self._estimator is None:
+            from nexrl_core.registry import get_advantage_estimator
+
+            self._estimator = get_advantage_estimator(self.config.advantage.name, self.config.advantage_options)
+        return self._estimator
+
+    def shape_rewards(
+        self, holder: ServiceHolder, trajectories: Sequence[Trajectory], batch: Batch, token_rewards: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Per-token rewards the estimator sees (the outcome reward sits on each row's last
+        trained token) and metrics; flavours add terms here. The default changes nothing."""
+        return token_rewards, {}
+
+    def compute_advantages(
+        self, holder: ServiceHolder, trajectories: Sequence[Trajectory]
+    ) -> tuple[list[list[float]], dict[str, float]]:
+        """Per-token advantages aligned with each trajectory's tokens, and the metrics of
+        reward shaping and of the estimator."""
+        from nexrl_core.batch import Batch
+
+        batch = Batch.from_trajectories(trajectories, pad_token_id=0)
+        inputs = batch.to_advantage_inputs()
+        token_rewards, metrics = self.shape_rewards(holder, trajectories, batch, inputs.token_rewards)
+        output = self.estimator(attrs.evolve(inputs, token_rewards=token_rewards))
+        metrics.update({key: float(value) for key, value in output.metrics.items()})
+        table = output.advantages.detach().to("cpu").double()
+        prompt_length = batch.prompt_length
+        advantages = []
+        for row, trajectory in enumerate(trajectories):
+            start = next((i for i, flag in enumerate(trajectory.loss_mask) if flag == 1), len(trajectory.tokens))
+            offset = prompt_length - start
+            values = table[row, offset : offset + len(trajectory.tokens)].tolist()
+            advantages.append([value * flag for value, flag in zip(values, trajectory.loss_mask)])
+        return advantages, metrics
+
+    def to_datums(
+        self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
+    ) -> tuple[list[RemoteDatum], int]:
+        """The datums worth sending, and how many were skipped (all-zero advantages, or too short)."""
+        datums, skipped = [], 0
+        for trajectory, values in zip(trajectories, advantages):
+            if len(trajectory.tokens) < 2:
+                skipped += 1
+                continue
+            datum = RemoteDatum.from_trajectory(trajectory, values)
+            if datum.all_advantages_zero:
+                skipped += 1
+                continue
+            datums.append(datum)
+        return datums, skipped
+
+    def extra_metrics(
+        self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
+    ) -> dict[str, float]:
+        """Flavour-specific metrics; subclasses add to them."""
+        return {}
+
+    def train(self, holder: ServiceHolder, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        ordered = sort_trajectories(trajectories)
+        metrics: dict[str, float] = {}
+        self._changed = False
+        if not ordered:
+            return {"datums/trained": 0.0, "datums/skipped": 0.0}
+        advantages, estimator_metrics = self.compute_advantages(holder, ordered)
+        metrics.update(estimator_metrics)
+        metrics.update(self.extra_metrics(ordered, advantages))
+        datums, skipped = self.to_datums(ordered, advantages)
+        metrics["datums/trained"] = float(len(datums))
+        metrics["datums/skipped"] = float(skipped)
+        metrics["datums/trained_tokens"] = float(sum(sum(datum.loss_mask) for datum in datums))
+        if datums:
+            result = holder.train(datums, self.train_step)
+            metrics.update(_readable(_prefixed("train/", result)))
+            self._changed = True
+        return metrics
+
+    def sync_weights(self, holder: ServiceHolder, step: int) -> str | None:
+        if not self._changed:
+            return None
+        self._changed = False
+        return holder.update_sampling_weights()
+
+    def state(self) -> dict[str, Any]:
+        """Nothing beyond the holder's checkpoint; flavours with state (a KL controller) add it."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what `state` returned."""
+
+
+def _prefixed(prefix: str, values: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in (values or {}).items():
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[key if key.startswith(prefix) else f"{prefix}{key}"] = float(value)
+    return out
+
+
+def _readable(metrics: dict[str, float]) -> dict[str, float]:
+    """Add plain names for metrics a Tinker-style backend reports as ``name:reduction``:
+    ``x:mean`` is also ``x``, and ``loss:sum`` over ``num_tokens:sum`` is ``loss`` (per token)."""
+    out = dict(metrics)
+    for key, value in metrics.items():
+        if key.endswith(":mean") and key[: -len(":mean")] not in out:
+            out[key[: -len(":mean")]] = value
+    tokens = metrics.get("train/num_tokens:sum")
+    if "train/loss" not in out and "train/loss:sum" in metrics and tokens:
+        out["train/loss"] = metrics["train/loss:sum"] / tokens
+    return out
