@@ -31,6 +31,8 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
         "transports": [],
         "services": [],
         "tasks": [],
+        "backends": [],
+        "rollout_sources": [],
     }
 
 

@@ -80,8 +80,9 @@ def test_an_empty_recipe_is_the_defaults(tmp_path: Path, text: str) -> None:
 
 def test_defaults() -> None:
     config = TrainConfig()
-    assert config.task.name == "addition"
-    assert config.backend.base_url is None and config.backend.trainer == "remote_api_grpo"
+    # the core names no plugin: what only a plugin provides has no default
+    assert config.task.name is None and config.model.name is None
+    assert config.backend == ComponentChoice(name=None) and config.rollout.source == ComponentChoice(name="threads")
     assert config.model.dtype is DType.FP32 and config.model.lora_rank == 0
     assert config.algorithm.advantage == ComponentChoice(name="grpo")
     assert config.algorithm.loss == ComponentChoice(name="importance_sampling")
@@ -96,7 +97,7 @@ def test_recipe_values_are_layered_over_defaults(tmp_path: Path) -> None:
         "model:\n  dtype: bf16\nalgorithm:\n  learning_rate: 1e-5\n  loss:\n    name: clipped\nrollout:\n  temperature: 1\n",
     )
     config = load_config(path)
-    assert config.model.dtype is DType.BF16 and config.model.name == "nexrl-tiny"
+    assert config.model.dtype is DType.BF16 and config.model.name is None
     assert config.algorithm.learning_rate == 1e-5  # YAML 1.1 would read 1e-5 as a string
     assert config.algorithm.loss == ComponentChoice(name="clipped")
     assert config.rollout.temperature == 1.0 and isinstance(config.rollout.temperature, float)
@@ -161,7 +162,7 @@ def test_unknown_key_suggests_the_closest_valid_key_with_its_full_path() -> None
         ("model.dtype=fp16", "model.dtype: 'fp16' is not one of: bf16, fp32"),
         ("algorithm.kl.penalty=k3", "algorithm.kl.penalty: 'k3' is not one of: abs, kl, low_var_kl, mse"),
         ("rollout.top_p=0", "rollout.top_p: must be in (0, 1], got 0.0"),
-        ("backend.base_url=localhost:8000", "backend.base_url: must be null or start with http:// or https://, got 'localhost:8000'"),
+        ("backend.base_url=x", "backend.base_url: unknown key; valid keys: name, options"),
         ("task.agent=my_agent", "task.agent: must be null or look like 'package.module:function', got 'my_agent'"),
     ],
 )
@@ -238,8 +239,10 @@ def test_dump_gives_plain_data_that_structures_back_to_the_same_config() -> None
 
 def test_component_choices_are_found_with_their_registry_kind() -> None:
     assert [(path, kind) for path, kind, _ in component_choices(TrainConfig())] == [
+        ("backend", "backends"),
         ("algorithm.advantage", "advantage_estimators"),
         ("algorithm.loss", "policy_losses"),
+        ("rollout.source", "rollout_sources"),
     ]
 
 
@@ -278,14 +281,16 @@ def test_every_component_problem_is_listed_at_once(registry: Registry) -> None:
     config = load_config(None, ["algorithm.advantage.name=grpoo", "algorithm.loss.name=clipped", "algorithm.loss.options.clip_low=x"])
     with pytest.raises(ConfigError) as caught:
         resolve_all_options(config)
-    advantage_problem, loss_problem = caught.value.problems
+    backend_problem, advantage_problem, loss_problem, source_problem = caught.value.problems
+    assert backend_problem.startswith("backend.name: not set; choose one of the installed:")
+    assert source_problem.startswith("rollout.source.name: unknown rollout source 'threads'")
     assert advantage_problem.startswith("algorithm.advantage.name: unknown advantage estimator 'grpoo'; known: grpo")
     assert "Did you mean 'grpo'?" in advantage_problem
     assert loss_problem == "algorithm.loss.options.clip_low: expected float, got 'x' (str)"
 
 
 def test_resolve_all_options_fills_defaults(registry: Registry) -> None:
-    config = load_config(None, ["algorithm.loss.name=clipped"])
-    resolved = resolve_all_options(config)
+    config = load_config(None, ["algorithm.loss.name=clipped", "rollout.source.name=null"])
+    resolved = resolve_all_options(config, require_names=False)
     assert set(resolved) == {"algorithm.advantage", "algorithm.loss"}
     assert resolved["algorithm.loss"] == ClipOptions()

@@ -14,7 +14,7 @@ from nexrl_core.commands.config import config, split_file_and_overrides
 from nexrl_core.config import load_config
 from nexrl_core.plugins import LoadedPlugins, new_plugin_manager
 from nexrl_core.registry import KINDS, Registry, reset_registry
-from nexrl_core.specs import AdvantageEstimatorSpec, ComponentSpec, PolicyLossSpec
+from nexrl_core.specs import AdvantageEstimatorSpec, ComponentSpec, PolicyLossSpec, RolloutSourceSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -39,6 +39,7 @@ def registry() -> Iterator[None]:
     install_registry(
         AdvantageEstimatorSpec(name="grpo", factory="unused:grpo", config_class=GroupOptions),
         PolicyLossSpec(name="importance_sampling", factory="unused:is"),
+        RolloutSourceSpec(name="threads", factory="unused:threads"),
     )
     yield
     reset_registry()

@@ -16,7 +16,9 @@ HOOKS = sorted(name for name in dir(hookspecs) if name.startswith("nexrl_"))
 def test_there_are_hooks() -> None:
     assert HOOKS == [
         "nexrl_advantage_estimators",
+        "nexrl_backends",
         "nexrl_policy_losses",
+        "nexrl_rollout_sources",
         "nexrl_service_holders",
         "nexrl_services",
         "nexrl_tasks",

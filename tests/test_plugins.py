@@ -52,14 +52,17 @@ def test_unknown_name_lists_known_names_and_providers() -> None:
     assert "Did you mean 'grpo'?" in message
 
 
-def test_unknown_first_party_name_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEXRL_DISABLE_PLUGINS", "grpo")
+def test_an_uninstalled_name_that_is_an_extra_of_nexrl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEXRL_DISABLE_PLUGINS", "tinker")
     registry = build_registry(load_plugins())
     with pytest.raises(UnknownComponentError) as error:
-        registry.find_spec("policy_losses", "ppo")
+        registry.find_spec("service_holders", "tinker")
     message = str(error.value)
-    assert "provided by nexrl-grpo" in message
-    assert "Disabled by NEXRL_DISABLE_PLUGINS: grpo" in message
+    assert "'tinker' is provided by an extra of NexRL: pip install 'nexrl[tinker]'" in message
+    assert "Disabled by NEXRL_DISABLE_PLUGINS: tinker" in message
+    with pytest.raises(UnknownComponentError) as error:
+        registry.find_spec("policy_losses", "no_such_loss")
+    assert "pip install" not in str(error.value)
 
 
 def test_disabled_plugin_is_not_imported_or_listed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,10 @@ def test_recipe_resolves(recipe: Path) -> None:
 
 
 def test_hosted_recipe_differs_from_the_quickstart_in_backend_and_model() -> None:
-    quickstart = load_config(None, [])
+    from importlib.resources import files
+
+    quickstart = load_config(str(files("nexrl_core").joinpath("recipes", "quickstart.yaml")), [])
     hosted = load_config(Path(__file__).resolve().parents[1] / "recipes" / "hosted_tinker.yaml", [])
-    assert quickstart.backend.base_url is None
-    assert hosted.backend.base_url == "https://tinker.thinkingmachines.dev/services/tinker-prod"
-    assert hosted.backend.service_holder == quickstart.backend.service_holder == "tinker"
+    assert quickstart.backend.options["base_url"] is None
+    assert hosted.backend.options["base_url"] == "https://tinker.thinkingmachines.dev/services/tinker-prod"
+    assert hosted.backend.options["service_holder"] == quickstart.backend.options["service_holder"] == "tinker"

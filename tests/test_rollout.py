@@ -150,9 +150,11 @@ def test_resolve_task_from_jsonl_needs_an_agent(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text(json.dumps({"id": 7, "x": 1}) + "\n")
     with pytest.raises(ConfigError, match="task.agent: required with task.data_path"):
         resolve_task(TaskConfig(name="unregistered", data_path=str(tmp_path / "d.jsonl")), seed=0)
+    with pytest.raises(ConfigError, match="task.agent: required with task.data_path"):
+        resolve_task(TaskConfig(data_path=str(tmp_path / "d.jsonl")), seed=0)
     with pytest.raises(ConfigError, match="task.agent: cannot import module 'no_such_module_xyz'"):
-        resolve_task(TaskConfig(name="x", data_path=str(tmp_path / "d.jsonl"), agent="no_such_module_xyz:run"), seed=0)
-    task = resolve_task(TaskConfig(name="x", data_path="d.jsonl", agent="json:dumps"), seed=0, recipe_dir=tmp_path)
+        resolve_task(TaskConfig(data_path=str(tmp_path / "d.jsonl"), agent="no_such_module_xyz:run"), seed=0)
+    task = resolve_task(TaskConfig(data_path="d.jsonl", agent="json:dumps"), seed=0, recipe_dir=tmp_path)
     assert task.agent is json.dumps and task.val_items == []
     assert task.train.take(0, 1) == [({"id": 7, "x": 1}, "7")]
 

@@ -18,7 +18,7 @@ def problems(*overrides: str) -> list[str]:
 def test_new_defaults() -> None:
     config = TrainConfig()
     assert config.task.val_size is None
-    assert config.backend.service is None and config.backend.options == {}
+    assert config.backend.name is None and config.backend.options == {}
     assert config.rollout.max_agent_errors is None and config.rollout.val_temperature == 1.0
     assert config.rollout.max_staleness == 0 and config.rollout.error_budget == 0.1
 
@@ -28,14 +28,14 @@ def test_new_keys_take_values() -> None:
         None,
         [
             "task.val_size=50",
-            "backend.service=tinker",
+            "backend.name=remote_api",
             "backend.options={renderer: qwen3, timeout_s: 30}",
             "rollout.max_agent_errors=0",
             "rollout.val_temperature=0",
             "rollout.max_staleness=1",
         ],
     )
-    assert config.task.val_size == 50 and config.backend.service == "tinker"
+    assert config.task.val_size == 50 and config.backend.name == "remote_api"
     assert config.backend.options == {"renderer": "qwen3", "timeout_s": 30}
     assert config.rollout.max_agent_errors == 0 and config.rollout.val_temperature == 0.0
     assert config.rollout.max_staleness == 1
@@ -44,14 +44,14 @@ def test_new_keys_take_values() -> None:
 def test_new_keys_are_strict() -> None:
     assert problems(
         "task.val_size=0",
-        "backend.service=''",
+        "backend.name=''",
         "backend.options=[1]",
         "rollout.max_agent_errors=-1",
         "rollout.val_temperature=-0.5",
         "rollout.error_budget=2",
     ) == [
         "task.val_size: must be null or an integer > 0, got 0",
-        "backend.service: must be null or a non-empty string, got ''",
+        "backend.name: must be null or a non-empty string, got ''",
         "backend.options: expected a mapping, got [1] (list)",
         "rollout.error_budget: must be in [0, 1], got 2.0",
         "rollout.max_agent_errors: must be null or an integer >= 0, got -1",
@@ -71,7 +71,7 @@ def test_concurrency_defaults_to_a_whole_step_in_flight() -> None:
 def test_the_quickstart_recipe_ships_and_loads() -> None:
     recipe = files("nexrl_core").joinpath("recipes", "quickstart.yaml")
     config = load_config(str(recipe))
-    assert config.task.name == "addition" and config.backend.service_holder == "tinker"
-    assert config.backend.base_url is None and config.backend.trainer == "remote_api_grpo"
+    assert config.task.name == "addition" and config.backend.name == "remote_api"
+    assert config.backend.options == {"service_holder": "tinker", "base_url": None, "trainer": "remote_api_grpo"}
     assert config.model.name == "nexrl-tiny" and config.output.dir == "runs/quickstart"
     assert config.rollout.runs_in_flight() == config.rollout.prompts_per_step * config.rollout.group_size

@@ -25,9 +25,10 @@ import pytest
 from click.testing import CliRunner
 
 from nexrl_core.cli import cli
-from nexrl_core.config import ConfigError, TrainConfig, load_config
+from nexrl_core.config import ConfigError, ModelConfig, TrainConfig, load_config
 from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.loop import TrainingInterrupted, run_training
 from nexrl_core.metrics import WALL_CLOCK_PREFIXES
 from nexrl_core.plugins import load_plugins
@@ -60,10 +61,7 @@ SERVICES: list[FakeService] = []
 
 
 @attrs.frozen(kw_only=True)
-class SkillHolderConfig:
-    base_url: str | None = None
-    base_model: str = ""
-    lora_rank: int = 0
+class SkillHolderConfig(HolderTarget):
     checkpoint_dir: str = ""
     initial_skill: float = -1.0
 
@@ -111,6 +109,13 @@ class SkillHolder:
     def sample_from_prompt(self, prompt_tokens, options):  # noqa: ANN001
         raise NotImplementedError
 
+    def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
+        return {f"loss_fn_config.{key}": "the fake has no such option" for key in config.loss_fn_config if key == "refused_by_fake"}
+
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The reference policy answers correctly with probability sigmoid(initial skill)."""
+        return [[0.0] + [-0.5] * (len(tokens) - 1) for tokens in sequences]
+
     def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
         self.train_calls.append((list(datums), config))
         if INTERRUPT["at_train_call"] == len(self.train_calls):
@@ -128,9 +133,10 @@ class SkillHolder:
             gradient += advantage * ((1 - p) if correct else -p)
             loss -= advantage * math.exp(datum.sampling_logprobs[first])
         gradient /= len(datums)
-        clipped = max(-config.grad_clip_norm, min(config.grad_clip_norm, gradient))
+        adam = config.optimizer
+        clipped = max(-adam.grad_clip_norm, min(adam.grad_clip_norm, gradient))
         old = self.skill
-        self.skill = old + config.learning_rate * clipped - config.learning_rate * config.weight_decay * old
+        self.skill = old + adam.learning_rate * clipped - adam.learning_rate * adam.weight_decay * old
         return {
             "loss": loss / len(datums),
             "approx_kl": (sigmoid(self.skill) - p) ** 2,
@@ -248,8 +254,10 @@ def recipe(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfig:
         [
             f"output.dir={tmp_path / name}",
             "task.name=fake_addition",
-            "backend.service_holder=skill",
-            f"backend.options={{checkpoint_dir: '{tmp_path / 'checkpoints' / name}'}}",
+            "model.name=skill",
+            "backend.name=remote_api",
+            "backend.options.service_holder=skill",
+            f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'checkpoints' / name}'}}",
             "rollout.prompts_per_step=4",
             "rollout.group_size=4",
             "rollout.concurrency=4",
@@ -301,7 +309,7 @@ def test_a_run_writes_metrics_curve_tensorboard_and_checkpoints(tmp_path: Path) 
     # the embedded service was started for the holder and stopped at the end
     (service,) = SERVICES
     assert service.started and service.stopped and service.options.port == 0
-    assert service.options.data_dir == str(run_dir / "service")
+    assert service.options.data_dir == str(run_dir / "backend" / "service")
     (holder,) = HOLDERS
     assert holder.config.base_url == "http://127.0.0.1:9" and holder.closed
 
@@ -330,13 +338,10 @@ def test_train_step_config_carries_every_adam_parameter(tmp_path: Path) -> None:
     (_, step_config), *_ = holder.train_calls
     assert step_config == TrainStepConfig(
         loss_fn="ppo",
-        loss_fn_config={"clip_low": 0.2, "clip_high": 0.28, "entropy_coeff": 0.0},
-        learning_rate=0.5,
-        beta1=0.9,
-        beta2=0.99,
-        eps=1e-6,
-        weight_decay=0.05,
-        grad_clip_norm=0.7,
+        loss_fn_config={"clip_low": 0.2, "clip_high": 0.28, "agg_mode": "token-mean", "entropy_coeff": 0.0},
+        optimizer=AdamWSettings(
+            learning_rate=0.5, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.7
+        ),
     )
 
 
@@ -503,34 +508,57 @@ def test_jsonl_data_with_an_agent_module(tmp_path: Path) -> None:
     ("overrides", "message"),
     [
         (["task.name=nope"], "task.name: unknown task 'nope'"),
-        (["backend.trainer=nope"], "backend.trainer: unknown trainer 'nope'"),
+        (["backend.options.trainer=nope"], "backend.options.trainer: unknown trainer 'nope'"),
         (
-            ["backend.service_holder=nope", "backend.service=skill"],
-            "backend.service_holder: unknown service holder 'nope'",
+            ["backend.options.service_holder=nope", "backend.options.service=skill"],
+            "backend.options.service_holder: unknown service holder 'nope'",
         ),
+        (["backend.options.holder={colour: red}"], "backend.options.holder.colour: unknown key"),
+        (["backend.options.holder={seed: 3}"], "backend.options.holder.seed: set by the recipe"),
         (["backend.options={colour: red}"], "backend.options.colour: unknown key"),
-        (["algorithm.kl.coef=0.1"], "algorithm.kl.coef: remote-API trainers cannot apply a KL penalty"),
+        (["backend.name=nope"], "backend.name: unknown backend 'nope'"),
+        (["backend.name=null"], "backend.name: not set; choose one of the installed: remote_api"),
+        (["model.name=null"], "model.name: not set"),
+        (
+            ["algorithm.loss.options.agg_mode=seq-mean-token-sum", "backend.options.holder.initial_skill=-2"],
+            None,
+        ),
         (["task.data_path=missing.jsonl", "task.agent=x:y"], "task.data_path: cannot read"),
         (["task.data_path=missing.jsonl"], "task.data_path: cannot read"),
     ],
 )
-def test_bad_recipes_fail_with_the_key(tmp_path: Path, overrides: list[str], message: str) -> None:
+def test_bad_recipes_fail_with_the_key(tmp_path: Path, overrides: list[str], message: str | None) -> None:
+    if message is None:  # the control row: these overrides are fine, so the fixture itself is sound
+        run_training(recipe(tmp_path, *overrides, "schedule.steps=1"), progress_bar=False)
+        return
     with pytest.raises(ConfigError) as caught:
         run_training(recipe(tmp_path, *overrides), progress_bar=False)
     assert message in str(caught.value)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_an_option_the_holder_refuses_stops_the_run_before_step_1(tmp_path: Path) -> None:
+    from nexrl_remote_api.holder_backend import HolderBackend
+
+    holder = SkillHolder(SkillHolderConfig(model=ModelConfig(name="skill")))
+    trainer = type("T", (), {"train_step": TrainStepConfig(loss_fn_config={"refused_by_fake": 1.0})})()
+    with pytest.raises(ConfigError, match="algorithm.loss.options.refused_by_fake: backend 'x' cannot honour it"):
+        HolderBackend(holder, trainer, name="x", work_dir=tmp_path)  # type: ignore[arg-type]
+
+
 def test_cli_train_runs_a_recipe_and_says_where_results_are(tmp_path: Path) -> None:
     path = tmp_path / "recipe.yaml"
-    path.write_text("task:\n  name: fake_addition\nbackend:\n  service_holder: skill\nschedule:\n  steps: 2\n")
+    path.write_text(
+        "task:\n  name: fake_addition\nmodel:\n  name: skill\nbackend:\n  name: remote_api\n"
+        "  options:\n    service_holder: skill\nschedule:\n  steps: 2\n"
+    )
     result = CliRunner().invoke(
         cli,
         [
             "train",
             str(path),
             f"output.dir={tmp_path / 'out'}",
-            f"backend.options={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+            f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
             "rollout.prompts_per_step=2",
             "rollout.group_size=2",
             "task.val_size=2",
@@ -555,10 +583,11 @@ def test_cli_train_without_a_recipe_runs_the_quickstart(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path)
     # The quickstart needs the addition task and the local Tinker service; without them it says so.
     result = CliRunner().invoke(
-        cli, ["train", "task.name=fake_addition", "backend.service_holder=skill", "backend.service=nope"]
+        cli,
+        ["train", "task.name=fake_addition", "backend.options.service_holder=skill", "backend.options.service=nope"],
     )
     assert "running the built-in quickstart" in result.output
-    assert result.exit_code == 2 and "backend.service: unknown service 'nope'" in result.output
+    assert result.exit_code == 2 and "backend.options.service: unknown service 'nope'" in result.output
 
 
 def test_cli_ctrl_c_exits_130_with_the_resume_command(tmp_path: Path) -> None:
@@ -566,9 +595,10 @@ def test_cli_ctrl_c_exits_130_with_the_resume_command(tmp_path: Path) -> None:
     args = [
         "train",
         "task.name=fake_addition",
-        "backend.service_holder=skill",
+        "model.name=skill",
+        "backend.options.service_holder=skill",
         f"output.dir={tmp_path / 'out'}",
-        f"backend.options={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
         "schedule.checkpoint_every=2",
         "schedule.steps=4",
         "rollout.prompts_per_step=4",
@@ -586,9 +616,10 @@ def test_cli_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     args = [
         "train",
         "task.name=fake_addition",
-        "backend.service_holder=skill",
+        "model.name=skill",
+        "backend.options.service_holder=skill",
         f"output.dir={tmp_path / 'out'}",
-        f"backend.options={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
         "schedule.checkpoint_every=1",
         "rollout.prompts_per_step=4",
         "rollout.group_size=4",

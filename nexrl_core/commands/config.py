@@ -23,13 +23,13 @@ def split_file_and_overrides(arguments: Sequence[str]) -> tuple[str | None, list
 
 
 def resolved_config_data(path: str | None, overrides: Sequence[str]) -> dict[str, Any]:
-    """The recipe as plain data, with every component's options filled in with defaults.
+    """The recipe as plain data, with the options of every chosen component filled in with defaults.
 
     :raises ConfigError: for any problem in the recipe or in a component's options.
     """
     train_config = load_config(path, overrides)
     data = dump_config(train_config)
-    for component_path, options in resolve_all_options(train_config).items():
+    for component_path, options in resolve_all_options(train_config, require_names=False).items():
         node = data
         for key in component_path.split("."):
             node = node[key]

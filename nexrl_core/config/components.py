@@ -52,14 +52,18 @@ def component_choices(config: Any, path: str = "") -> Iterator[tuple[str, str, C
             yield from component_choices(value, field_path)
 
 
-def resolve_all_options(config: Any) -> dict[str, Any]:
+def resolve_all_options(config: Any, require_names: bool = True) -> dict[str, Any]:
     """Resolve every component choice in ``config``, keyed by its dotted path.
 
+    :param require_names: whether a choice without a name is a problem (a run needs
+        every component; showing a recipe does not, and leaves such a choice out).
     :raises ConfigError: listing the problems of every component at once.
     """
     resolved = {}
     problems = []
     for path, kind, choice in component_choices(config):
+        if choice.name is None and not require_names:
+            continue
         try:
             resolved[path] = resolve_options(kind, choice, path)
         except ConfigError as error:

@@ -3,6 +3,10 @@
 They are applied before structuring, so an overridden value goes through exactly the
 checks a value in the file does, and a misspelled key is reported with the same hint.
 Values are YAML: ``0.1`` is a float, ``true`` a bool, ``[1, 2]`` a list, ``null`` None.
+
+Choosing another component by name (``backend.name=inprocess``) drops the options the
+recipe gave the one it replaces: they belong to that component's config class. Options
+for the new one follow as overrides of their own (``backend.options.device=cuda``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ def _set_path(raw: dict[str, Any], keys: list[str], value: Any) -> None:
             prefix = ".".join(keys[: depth + 1])
             raise _BadOverride(f"{prefix} is {child!r}, not a mapping, so it has no key {keys[depth + 1]!r}")
         node = child
+    if keys[-1] == "name" and "options" in node and node.get("name") != value:
+        del node["options"]
     node[keys[-1]] = value
 
 
