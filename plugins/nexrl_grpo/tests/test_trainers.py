@@ -15,7 +15,7 @@ from nexrl_grpo.trainers import RemoteApiGrpoTrainer
 from nexrl_core import hookspecs
 from nexrl_core.config import load_config
 from nexrl_core.holders import TrainStepConfig
-from nexrl_core.trainer import RemoteApiTrainerConfig, sort_trajectories
+from nexrl_remote_api.trainer import RemoteApiTrainerConfig, sort_trajectories
 from nexrl_core.types import RemoteDatum, Trajectory
 
 
@@ -53,6 +53,60 @@ class RecordingHolder:
         self.synced += 1
         return f"w{self.synced}"
 
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """A reference that gives every token logprob -1.0 (the samples have -0.5)."""
+        return [[0.0] + [-1.0] * (len(tokens) - 1) for tokens in sequences]
+
+
+def kl_trainer(*overrides: str) -> RemoteApiGrpoTrainer:
+    return RemoteApiGrpoTrainer(RemoteApiTrainerConfig.from_recipe(load_config(None, list(overrides))))
+
+
+def test_kl_in_the_reward_separates_runs_of_equal_outcome_by_their_kl() -> None:
+    trainer = kl_trainer("algorithm.kl.coef=0.5")
+    holder = RecordingHolder()
+    # equal outcome rewards; run 1 is longer, so it carries more KL (0.5 per trained token)
+    metrics = trainer.train(holder, [trajectory("g", 0, 1.0, response=2), trajectory("g", 1, 1.0, response=4)], step=1)
+    assert metrics["kl/mean"] == pytest.approx(0.5) and metrics["kl/coef"] == 0.5
+    (datums, _), = holder.calls
+    by_length = {len(datum.input_tokens): datum for datum in datums}
+    short, long = by_length[3], by_length[5]
+    # returns 1 - 0.5*0.5*2 = 0.5 and 1 - 0.5*0.5*4 = 0.0: the shorter run is the better one
+    assert max(short.advantages) > 0 > min(long.advantages)
+
+
+def test_without_kl_equal_outcomes_teach_nothing() -> None:
+    holder = RecordingHolder()
+    metrics = kl_trainer().train(holder, [trajectory("g", 0, 1.0, response=2), trajectory("g", 1, 1.0, response=4)], 1)
+    assert holder.calls == [] and "kl/mean" not in metrics
+
+
+@pytest.mark.parametrize(("penalty", "per_token"), [("kl", 0.5), ("abs", 0.5), ("mse", 0.125), ("low_var_kl", math.exp(-0.5) - 0.5)])
+def test_each_penalty_reaches_the_reward(penalty: str, per_token: float) -> None:
+    trainer = kl_trainer("algorithm.kl.coef=0.1", f"algorithm.kl.penalty={penalty}")
+    metrics = trainer.train(RecordingHolder(), [trajectory("g", 0, 1.0), trajectory("g", 1, 0.0)], step=1)
+    assert metrics["kl/mean"] == pytest.approx(per_token)
+
+
+def test_the_adaptive_controller_moves_the_coefficient_towards_the_target_and_resumes() -> None:
+    batch = [trajectory("g", 0, 1.0), trajectory("g", 1, 0.0)]  # measured KL 0.5 per token
+    above = kl_trainer("algorithm.kl.coef=0.2", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.1",
+                       "algorithm.kl.horizon=10")  # fmt: skip
+    below = kl_trainer("algorithm.kl.coef=0.2", "algorithm.kl.controller=adaptive", "algorithm.kl.target=5",
+                       "algorithm.kl.horizon=10")  # fmt: skip
+    fixed = kl_trainer("algorithm.kl.coef=0.2", "algorithm.kl.target=0.1")
+    for step in (1, 2):
+        for trainer in (above, below, fixed):
+            trainer.train(RecordingHolder(), batch, step)
+    # KL above target raises the coefficient, below lowers it (by at most 20% x n/horizon a step)
+    assert above.state()["kl_coef"] == pytest.approx(0.2 * 1.04**2)
+    assert below.state()["kl_coef"] == pytest.approx(0.2 * 0.96**2)
+    assert fixed.state()["kl_coef"] == 0.2
+    restored = kl_trainer("algorithm.kl.coef=0.2", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.1",
+                          "algorithm.kl.horizon=10")  # fmt: skip
+    restored.load_state(above.state())
+    assert restored.train(RecordingHolder(), batch, 3)["kl/coef"] == pytest.approx(0.2 * 1.04**2)
+
 
 def test_the_trainer_is_registered_lazily() -> None:
     (spec,) = trainer_specs()
@@ -75,9 +129,9 @@ def test_config_from_the_recipe() -> None:
         )
     )
     assert config.advantage.name == "grpo" and config.advantage_options.norm_by_std is False
-    assert config.train_step.weight_decay == 0.2 and config.train_step.grad_clip_norm == 0.5
+    assert config.train_step.optimizer.weight_decay == 0.2 and config.train_step.optimizer.grad_clip_norm == 0.5
     assert config.train_step.loss_fn == "importance_sampling"
-    assert config.train_step.loss_fn_config == {"entropy_coeff": 0.0}
+    assert config.train_step.loss_fn_config == {"agg_mode": "token-mean", "entropy_coeff": 0.0}
 
 
 def test_datums_shift_tokens_and_mask_advantages_and_uniform_groups_are_skipped() -> None:
