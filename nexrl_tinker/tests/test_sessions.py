@@ -59,22 +59,22 @@ def test_stale_sessions_are_expired_and_release_resources(tmp_path: Path) -> Non
             training = client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(timeout=120)
             sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
             saved = training.save_state("keep").result(timeout=120).path
-            cloud = service.cloud
-            ephemeral = cloud.store.get_sampler(sampler._sampling_session_id)
+            state = service.state
+            ephemeral = state.store.get_sampler(sampler._sampling_session_id)
             assert Path(ephemeral.weights_dir).is_dir()
-            assert cloud.engines.training(training.model_id) is not None
+            assert state.engines.training(training.model_id) is not None
             session_id = client.holder.get_session_id()
-            with cloud.store.tx() as s:  # the client is alive and heartbeating: age the session by hand
-                from nexrl_tinker.server.store import SessionRow
+            with state.store.tx() as s:  # the client is alive and heartbeating: age the session by hand
+                from nexrl_fsdp.runtime.store import SessionRow
 
                 s.get(SessionRow, session_id).last_heartbeat = time.time() - 10
-            cloud.housekeeping()
-            assert cloud.store.get_session(session_id).status == "expired"
-            assert cloud.engines.training(training.model_id) is None
+            state.janitor.sweep()
+            assert state.store.get_session(session_id).status == "expired"
+            assert state.engines.training(training.model_id) is None
             assert not Path(ephemeral.weights_dir).exists()
             with pytest.raises(tinker.NotFoundError, match="unknown sampling session"):
                 sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
             # Named checkpoints survive the expiry.
-            assert cloud.store.get_checkpoint(saved) is not None
+            assert state.store.get_checkpoint(saved) is not None
     finally:
         service.stop()

@@ -1,11 +1,12 @@
 """TinkerCloud: a local server speaking the Tinker wire protocol of SDK 0.38.
 
-Modules, one job each: `settings` (options), `store` (SQL state), `auth` (API keys),
-`ids` (id and path formats), `codec` (protobuf), `futures` (accepted requests and
-long-polls), `scheduler` (ordered execution on threads), `engines` (which engine
-serves what), `cloud` (the shared state and housekeeping), `sessions`, `training`,
-`sampling`, `runs` (the operations), `schemas` (JSON bodies), `app` (routes) and
-`service` (the `TinkerService` that runs it). Requires the ``server`` extra.
+Only the Tinker wire lives here, on the protocol-independent runtime of
+`nexrl_fsdp.runtime` (SQL store, futures, scheduler, engine pool, auth, janitor,
+uvicorn service). Modules, one job each: `ids` (id and ``tinker://`` path formats),
+`codec` (protobuf), `schemas` (JSON bodies), `app` (routes and the ``tml-`` key
+policy), the glue that turns bodies into runtime operations and results into the
+SDK's shapes (`sessions`, `training`, `sampling`, `runs`), and `service` (the
+`TinkerService` that names the protocol). Requires the ``server`` extra.
 """
 
 from __future__ import annotations

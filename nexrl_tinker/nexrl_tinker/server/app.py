@@ -17,14 +17,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from nexrl_tinker.server.auth import Authenticator
-from nexrl_tinker.server.cloud import Cloud
+from nexrl_fsdp.runtime.auth import Authenticator
+from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
+from nexrl_fsdp.runtime.state import ServiceState
 from nexrl_tinker.server.codec import (
     decode_forward_backward,
     decode_forward_backward_json,
     decompress_body,
 )
-from nexrl_tinker.server.errors import ApiError, BadRequest, Forbidden, NotFound
 from nexrl_tinker.server.runs import RunService
 from nexrl_tinker.server.sampling import SamplingService
 from nexrl_tinker.server.schemas import (
@@ -76,15 +76,25 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, "invalid request body: " + "; ".join(parts)
 
 
-def create_app(cloud: Cloud) -> FastAPI:
+API_KEY_PREFIX = "tml-"
+"""The SDK refuses to start without a ``tml-...`` key; without a configured key, the
+server accepts exactly those (and the key names the tenant)."""
+
+
+def create_app(state: ServiceState) -> FastAPI:
     app = FastAPI(title="NexRL TinkerCloud", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.cloud = cloud
-    auth = Authenticator(cloud.settings.api_key)
-    sessions = SessionService(cloud)
-    training = TrainingService(cloud)
-    sampling = SamplingService(cloud, training)
-    runs = RunService(cloud)
-    max_body = cloud.settings.max_body_bytes
+    app.state.service = state
+    auth = Authenticator(
+        state.settings.api_key,
+        header="X-API-Key",
+        required_prefix=API_KEY_PREFIX,
+        missing_hint="the tinker SDK sends TINKER_API_KEY there",
+    )
+    sessions = SessionService(state)
+    training = TrainingService(state)
+    sampling = SamplingService(state, training.ops)
+    runs = RunService(state)
+    max_body = state.settings.max_body_bytes
 
     async def owner(x_api_key: str | None = Header(default=None, alias="X-API-Key")) -> str:
         # A coroutine: FastAPI would run a plain function on its thread pool (a hop per request).
@@ -108,7 +118,7 @@ def create_app(cloud: Cloud) -> FastAPI:
 
     @app.get("/api/v1/healthz")
     def healthz() -> dict[str, Any]:
-        return {"status": "ok", "requests_in_flight": cloud.book.in_flight, "epoch": cloud.book.epoch}
+        return {"status": "ok", "requests_in_flight": state.book.in_flight, "epoch": state.book.epoch}
 
     @app.post("/api/v1/client/config")
     def client_config(_owner: str = Depends(owner)) -> dict[str, Any]:
@@ -124,7 +134,7 @@ def create_app(cloud: Cloud) -> FastAPI:
 
     @app.get("/api/v1/get_server_capabilities")
     def capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
-        base = cloud.base
+        base = state.base
         return {
             "supported_models": [
                 {
@@ -245,19 +255,20 @@ def create_app(cloud: Cloud) -> FastAPI:
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(body: RetrieveFutureBody, who: str = Depends(owner)) -> Response:
         request_id = body.request_id
-        submitter = cloud.book.owner_in_memory(request_id)
+        submitter = state.book.owner_in_memory(request_id)
         if submitter is None:
-            submitter = await run_in_threadpool(cloud.book.owner_of, request_id)
+            submitter = await run_in_threadpool(state.book.owner_of, request_id)
         if submitter is None:
             raise NotFound(f"unknown request_id {request_id!r} (never submitted, or its result expired)")
         if submitter != who:
             raise Forbidden(f"request {request_id!r} belongs to another session (a different API key)")
-        outcome = await cloud.book.wait(request_id, cloud.settings.long_poll_s)
+        outcome = await state.book.wait(request_id, state.settings.long_poll_s)
         if outcome is None:
             return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
-        cloud.book.note_fetched(request_id)
+        state.book.note_fetched(request_id)
         if outcome.status == "failed":
-            return Response(outcome.body(), media_type="application/json")
+            # The SDK raises this as tinker.RequestFailedError.
+            return JSONResponse({"error": outcome.error, "category": outcome.category or "unknown"})
         return Response(outcome.payload, media_type=outcome.content_type)
 
     # --- training runs and checkpoints (RestClient) -----------------------------------------------

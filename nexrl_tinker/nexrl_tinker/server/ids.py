@@ -4,21 +4,21 @@
 * model (training run) ids: ``{session_id}:train:{model_seq_id}``; the SDK builds this
   string itself after ``create_training_client_from_state*``, so it is not a choice;
 * sampler ids: ``{session_id}_{seq}_{8 hex}``;
-* request ids: opaque strings (the SDK validates them as strings, not ints);
+* request ids: opaque strings (the SDK validates them as strings, not ints), made by
+  the runtime's `new_request_id`;
 * checkpoint paths: ``tinker://{model_id}/{weights|sampler_weights}/{name}``, exactly
   three ``/``-separated segments after the scheme.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 import uuid
 
 import attrs
 
-from nexrl_tinker.server.errors import BadRequest
+from nexrl_fsdp.runtime.errors import BadRequest
 
 __all__ = [
     "CHECKPOINT_SEGMENTS",
@@ -26,11 +26,9 @@ __all__ = [
     "check_checkpoint_name",
     "checkpoint_path",
     "model_id_for",
-    "new_request_id",
     "new_sampler_id",
     "new_session_id",
     "parse_tinker_path",
-    "safe_dirname",
 ]
 
 SCHEME = "tinker://"
@@ -50,10 +48,6 @@ def model_id_for(session_id: str, model_seq_id: int) -> str:
 
 def new_sampler_id(session_id: str, seq: int) -> str:
     return f"{session_id}_{seq}_{secrets.token_hex(4)}"
-
-
-def new_request_id() -> str:
-    return f"req-{uuid.uuid4().hex}"
 
 
 def check_checkpoint_name(name: str) -> str:
@@ -94,10 +88,3 @@ def parse_tinker_path(path: str) -> TinkerPath:
             f"invalid checkpoint path {path!r}: the middle segment must be one of {sorted(CHECKPOINT_SEGMENTS)}"
         )
     return TinkerPath(path, model_id, CHECKPOINT_SEGMENTS[segment], name)
-
-
-def safe_dirname(text: str) -> str:
-    """A portable directory name for an id or checkpoint name, unique per input."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:80].strip("._") or "x"
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
-    return f"{readable}-{digest}"

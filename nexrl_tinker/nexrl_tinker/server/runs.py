@@ -9,11 +9,11 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from nexrl_tinker.server.cloud import Cloud
-from nexrl_tinker.server.errors import BadRequest, NotFound
+from nexrl_fsdp.runtime.errors import BadRequest, NotFound
+from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow
 from nexrl_tinker.server.ids import parse_tinker_path
-from nexrl_tinker.server.sessions import _str_dict
-from nexrl_tinker.server.store import CheckpointRow, ModelRow
+from nexrl_tinker.server.sessions import str_dict
 
 __all__ = ["RunService"]
 
@@ -26,23 +26,23 @@ def _iso(timestamp: float | None) -> str | None:
 
 def checkpoint_json(row: CheckpointRow) -> dict[str, Any]:
     return {
-        "checkpoint_id": parse_tinker_path(row.tinker_path).checkpoint_id,
+        "checkpoint_id": parse_tinker_path(row.path).checkpoint_id,
         "checkpoint_type": row.kind,
         "time": _iso(row.created_at),
-        "tinker_path": row.tinker_path,
+        "tinker_path": row.path,
         "size_bytes": row.size_bytes,
         "public": False,
-        "user_metadata": _str_dict(row.user_metadata),
+        "user_metadata": str_dict(row.user_metadata),
         "expires_at": _iso(row.expires_at),
     }
 
 
 class RunService:
-    def __init__(self, cloud: Cloud) -> None:
-        self.cloud = cloud
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
 
     def _run_json(self, model: ModelRow) -> dict[str, Any]:
-        checkpoints = self.cloud.store.checkpoints_of_model(model.model_id)
+        checkpoints = self.state.store.checkpoints_of_model(model.model_id)
         training = [c for c in checkpoints if c.kind == "training"]
         sampler = [c for c in checkpoints if c.kind == "sampler"]
         return {
@@ -55,14 +55,14 @@ class RunService:
             "last_request_time": _iso(model.last_request_time),
             "last_checkpoint": checkpoint_json(training[-1]) if training else None,
             "last_sampler_checkpoint": checkpoint_json(sampler[-1]) if sampler else None,
-            "user_metadata": _str_dict(model.user_metadata),
+            "user_metadata": str_dict(model.user_metadata),
         }
 
     def get(self, owner: str, training_run_id: str) -> dict[str, Any]:
-        return self._run_json(self.cloud.own_model(owner, training_run_id))
+        return self._run_json(self.state.own_model(owner, training_run_id))
 
     def list(self, owner: str, limit: int, offset: int) -> dict[str, Any]:
-        models = self.cloud.store.models_of(owner)
+        models = self.state.store.models_of(owner)
         page = models[offset : offset + limit]
         return {
             "training_runs": [self._run_json(m) for m in page],
@@ -70,12 +70,12 @@ class RunService:
         }
 
     def checkpoints(self, owner: str, training_run_id: str) -> dict[str, Any]:
-        model = self.cloud.own_model(owner, training_run_id)
-        rows = self.cloud.store.checkpoints_of_model(model.model_id)
+        model = self.state.own_model(owner, training_run_id)
+        rows = self.state.store.checkpoints_of_model(model.model_id)
         return {"checkpoints": [checkpoint_json(r) for r in rows], "cursor": None}
 
     def user_checkpoints(self, owner: str, limit: int, offset: int) -> dict[str, Any]:
-        rows = [c for m in self.cloud.store.models_of(owner) for c in self.cloud.store.checkpoints_of_model(m.model_id)]
+        rows = [c for m in self.state.store.models_of(owner) for c in self.state.store.checkpoints_of_model(m.model_id)]
         rows.sort(key=lambda r: r.created_at, reverse=True)
         return {
             "checkpoints": [checkpoint_json(r) for r in rows[offset : offset + limit]],
@@ -83,22 +83,22 @@ class RunService:
         }
 
     def delete_checkpoint(self, owner: str, training_run_id: str, checkpoint_id: str) -> dict[str, Any]:
-        model = self.cloud.own_model(owner, training_run_id)
+        model = self.state.own_model(owner, training_run_id)
         path = f"tinker://{model.model_id}/{checkpoint_id}"
         parse_tinker_path(path)
-        row = self.cloud.store.get_checkpoint(path)
+        row = self.state.store.get_checkpoint(path)
         if row is None:
             raise NotFound(f"unknown checkpoint {path!r}")
-        self.cloud.store.delete_checkpoint(path)
-        self.cloud.delete_checkpoint_files(row)
+        self.state.store.delete_checkpoint(path)
+        self.state.forget_checkpoint_files(row)
         return {"deleted": path}
 
     def weights_info(self, owner: str, tinker_path: str) -> dict[str, Any]:
         if not isinstance(tinker_path, str):
             raise BadRequest("weights_info needs a 'tinker_path' string")
         parsed = parse_tinker_path(tinker_path)
-        self.cloud.own_checkpoint(owner, parsed.path)
-        model = self.cloud.own_model(owner, parsed.model_id)
+        self.state.own_checkpoint(owner, parsed.path)
+        model = self.state.own_model(owner, parsed.model_id)
         return {
             "base_model": model.base_model,
             "optimizer_config": {"type": "adamw"},

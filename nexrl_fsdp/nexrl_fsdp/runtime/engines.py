@@ -1,7 +1,7 @@
 """Which `nexrl_fsdp.Engine` serves which model or sampler, built lazily.
 
-* One engine per training model (full fine-tuning or LoRA, as ``create_model``
-  asked). It is built on first use: at ``create_model``, or after a restart from
+* One engine per training model (full fine-tuning or LoRA, as its creation
+  asked). It is built on first use: when the model is created, or after a restart from
   the model's last saved state.
 * Sampling engines are keyed by the weights they serve (the base model, an exported
   HF directory, or a training-state directory on top of the base), so every sampler
@@ -26,7 +26,7 @@ import attrs
 
 __all__ = ["BaseModelInfo", "EnginePool", "TrainingSpec", "WeightsRef"]
 
-log = logging.getLogger("nexrl_tinker.server")
+log = logging.getLogger("nexrl_fsdp.runtime")
 
 
 def _new_engine(*args: Any, **kwargs: Any) -> Any:
@@ -65,7 +65,7 @@ class BaseModelInfo:
 
 @attrs.frozen
 class TrainingSpec:
-    """How a training model's engine is configured (from ``create_model``)."""
+    """How a training model's engine is configured (what the client asked at creation)."""
 
     base_model: str
     lora_rank: int = 0
@@ -103,6 +103,8 @@ class WeightsRef:
 
 
 class EnginePool:
+    """The loaded engines: one per training model, and an LRU of sampling engines."""
+
     def __init__(self, base: BaseModelInfo, sampler_cache_size: int) -> None:
         self.base = base
         self._sampler_cache_size = max(1, sampler_cache_size)

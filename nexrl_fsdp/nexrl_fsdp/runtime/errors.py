@@ -1,14 +1,14 @@
-"""Errors with an HTTP status and a message the SDK can show.
+"""Errors with an HTTP status and a message a client can show.
 
-Two kinds of failure exist in the Tinker protocol:
+Every protocol served on the runtime has the same two kinds of failure:
 
 * `ApiError`: the HTTP request itself is refused (bad body, unknown id, wrong key,
-  another tenant's resource). It becomes a 4xx with a JSON ``{"detail": message}``
-  body, never an empty one: the SDK takes an empty 400 for a Cloudflare rejection
-  and retries it.
-* `RequestFailed`: an accepted request (a future) failed. ``retrieve_future``
-  answers HTTP 200 ``{"error": message, "category": "user"|"server"}``, which the SDK
-  raises as ``tinker.RequestFailedError``.
+  another tenant's resource). A protocol's routes turn it into a 4xx whose body
+  carries the message, never an empty body (SDKs retry what looks like a proxy's
+  rejection).
+* `RequestFailed`: an accepted request (a future, or an operation in protocols that
+  call it so) failed. The scheduler stores it as the future's outcome, and the
+  protocol answers it in its own shape when the client polls.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ __all__ = [
 
 
 class ApiError(Exception):
+    """A refused HTTP request; subclasses fix the status code."""
+
     status_code = 400
 
     def __init__(self, message: str) -> None:

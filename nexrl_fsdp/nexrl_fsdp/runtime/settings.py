@@ -1,7 +1,10 @@
-"""The server's settings: the core's `ServeOptions` plus the knobs only this service has.
+"""A local service's settings: the core's `ServeOptions` plus the runtime's own knobs.
 
 Kept in one frozen record so every module reads the same values, and so tests can
-shorten the long-poll or the retention times without touching module globals.
+shorten the long-poll or the retention times without touching module globals. The
+``name`` of the protocol picks the defaults that must not collide between services
+run side by side: the data directory ``~/.nexrl/<name>`` and the database
+``<name>.db`` in it.
 """
 
 from __future__ import annotations
@@ -16,25 +19,33 @@ from nexrl_core.serving import ServeOptions
 __all__ = ["ServerSettings", "default_data_dir"]
 
 
-def default_data_dir() -> Path:
-    """``$NEXRL_HOME/tinker``, else ``~/.nexrl/tinker``."""
+def default_data_dir(name: str) -> Path:
+    """``$NEXRL_HOME/<name>``, else ``~/.nexrl/<name>``."""
     home = os.environ.get("NEXRL_HOME")
-    return (Path(home) if home else Path.home() / ".nexrl") / "tinker"
+    return (Path(home) if home else Path.home() / ".nexrl") / name
+
+
+def _path(value: str | Path) -> Path:
+    return Path(value).expanduser()
 
 
 @attrs.frozen(kw_only=True)
 class ServerSettings:
+    name: str = "service"
+    """The protocol's short name: default data directory and database file."""
     host: str = "127.0.0.1"
     port: int = 8000
-    data_dir: Path = attrs.field(factory=default_data_dir, converter=lambda p: Path(p).expanduser())
+    data_dir: Path = attrs.field(
+        default=attrs.Factory(lambda self: default_data_dir(self.name), takes_self=True), converter=_path
+    )
     db_url: str = ""
-    """SQLAlchemy URL; empty means ``sqlite:///<data_dir>/tinker.db``."""
+    """SQLAlchemy URL; empty means ``sqlite:///<data_dir>/<name>.db``."""
     model: str = "nexrl-tiny"
     """The one base model served: a shipped name or a local HF directory."""
     api_key: str | None = None
     long_poll_s: float = 30.0
-    """How long ``retrieve_future`` holds a request before answering try_again; the SDK
-    times out at 45 s."""
+    """How long a poll for a future's outcome is held before the protocol answers "not
+    yet"; below the clients' own HTTP timeouts (45 s is common)."""
     stale_session_s: float = 24 * 3600.0
     """A session without a heartbeat for this long is expired and its resources released."""
     fetched_retention_s: float = 600.0
@@ -63,12 +74,13 @@ class ServerSettings:
 
     @property
     def database_url(self) -> str:
-        return self.db_url or f"sqlite:///{self.data_dir / 'tinker.db'}"
+        return self.db_url or f"sqlite:///{self.data_dir / f'{self.name}.db'}"
 
     @classmethod
-    def from_options(cls, options: ServeOptions, **overrides: object) -> ServerSettings:
-        data_dir = Path(options.data_dir).expanduser() if options.data_dir else default_data_dir()
+    def from_options(cls, options: ServeOptions, name: str, **overrides: object) -> ServerSettings:
+        data_dir = Path(options.data_dir).expanduser() if options.data_dir else default_data_dir(name)
         values: dict[str, object] = {
+            "name": name,
             "host": options.host,
             "port": options.port,
             "data_dir": data_dir,

@@ -1,6 +1,8 @@
-"""Everything TinkerCloud must remember across a restart, in SQL through SQLAlchemy 2.
+"""Everything a local service must remember across a restart, in SQL through SQLAlchemy 2.
 
-Five tables: sessions, models (training runs), samplers, futures and checkpoints.
+Five tables: sessions, models (training runs), samplers (sampling sessions), futures
+(what some protocols call operations) and checkpoints. Ids and checkpoint paths are
+the protocol's own strings; the store only keys rows by them.
 SQLite by default (WAL journal, ``synchronous=NORMAL``: a ``kill -9`` of the server
 loses nothing that was committed, and a commit costs well under a millisecond), any
 SQLAlchemy URL otherwise (PostgreSQL in a multi-host deployment).
@@ -64,11 +66,11 @@ __all__ = [
 
 
 class Base(DeclarativeBase):
-    pass
+    """The runtime's tables: one metadata, created by `Store`."""
 
 
 class SessionRow(Base):
-    """A ServiceClient's session; ``owner`` is the hash of the API key that created it."""
+    """A client's session; ``owner`` is the hash of the API key that created it."""
 
     __tablename__ = "sessions"
 
@@ -87,7 +89,7 @@ class SessionRow(Base):
 
 
 class ModelRow(Base):
-    """A training model, also called a training run: ``{session_id}:train:{model_seq_id}``."""
+    """A training model (a training run), numbered ``model_seq_id`` within its session."""
 
     __tablename__ = "models"
 
@@ -119,7 +121,7 @@ class ModelRow(Base):
 
 
 class SamplerRow(Base):
-    """A sampling session: ``{session_id}_{seq}_{8 hex}``, bound to fixed weights."""
+    """A sampling session, numbered ``seq`` within its session and bound to fixed weights."""
 
     __tablename__ = "samplers"
 
@@ -129,7 +131,7 @@ class SamplerRow(Base):
     owner: Mapped[str] = mapped_column(String(64), index=True)
     base_model: Mapped[str] = mapped_column(String(512))
     model_path: Mapped[str | None] = mapped_column(Text, nullable=True)
-    """The tinker:// path it was created from, None for a base model or an ephemeral save."""
+    """The checkpoint path it was created from, None for a base model or an ephemeral save."""
     model_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     """The training run whose weights it serves, if any."""
     weights_kind: Mapped[str] = mapped_column(String(16))
@@ -172,16 +174,18 @@ class FutureRow(Base):
 
 
 class CheckpointRow(Base):
-    """A named checkpoint: ``tinker://{model_id}/weights/{name}`` (training state) or
-    ``tinker://{model_id}/sampler_weights/{name}`` (an exported HF directory)."""
+    """A named checkpoint of a model: training state or an exported HF directory.
+
+    ``path`` is how clients name it, in the protocol's format (a URI naming the model,
+    the kind and the name, e.g. ``scheme://{model_id}/weights/{name}``)."""
 
     __tablename__ = "checkpoints"
 
-    tinker_path: Mapped[str] = mapped_column(String(768), primary_key=True)
+    path: Mapped[str] = mapped_column(String(768), primary_key=True)
     model_id: Mapped[str] = mapped_column(ForeignKey("models.model_id"), index=True)
     owner: Mapped[str] = mapped_column(String(64), index=True)
     kind: Mapped[str] = mapped_column(String(16))
-    """``training`` or ``sampler`` (the SDK's ``CheckpointType``)."""
+    """``training`` (state to resume from) or ``sampler`` (weights to sample from)."""
     name: Mapped[str] = mapped_column(String(256))
     storage_dir: Mapped[str] = mapped_column(Text)
     has_optimizer: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -514,11 +518,11 @@ class Store:
     def put_checkpoint(self, row: CheckpointRow) -> CheckpointRow | None:
         """Insert or replace; returns the replaced row, if any."""
         with self.tx() as s:
-            old = s.get(CheckpointRow, row.tinker_path)
+            old = s.get(CheckpointRow, row.path)
             previous = None
             if old is not None:
                 previous = CheckpointRow(
-                    tinker_path=old.tinker_path,
+                    path=old.path,
                     model_id=old.model_id,
                     owner=old.owner,
                     kind=old.kind,
@@ -535,9 +539,9 @@ class Store:
             s.add(row)
             return previous
 
-    def get_checkpoint(self, tinker_path: str) -> CheckpointRow | None:
+    def get_checkpoint(self, path: str) -> CheckpointRow | None:
         with self.tx() as s:
-            return s.get(CheckpointRow, tinker_path)
+            return s.get(CheckpointRow, path)
 
     def checkpoints_of_model(self, model_id: str) -> list[CheckpointRow]:
         with self.tx() as s:
@@ -547,9 +551,9 @@ class Store:
                 )
             )
 
-    def delete_checkpoint(self, tinker_path: str) -> CheckpointRow | None:
+    def delete_checkpoint(self, path: str) -> CheckpointRow | None:
         with self.tx() as s:
-            row = s.get(CheckpointRow, tinker_path)
+            row = s.get(CheckpointRow, path)
             if row is not None:
                 s.delete(row)
             return row

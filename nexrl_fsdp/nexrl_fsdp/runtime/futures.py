@@ -1,12 +1,13 @@
 """Futures: the record of every accepted request and the long-poll that waits on it.
 
-A submission is written to the ``futures`` table before its request id goes back to
-the client, so a future survives a crash as a row; a row still pending from a
-previous server process is failed at start-up with a message that says the server
-restarted (the SDK raises it as ``RequestFailedError`` instead of polling forever).
+A future (an "operation" in protocols that call it so) is written to the ``futures``
+table before its request id goes back to the client, so it survives a crash as a row;
+a row still pending from a previous server process is failed at start-up with a
+message that says the server restarted (the client reports that failure instead of
+polling forever).
 
-Results live in the table too (protobuf or JSON bytes) and in a small in-memory map
-for the fast path. ``wait`` is called on the event loop; completion happens on
+Results live in the table too (whatever bytes the protocol encoded, with their
+content type) and in a small in-memory map for the fast path. ``wait`` is called on the event loop; completion happens on
 worker threads and wakes the waiters with ``call_soon_threadsafe``, so a long-poll
 costs no thread while it waits.
 """
@@ -24,10 +25,9 @@ from typing import Any
 
 import attrs
 
-from nexrl_tinker.server.ids import new_request_id
-from nexrl_tinker.server.store import FutureRow, Store
+from nexrl_fsdp.runtime.store import FutureRow, Store
 
-__all__ = ["RESTART_MESSAGE", "FutureBook", "Outcome"]
+__all__ = ["JSON_CONTENT_TYPE", "RESTART_MESSAGE", "FutureBook", "Outcome", "new_request_id"]
 
 JSON_CONTENT_TYPE = "application/json"
 RESTART_MESSAGE = (
@@ -36,9 +36,14 @@ RESTART_MESSAGE = (
 )
 
 
+def new_request_id() -> str:
+    """An opaque, unique request id."""
+    return f"req-{uuid.uuid4().hex}"
+
+
 @attrs.frozen
 class Outcome:
-    """A finished future as ``retrieve_future`` sends it."""
+    """A finished future: the encoded result, or the failure the protocol reports."""
 
     status: str
     """``done`` or ``failed``."""
@@ -55,13 +60,10 @@ class Outcome:
     def failed(cls, message: str, category: str = "user") -> Outcome:
         return cls("failed", JSON_CONTENT_TYPE, b"", message, category)
 
-    def body(self) -> bytes:
-        if self.status == "failed":
-            return json.dumps({"error": self.error, "category": self.category or "unknown"}).encode("utf-8")
-        return self.payload
-
 
 class FutureBook:
+    """Accepted requests: recorded in SQL, resolved from worker threads, awaited by long-polls."""
+
     def __init__(self, store: Store, memory_results: int = 2048) -> None:
         self.store = store
         self.epoch = uuid.uuid4().hex

@@ -1,7 +1,7 @@
 """Runs accepted requests on worker threads, one at a time per lane.
 
-A *lane* is a training model or a sampling engine. Training lanes are ordered: the
-SDK numbers each training client's requests (``seq_id``), may post the chunks of one
+A *lane* is a training model or a sampling engine. Training lanes are ordered: a
+client numbers its requests to one model (``seq_id``), may post the chunks of one
 ``forward_backward`` concurrently with the first chunk last, and expects them applied
 strictly in order. So a training lane keeps ``next_seq`` and runs a job only when its
 number comes up; a job that arrives early waits for the missing ones. A number that
@@ -34,12 +34,12 @@ from typing import Any
 
 import attrs
 
-from nexrl_tinker.server.errors import RequestFailed
-from nexrl_tinker.server.futures import FutureBook, Outcome
+from nexrl_fsdp.runtime.errors import RequestFailed
+from nexrl_fsdp.runtime.futures import FutureBook, Outcome
 
-__all__ = ["Job", "Scheduler"]
+__all__ = ["MAX_BATCH_ROWS", "Job", "Scheduler", "failure_outcome"]
 
-log = logging.getLogger("nexrl_tinker.server")
+log = logging.getLogger("nexrl_fsdp.runtime")
 
 MAX_BATCH_ROWS = 256
 """Most rows (prompts x samples) one batched sampling call takes; a single larger
@@ -48,6 +48,8 @@ request still runs, alone."""
 
 @attrs.define
 class Job:
+    """One accepted request's work, run on a lane when its turn comes."""
+
     request_id: str
     run: Callable[[], Outcome]
     seq: int | None = None
@@ -71,6 +73,8 @@ class _Lane:
 
 
 def failure_outcome(exc: BaseException) -> Outcome:
+    """The outcome of a job that raised: a user error for `RequestFailed` and the
+    engine's input checks, else a server error that is logged with its traceback."""
     if isinstance(exc, RequestFailed):
         return Outcome.failed(exc.message, exc.category)
     if isinstance(exc, ValueError):
@@ -81,14 +85,22 @@ def failure_outcome(exc: BaseException) -> Outcome:
 
 
 class Scheduler:
+    """Lanes of jobs run on a small thread pool; outcomes go to the `FutureBook`."""
+
     def __init__(
-        self, book: FutureBook, threads: int, gap_timeout_s: float, linger_s: float = 0.0, linger_max_s: float = 0.0
+        self,
+        book: FutureBook,
+        threads: int,
+        gap_timeout_s: float,
+        linger_s: float = 0.0,
+        linger_max_s: float = 0.0,
+        thread_name: str = "runtime-compute",
     ) -> None:
         self.book = book
         self.gap_timeout_s = gap_timeout_s
         self.linger_s = linger_s
         self.linger_max_s = linger_max_s
-        self._executor = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tinker-compute")
+        self._executor = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix=thread_name)
         self._lock = threading.Lock()
         self._lanes: dict[str, _Lane] = {}
         self._bursty = False

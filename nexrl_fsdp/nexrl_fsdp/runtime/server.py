@@ -1,0 +1,365 @@
+"""`LocalService`: the core's `Service` protocol over uvicorn, for any protocol's app.
+
+A protocol subclasses it, names itself (``name``, ``title``) and supplies
+``create_app(state)``, its FastAPI routes over a started `ServiceState`; everything
+else is here. ``start()`` serves from a background thread (the tests), or, with
+``ServeOptions(separate_process=True)``, from a child process (the embedded default of
+``nexrl train``: the server's Python work then no longer shares one GIL with the
+training process's SDK client threads); ``serve_forever()`` serves in the foreground
+(``nexrl serve <name>``) and stops cleanly on Ctrl-C or SIGTERM. The listening socket
+is bound before uvicorn starts (in the parent, and handed to a child process), so port
+0 gives a real port to report and a busy port fails in ``start()`` with a clear error
+instead of inside a thread or a child. A child process is ``python -m
+nexrl_fsdp.runtime.server``; it rebuilds the same subclass from its import path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+import attrs
+import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
+
+from nexrl_core.longlived import freeze_long_lived_objects
+from nexrl_core.serving import ServeOptions
+from nexrl_fsdp.runtime.settings import ServerSettings
+
+__all__ = ["LocalService"]
+
+log = logging.getLogger("nexrl_fsdp.runtime")
+
+# How a child-process server learns what to serve (see `LocalService._start_child`).
+_CLASS_ENV = "NEXRL_SERVICE_CLASS"
+_SETTINGS_ENV = "NEXRL_SERVICE_SETTINGS"
+_LISTEN_FD_ENV = "NEXRL_SERVICE_LISTEN_FD"
+_PARENT_PID_ENV = "NEXRL_PARENT_PID"
+_CHILD_LOG = "server.log"
+_CHILD_START_TIMEOUT_S = 120.0
+_CHILD_STOP_TIMEOUT_S = 15.0
+
+
+def _ignore_replayed_sigterm(_signum: int, _frame: Any) -> None:
+    """uvicorn handles SIGTERM itself, then replays it to the previous handler once it has
+    shut down; this handler lets ``serve_forever`` return and clean up instead of dying."""
+
+
+class LocalService:
+    """A local service on the runtime; subclasses supply the protocol."""
+
+    name = "service"
+    """Short name: default data directory and database, thread names."""
+    title = "NexRL service"
+    """How logs and the console name it."""
+    health_path = "/api/v1/healthz"
+    """A route of the protocol's app that answers 200 once it serves (waited on for a child)."""
+
+    def __init__(
+        self,
+        options: ServeOptions | ServerSettings | None = None,
+        *,
+        separate_process: bool | None = None,
+        **overrides: Any,
+    ) -> None:
+        if options is None:
+            options = ServeOptions()
+        if isinstance(options, ServeOptions):
+            self.settings = ServerSettings.from_options(options, self.name, **overrides)
+            default_separate = options.separate_process
+        else:
+            self.settings = options
+            default_separate = False
+        self.separate_process = default_separate if separate_process is None else separate_process
+        """`start()` serves from a child process instead of a thread."""
+        self.state: Any = None
+        """The in-process `ServiceState` (None while serving from a child process)."""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        self._listen_fd: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._process_log: IO[bytes] | None = None
+        self._process_log_start = 0
+        self.base_url: str | None = None
+
+    def create_app(self, state: Any) -> Any:
+        """The protocol's FastAPI app over a started `ServiceState`."""
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        """The child process's id while serving from one, else None."""
+        return self._process.pid if self._process is not None else None
+
+    def _listen(self) -> socket.socket:
+        if self._listen_fd is not None:  # a child process: the parent bound it
+            sock = socket.socket(fileno=self._listen_fd)
+            self._listen_fd = None
+            sock.setblocking(False)
+            return sock
+        return self._bind()
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
+        # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose
+        # proto is TCP, and without it every response on a kept-alive connection waits
+        # ~40 ms for the client's delayed ACK (Nagle).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.settings.host, self.settings.port))
+        except OSError as exc:
+            sock.close()
+            raise RuntimeError(f"cannot listen on {self.settings.host}:{self.settings.port}: {exc}") from exc
+        sock.listen(2048)
+        sock.setblocking(False)
+        return sock
+
+    def _prepare(self) -> Any:
+        import uvicorn
+
+        from nexrl_fsdp.runtime.state import ServiceState
+
+        self._socket = self._listen()
+        try:
+            self.state = ServiceState(self.settings)
+            self.state.start()
+            app = self.create_app(self.state)
+        except BaseException:
+            self._socket.close()
+            if self.state is not None:
+                self.state.close()
+                self.state = None
+            raise
+        self._set_base_url(self._socket)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=75,
+            timeout_graceful_shutdown=5,
+        )
+        book = self.state.book
+
+        class _Server(uvicorn.Server):
+            async def shutdown(self, sockets: Any = None) -> None:
+                # Answer open long-polls ("not yet") now, not after the grace period.
+                book.close()
+                await super().shutdown(sockets=sockets)
+
+        self._server = _Server(config)
+        return self._server
+
+    def start(self) -> str:
+        if self._thread is not None or self._process is not None:
+            raise RuntimeError(f"{type(self).__name__} is already running")
+        if self.separate_process:
+            return self._start_child()
+        server = self._prepare()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                server.run(sockets=[self._socket])
+            except BaseException as exc:  # noqa: BLE001 - reported by start()
+                errors.append(exc)
+
+        self._thread = threading.Thread(target=run, name=f"{self.name}-uvicorn", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if errors or not self._thread.is_alive():
+                self.stop()
+                raise RuntimeError(f"{self.title} failed to start: {errors[0] if errors else 'server thread exited'}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.title} did not start within 60 s")
+            time.sleep(0.01)
+        log.info("%s serving %s at %s", self.title, self.settings.model, self.base_url)
+        assert self.base_url is not None
+        return self.base_url
+
+    def _set_base_url(self, sock: socket.socket) -> str:
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.base_url = f"http://{shown}:{port}"
+        return self.base_url
+
+    def _start_child(self) -> str:
+        """Serve from ``python -m nexrl_fsdp.runtime.server`` on a socket bound here."""
+        sock = self._bind()
+        try:
+            base_url = self._set_base_url(sock)
+            values = attrs.asdict(self.settings)
+            values["data_dir"] = str(self.settings.data_dir)
+            values["port"] = sock.getsockname()[1]
+            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+            self._process_log = open(self.settings.data_dir / _CHILD_LOG, "ab")  # noqa: SIM115 - closed by stop()
+            self._process_log_start = self._process_log.tell()
+            env = dict(os.environ)
+            env[_CLASS_ENV] = f"{type(self).__module__}:{type(self).__qualname__}"
+            env[_SETTINGS_ENV] = json.dumps(values)
+            env[_LISTEN_FD_ENV] = str(sock.fileno())
+            env[_PARENT_PID_ENV] = str(os.getpid())
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "nexrl_fsdp.runtime.server"],
+                stdin=subprocess.DEVNULL,
+                stdout=self._process_log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=(sock.fileno(),),
+                # Out of the terminal's process group: Ctrl-C reaches the parent, whose
+                # stop() then ends the child in order.
+                start_new_session=True,
+            )
+        except BaseException:
+            sock.close()
+            self.stop()
+            raise
+        sock.close()  # the child holds the listening socket now
+        try:
+            self._wait_child_healthy(base_url)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("%s serving %s at %s (process %d)", self.title, self.settings.model, base_url, self._process.pid)
+        return base_url
+
+    def _child_log_tail(self, limit: int = 4000) -> str:
+        try:
+            with open(self.settings.data_dir / _CHILD_LOG, "rb") as f:
+                f.seek(self._process_log_start)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return text[-limit:].strip()
+
+    def _wait_child_healthy(self, base_url: str) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
+        assert self._process is not None
+        deadline = time.monotonic() + _CHILD_START_TIMEOUT_S
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"{self.title} failed to start: its process exited with status {code}; "
+                    f"last output ({self.settings.data_dir / _CHILD_LOG}):\n{self._child_log_tail()}"
+                )
+            try:
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2.0)
+                try:
+                    conn.request("GET", self.health_path)
+                    if conn.getresponse().status == 200:
+                        return
+                finally:
+                    conn.close()
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.title} did not start within {_CHILD_START_TIMEOUT_S:.0f} s; last output "
+                    f"({self.settings.data_dir / _CHILD_LOG}):\n{self._child_log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def _stop_child(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=_CHILD_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("%s process %d ignored SIGTERM for %.0f s; killing it", self.title, process.pid, _CHILD_STOP_TIMEOUT_S)
+                process.kill()
+                process.wait()
+        if self._process_log is not None:
+            self._process_log.close()
+            self._process_log = None
+
+    def stop(self) -> None:
+        self._stop_child()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._server = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+
+    def serve_forever(self) -> None:
+        server = self._prepare()
+        freeze_long_lived_objects()  # this process is the server's own: models and imports are loaded
+        print(
+            f"{self.title} serving {self.settings.model} at {self.base_url} "
+            f"(data: {self.settings.data_dir}, db: {self.state.store.url})",
+            file=sys.stderr,
+            flush=True,
+        )
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _ignore_replayed_sigterm)
+        try:
+            server.run(sockets=[self._socket])
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self._server = None
+            self.stop()
+
+    def __enter__(self) -> LocalService:  # noqa: PYI034 (Self needs Python 3.11)
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End this (child) server when the process that started it is gone: SIGTERM to
+    ourselves for uvicorn's graceful shutdown, then a hard exit if that hangs."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    log.warning("parent process %d is gone; shutting down", parent_pid)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(_CHILD_STOP_TIMEOUT_S)
+    os._exit(1)
+
+
+def _child_main() -> None:
+    """``python -m nexrl_fsdp.runtime.server``: the child process of a
+    ``LocalService(separate_process=True)``; everything comes from the environment."""
+    module, _, qualname = os.environ.pop(_CLASS_ENV).partition(":")
+    service_class = getattr(importlib.import_module(module), qualname)
+    values = json.loads(os.environ.pop(_SETTINGS_ENV))
+    fd = int(os.environ.pop(_LISTEN_FD_ENV))
+    parent = os.environ.pop(_PARENT_PID_ENV, None)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if parent is not None:
+        threading.Thread(target=_watch_parent, args=(int(parent),), name="parent-watch", daemon=True).start()
+    service = service_class(ServerSettings(**values))
+    service._listen_fd = fd
+    service.serve_forever()
+
+
+if __name__ == "__main__":
+    _child_main()

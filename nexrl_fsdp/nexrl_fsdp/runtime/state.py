@@ -1,0 +1,140 @@
+"""`ServiceState`: the one object that holds a local service's state, shared by every route.
+
+It wires the store, the futures book, the scheduler, the engine pool, the checkpoint
+files and the janitor together, and checks ownership: every lookup of a session,
+model, sampler or checkpoint takes the caller's owner id and answers 404 for an
+unknown id, 403 for another tenant's, so a tenant stays inside its own resources
+whatever protocol it speaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from nexrl_fsdp.runtime.engines import BaseModelInfo, EnginePool
+from nexrl_fsdp.runtime.errors import BadRequest, Forbidden, Gone, NotFound
+from nexrl_fsdp.runtime.files import CheckpointFiles
+from nexrl_fsdp.runtime.futures import FutureBook
+from nexrl_fsdp.runtime.janitor import Janitor
+from nexrl_fsdp.runtime.scheduler import Scheduler
+from nexrl_fsdp.runtime.settings import ServerSettings
+from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow, SamplerRow, SessionRow, Store
+
+__all__ = ["ServiceState", "warm_up_imports"]
+
+log = logging.getLogger("nexrl_fsdp.runtime")
+
+
+def warm_up_imports() -> None:
+    """Import the engine stack once on the starting thread.
+
+    transformers resolves its names lazily and that first resolution is not thread-safe:
+    two engines built at once on cold imports can fail with ``cannot import name
+    'AutoTokenizer'``. Importing here also takes the import time off the first request.
+    """
+    import nexrl_fsdp.engine
+    import nexrl_fsdp.loss_fns  # noqa: F401
+    import peft  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    from nexrl_core.registry import get_registry
+
+    get_registry()
+
+
+class ServiceState:
+    """Store, futures, scheduler, engines, files and janitor of one running service."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.base = BaseModelInfo.load(settings.model)
+        self.store = Store(settings.database_url)
+        self.book = FutureBook(self.store)
+        self.scheduler = Scheduler(
+            self.book,
+            settings.compute_threads,
+            settings.gap_timeout_s,
+            linger_s=settings.batch_linger_s,
+            linger_max_s=settings.batch_linger_max_s,
+            thread_name=f"{settings.name}-compute",
+        )
+        self.engines = EnginePool(self.base, settings.sampler_cache_size)
+        self.files = CheckpointFiles(settings.data_dir / "runs")
+        self.janitor = Janitor(self)
+        self.started_at = time.time()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the engine stack, recover from a previous process, start the janitor."""
+        warm_up_imports()
+        self.janitor.start()
+
+    def close(self) -> None:
+        self.janitor.stop()
+        self.scheduler.close()
+        try:
+            self.book.flush_fetched()
+        except Exception:
+            log.exception("could not record fetched results")
+        self.engines.clear()
+        self.store.close()
+
+    def forget_checkpoint_files(self, checkpoint: CheckpointRow) -> None:
+        """Delete a checkpoint's files and any sampling engine cached for them."""
+        self.engines.forget_sampler(checkpoint.storage_dir)
+        self.files.remove(checkpoint.storage_dir)
+
+    # --- ownership ------------------------------------------------------------------------------
+
+    def own_session(self, owner: str, session_id: str, *, active: bool = False) -> SessionRow:
+        if not isinstance(session_id, str) or not session_id:
+            raise BadRequest("session_id must be a non-empty string")
+        session = self.store.get_session(session_id)
+        if session is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        if session.owner != owner:
+            raise Forbidden(f"session {session_id!r} belongs to another API key")
+        if active and session.status == "expired":
+            raise Gone(f"session {session_id!r} expired after {self.settings.stale_session_s / 3600:g} h without a heartbeat")
+        return session
+
+    def own_model(self, owner: str, model_id: str) -> ModelRow:
+        if not isinstance(model_id, str) or not model_id:
+            raise BadRequest("model_id must be a non-empty string")
+        model = self.store.get_model(model_id)
+        if model is None:
+            raise NotFound(f"unknown model {model_id!r}")
+        if model.owner != owner:
+            raise Forbidden(f"model {model_id!r} belongs to another session (a different API key)")
+        return model
+
+    def own_sampler(self, owner: str, sampler_id: str) -> SamplerRow:
+        if not isinstance(sampler_id, str) or not sampler_id:
+            raise BadRequest("sampling_session_id must be a non-empty string")
+        sampler = self.store.get_sampler(sampler_id)
+        if sampler is None:
+            raise NotFound(f"unknown sampling session {sampler_id!r} (it may have expired)")
+        if sampler.owner != owner:
+            raise Forbidden(f"sampling session {sampler_id!r} belongs to another session (a different API key)")
+        return sampler
+
+    def own_checkpoint(self, owner: str, path: str) -> CheckpointRow:
+        checkpoint = self.store.get_checkpoint(path)
+        if checkpoint is None:
+            raise NotFound(f"unknown checkpoint {path!r}")
+        if checkpoint.owner != owner:
+            raise Forbidden(f"checkpoint {path!r} belongs to another session (a different API key)")
+        if not Path(checkpoint.storage_dir).is_dir():
+            raise Gone(f"checkpoint {path!r} has no files any more (deleted on disk)")
+        return checkpoint
+
+    def check_base_model(self, base_model: str) -> str:
+        """The served base model's name if ``base_model`` names it, else `BadRequest`."""
+        served = {self.base.name, str(self.base.directory)}
+        if base_model not in served:
+            raise BadRequest(f"unknown base model {base_model!r}; this server serves {self.base.name!r}")
+        return self.base.name

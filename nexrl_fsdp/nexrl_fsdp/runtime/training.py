@@ -1,0 +1,370 @@
+"""Training operations on the engine pool, the same for every protocol.
+
+Every request that changes or reads a model's weights is a future on the model's
+ordered lane (see `Scheduler`). `TrainingOps.submit` is the submission rule: a
+resubmitted ``(model, seq_id)`` gets the same future and nothing runs twice; the
+protocol's ``prepare`` does the cheap checks at once, so a bad request gets a 4xx
+with a reason instead of a failed future; a refused request still consumes its
+``seq_id``, otherwise every later request of that client would wait for it.
+
+The rest are the engine calls that the protocol's jobs make on a compute thread
+(forward/backward, optimizer step, save, export, load, ephemeral snapshot) and the
+bookkeeping that goes with them (checkpoint rows, the model's last state). Protocols
+decode requests into engine records before and encode results after.
+
+Engines are built lazily: when the model is created, or on first use after a
+restart from the model's last saved (or loaded) training state; steps taken after
+that state are lost with the old process, which the log says.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from nexrl_fsdp.runtime.engines import TrainingSpec, WeightsRef
+from nexrl_fsdp.runtime.errors import ApiError, BadRequest, RequestFailed
+from nexrl_fsdp.runtime.futures import Outcome
+from nexrl_fsdp.runtime.scheduler import Job
+from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow, SamplerRow
+
+__all__ = ["NewModel", "Prepare", "TrainingOps", "training_spec_of"]
+
+log = logging.getLogger("nexrl_fsdp.runtime")
+
+Prepare = Callable[[], Callable[[], Outcome]]
+"""Validates a submission (raising `ApiError` or ValueError) and returns the job body."""
+
+
+@attrs.frozen
+class NewModel:
+    """A model about to be created: who asks, under which session, and its id (the
+    protocol's format)."""
+
+    owner: str
+    session_id: str
+    model_seq_id: int
+    model_id: str
+    user_metadata: dict[str, Any] | None = None
+
+
+def training_spec_of(model: ModelRow) -> TrainingSpec:
+    return TrainingSpec(
+        base_model=model.base_model,
+        lora_rank=model.lora_rank,
+        lora_seed=model.lora_seed,
+        train_mlp=model.train_mlp,
+        train_attn=model.train_attn,
+        train_unembed=model.train_unembed,
+    )
+
+
+class TrainingOps:
+    """Submission and engine work for training models."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self._lock = threading.Lock()
+        self._losses: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+
+    # --- engines ------------------------------------------------------------------------------
+
+    def _loss(self, name: str, config: Mapping[str, Any]) -> Any:
+        """The built loss for submission checks, cached per (name, config): building one
+        walks the plugin registry."""
+        from nexrl_fsdp.loss_fns import build_loss_fn
+
+        key = (name, tuple(sorted((k, str(v)) for k, v in config.items())))
+        with self._lock:
+            loss = self._losses.get(key)
+        if loss is None:
+            loss = build_loss_fn(name, config)
+            with self._lock:
+                if len(self._losses) > 256:
+                    self._losses.clear()
+                self._losses[key] = loss
+        return loss
+
+    def check_datums(self, datums: Sequence[Any], loss_fn: str, loss_fn_config: Mapping[str, Any]) -> None:
+        """Raise ValueError unless the loss exists and the datums fit it and the vocabulary."""
+        from nexrl_fsdp.loss_fns import check_datums
+
+        check_datums(datums, self._loss(loss_fn, loss_fn_config), self.state.base.vocab_size)
+
+    def engine_for(self, model_id: str) -> Any:
+        """The model's engine; after a restart, rebuilt from its last saved state."""
+
+        def build() -> Any:
+            model = self.state.store.get_model(model_id)
+            if model is None:
+                raise RequestFailed(f"model {model_id!r} no longer exists", "user")
+            engine = self.state.engines.new_training_engine(training_spec_of(model))
+            if model.state_dir:
+                if not Path(model.state_dir).is_dir():
+                    raise RequestFailed(
+                        f"model {model_id!r} has to be rebuilt but its last saved state {model.state_dir} was deleted; "
+                        f"create a training client from a checkpoint instead",
+                        "user",
+                    )
+                engine.load_state(model.state_dir, load_optimizer=model.state_has_optimizer)
+                log.warning("rebuilt the engine of %s from its last saved state %s", model_id, model.state_dir)
+            elif model.status == "ready":
+                log.warning("rebuilt the engine of %s from its initial weights (it never saved a state)", model_id)
+            return engine
+
+        return self.state.engines.training_or_build(model_id, build)
+
+    # --- submission ---------------------------------------------------------------------------
+
+    def usable_model(self, owner: str, model_id: str) -> ModelRow:
+        """The caller's model, refused if its creation failed; opens its lane after a restart."""
+        model = self.state.own_model(owner, model_id)
+        if model.status == "failed":
+            raise BadRequest(f"model {model_id!r} could not be created: {model.error}")
+        if not self.state.scheduler.has_lane(model_id):
+            self.state.scheduler.open_ordered(model_id, self.state.store.lane_last_seq(model_id) + 1)
+        return model
+
+    def _seq(self, model: ModelRow, seq_id: int | None) -> int:
+        if seq_id is not None:
+            return seq_id
+        with self._lock:  # clients that send no seq_id run after everything before them
+            seq = self.state.store.lane_last_seq(model.model_id) + 1
+            self.state.store.bump_last_seq(model.model_id, seq)
+            return seq
+
+    def submit(self, owner: str, model: ModelRow, seq_id: int | None, kind: str, prepare: Prepare) -> str:
+        """Dedupe on ``(model, seq_id)``, validate via ``prepare``, record the future and
+        queue the job; returns the request id. A resubmission this process has not seen
+        (one from before a restart) is validated again, then found by the unique index
+        of the futures table."""
+        seq = self._seq(model, seq_id)
+        existing = self.state.book.known(model.model_id, seq)
+        if existing is not None:  # a resubmission: same future, nothing runs twice
+            return existing.request_id
+        try:
+            run = prepare()
+        except (ApiError, ValueError) as exc:
+            self.state.scheduler.skip(model.model_id, seq)
+            self.state.store.bump_last_seq(model.model_id, seq)
+            if isinstance(exc, ApiError):
+                raise
+            raise BadRequest(str(exc)) from None
+        row, is_new = self.state.book.create(owner, model.model_id, seq, kind)
+        if is_new:
+            self.state.scheduler.submit_ordered(model.model_id, Job(row.request_id, run, seq=seq))
+        return row.request_id
+
+    # --- creation -----------------------------------------------------------------------------
+
+    def create_model(self, new: NewModel, spec: TrainingSpec, answer: Callable[[], Outcome]) -> str:
+        """Create a model with fresh weights as the first job of its lane; returns the request id."""
+        try:
+            spec.engine_config()
+        except ValueError as exc:
+            raise BadRequest(f"invalid lora_config: {exc}") from None
+
+        model_id = new.model_id
+
+        def run() -> Outcome:
+            try:
+                self.state.engines.training_or_build(model_id, lambda: self.state.engines.new_training_engine(spec))
+            except Exception as exc:
+                self.state.store.update_model(model_id, status="failed", error=str(exc))
+                raise
+            self.state.store.update_model(model_id, status="ready")
+            return answer()
+
+        return self._create(new, spec, "CreateModel", run)
+
+    def source_of(self, checkpoint: CheckpointRow) -> ModelRow:
+        """The model that saved ``checkpoint``."""
+        source = self.state.store.get_model(checkpoint.model_id)
+        if source is None:
+            raise BadRequest(f"the training run that saved {checkpoint.path!r} no longer exists")
+        return source
+
+    def create_from_checkpoint(
+        self, new: NewModel, checkpoint: CheckpointRow, load_optimizer: bool, answer: Callable[[], Outcome]
+    ) -> str:
+        """Create a model configured like the one that saved ``checkpoint`` and load it;
+        without user metadata of its own it inherits the source model's."""
+        if load_optimizer and not checkpoint.has_optimizer:
+            raise BadRequest(f"checkpoint {checkpoint.path!r} was saved without optimizer state; load it without the optimizer")
+        source = self.source_of(checkpoint)
+        spec = training_spec_of(source)
+        if new.user_metadata is None:
+            new = attrs.evolve(new, user_metadata=source.user_metadata)
+        model_id = new.model_id
+
+        def run() -> Outcome:
+            try:
+                engine = self.state.engines.training_or_build(
+                    model_id, lambda: self.state.engines.new_training_engine(spec)
+                )
+                engine.load_state(checkpoint.storage_dir, load_optimizer=load_optimizer)
+            except Exception as exc:
+                self.state.engines.release_training(model_id)
+                self.state.store.update_model(model_id, status="failed", error=str(exc))
+                raise
+            self.state.store.update_model(
+                model_id, status="ready", state_dir=checkpoint.storage_dir, state_has_optimizer=load_optimizer
+            )
+            return answer()
+
+        return self._create(new, spec, "LoadWeights", run)
+
+    def _create(self, new: NewModel, spec: TrainingSpec, kind: str, run: Callable[[], Outcome]) -> str:
+        owner, model_id = new.owner, new.model_id
+        existing = self.state.store.get_model(model_id)
+        if existing is not None:
+            if existing.owner != owner:
+                raise BadRequest(f"model {model_id!r} exists and belongs to another API key")
+            return existing.create_request_id
+        row, is_new = self.state.book.create(owner, model_id, 0, kind)
+        if not is_new:
+            return row.request_id
+        now = time.time()
+        self.state.store.add_model(
+            ModelRow(
+                model_id=model_id,
+                session_id=new.session_id,
+                model_seq_id=new.model_seq_id,
+                owner=owner,
+                base_model=spec.base_model,
+                lora_rank=spec.lora_rank,
+                lora_seed=spec.lora_seed,
+                train_mlp=spec.train_mlp,
+                train_attn=spec.train_attn,
+                train_unembed=spec.train_unembed,
+                user_metadata=new.user_metadata,
+                created_at=now,
+                last_request_time=now,
+                create_request_id=row.request_id,
+                status="creating",
+                last_seq=0,
+            )
+        )
+        self.state.scheduler.open_ordered(model_id, 0)
+        self.state.scheduler.submit_ordered(model_id, Job(row.request_id, run, seq=0))
+        return row.request_id
+
+    # --- engine work (on compute threads) ---------------------------------------------------------
+
+    def forward(
+        self, model_id: str, datums: Sequence[Any], loss_fn: str, loss_fn_config: Mapping[str, Any], backward: bool
+    ) -> Any:
+        """``Engine.forward_backward`` (or ``forward``) on the model's engine."""
+        engine = self.engine_for(model_id)
+        call = engine.forward_backward if backward else engine.forward
+        return call(list(datums), loss_fn, dict(loss_fn_config))
+
+    def optim_step(self, model_id: str, params: Any) -> Any:
+        return self.engine_for(model_id).optim_step(params)
+
+    def save_state(
+        self,
+        model: ModelRow,
+        name: str,
+        path: str,
+        ttl_seconds: int | None,
+        user_metadata: dict[str, Any] | None,
+    ) -> None:
+        """Save the training state (with the optimizer) as checkpoint ``path``; it becomes
+        the state a restarted server rebuilds the model from."""
+        engine = self.engine_for(model.model_id)
+        directory = self.state.files.new_checkpoint_dir(model.model_id, "training", name)
+        engine.save_state(directory, include_optimizer=True)
+        self._register_checkpoint(model, "training", name, path, directory, ttl_seconds, user_metadata, True)
+        self.state.store.update_model(
+            model.model_id, state_dir=str(directory), state_has_optimizer=True, last_request_time=time.time()
+        )
+
+    def export_sampler(
+        self,
+        model: ModelRow,
+        name: str,
+        path: str,
+        ttl_seconds: int | None,
+        user_metadata: dict[str, Any] | None,
+    ) -> None:
+        """Export the weights for sampling as checkpoint ``path``."""
+        engine = self.engine_for(model.model_id)
+        directory = self.state.files.new_checkpoint_dir(model.model_id, "sampler", name)
+        # The sampler the client creates next gets these weights from memory.
+        self.state.engines.adopt_sampler(WeightsRef("hf", str(directory)), engine.export_sampler(directory))
+        self._register_checkpoint(model, "sampler", name, path, directory, ttl_seconds, user_metadata, False)
+
+    def _register_checkpoint(
+        self,
+        model: ModelRow,
+        kind: str,
+        name: str,
+        path: str,
+        directory: Path,
+        ttl_seconds: int | None,
+        user_metadata: dict[str, Any] | None,
+        has_optimizer: bool,
+    ) -> None:
+        now = time.time()
+        replaced = self.state.store.put_checkpoint(
+            CheckpointRow(
+                path=path,
+                model_id=model.model_id,
+                owner=model.owner,
+                kind=kind,
+                name=name,
+                storage_dir=str(directory),
+                has_optimizer=has_optimizer,
+                created_at=now,
+                expires_at=now + ttl_seconds if ttl_seconds else None,
+                size_bytes=self.state.files.size_of(directory),
+                user_metadata=user_metadata,
+            )
+        )
+        if replaced is not None and replaced.storage_dir != str(directory):
+            current = self.state.store.get_model(model.model_id)
+            if current is not None and current.state_dir == replaced.storage_dir:
+                self.state.store.update_model(model.model_id, state_dir=str(directory))
+            self.state.forget_checkpoint_files(replaced)
+
+    def ephemeral_sampler(self, model: ModelRow, seq: int, sampler_id: str) -> None:
+        """Snapshot the trainable weights and bind the new sampling session ``sampler_id``
+        to them; only the newest ``ephemeral_keep`` snapshots of a model are kept."""
+        engine = self.engine_for(model.model_id)
+        directory = self.state.files.ephemeral_dir(model.model_id, sampler_id)
+        engine.save_state(directory, include_optimizer=False)
+        self.state.store.add_sampler(
+            SamplerRow(
+                sampler_id=sampler_id,
+                session_id=model.session_id,
+                seq=seq,
+                owner=model.owner,
+                base_model=model.base_model,
+                model_path=None,
+                model_id=model.model_id,
+                weights_kind="state",
+                weights_dir=str(directory),
+                ephemeral=True,
+                created_at=time.time(),
+            )
+        )
+        keep = self.state.settings.ephemeral_keep
+        old = self.state.store.ephemeral_samplers_of_model(model.model_id)[:-keep] if keep > 0 else []
+        for sampler in old:
+            self.state.engines.forget_sampler(sampler.weights_dir or "")
+            self.state.files.remove(sampler.weights_dir)
+        self.state.store.delete_samplers([s.sampler_id for s in old])
+
+    def load_state(self, model: ModelRow, checkpoint: CheckpointRow, load_optimizer: bool) -> None:
+        """Load ``checkpoint`` into the model's engine; it becomes the model's last state."""
+        engine = self.engine_for(model.model_id)
+        engine.load_state(checkpoint.storage_dir, load_optimizer=load_optimizer)
+        self.state.store.update_model(model.model_id, state_dir=checkpoint.storage_dir, state_has_optimizer=load_optimizer)
