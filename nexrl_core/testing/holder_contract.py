@@ -4,7 +4,8 @@ Subclass `ServiceHolderContract` and override the ``holder`` fixture to return a
 connected to a running backend (the local Tinker service, say). The checks are what the
 training loop relies on: chat templates render to text or token ids (never a dict),
 samples carry aligned tokens and logprobs, tool calls come back in OpenAI format,
-training returns float metrics and moves the model, and a pickled holder reconnects.
+training returns float metrics and moves the model while reference logprobs stay at the
+base weights, the default step is honoured, and a pickled holder reconnects.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pickle
 import pytest
 
 from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 
@@ -76,13 +78,20 @@ class ServiceHolderContract:
             advantages=[0.0] * (len(prompt) - 1) + [1.0] * len(sample.response_tokens),
             loss_mask=[0.0] * (len(prompt) - 1) + [1.0] * len(sample.response_tokens),
         )
+        step = TrainStepConfig(optimizer=AdamWSettings(learning_rate=1e-2))
+        assert holder.refused_options(step) == {}, "the default step must be honoured"
+        reference = holder.reference_logprobs([tokens])
+        assert len(reference) == 1 and len(reference[0]) == len(tokens) and reference[0][0] == 0.0
         before = holder.update_sampling_weights()
-        metrics = holder.train([datum], TrainStepConfig(learning_rate=1e-2))
+        metrics = holder.train([datum], step)
         assert metrics and all(isinstance(value, float) for value in metrics.values())
         after = holder.update_sampling_weights()
         assert isinstance(after, str) and after != before
         repeat = holder.sample_from_prompt(prompt, SamplingOptions(max_tokens=4, seed=4))
         assert repeat.response_logprobs != sample.response_logprobs, "sampling must see the trained weights"
+        assert holder.reference_logprobs([tokens])[0] == pytest.approx(reference[0], abs=1e-5), (
+            "reference logprobs are the base weights', whatever training did"
+        )
 
     def test_pickled_holder_reconnects(self, holder: ServiceHolder) -> None:
         clone = pickle.loads(pickle.dumps(holder))

@@ -13,12 +13,16 @@ from nexrl_tinker.testing import TEST_API_KEY
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.seeding import call_seed
 
+from nexrl_core.config import ModelConfig
+
+TINY = ModelConfig(name="nexrl-tiny")
+
 GROUP = 6
 
 
 def make_holder(keyed_base_url: str, window_s: float) -> TinkerServiceHolder:
     return TinkerServiceHolder(
-        TinkerHolderConfig(base_url=keyed_base_url, lora_rank=0, api_key=TEST_API_KEY, coalesce_window_s=window_s)
+        TinkerHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY, coalesce_window_s=window_s)
     )
 
 

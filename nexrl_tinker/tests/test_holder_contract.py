@@ -12,11 +12,15 @@ from nexrl_tinker.testing import TEST_API_KEY
 
 from nexrl_core.testing import ServiceHolderContract
 
+from nexrl_core.config import ModelConfig
+
+TINY = ModelConfig(name="nexrl-tiny")
+
 
 class TestTinkerHolderContract(ServiceHolderContract):
     @pytest.fixture
     def holder(self, keyed_base_url: str) -> Iterator[TinkerServiceHolder]:
-        holder = TinkerServiceHolder(TinkerHolderConfig(base_url=keyed_base_url, lora_rank=0, api_key=TEST_API_KEY))
+        holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
         try:
             yield holder
         finally:
@@ -24,7 +28,7 @@ class TestTinkerHolderContract(ServiceHolderContract):
 
 
 def test_checkpoint_round_trip(keyed_base_url: str, tmp_path: Path) -> None:
-    holder = TinkerServiceHolder(TinkerHolderConfig(base_url=keyed_base_url, lora_rank=0, api_key=TEST_API_KEY))
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
     try:
         path = holder.save_checkpoint("contract")
         assert path.startswith("tinker://") and path.endswith("/weights/contract")

@@ -9,12 +9,16 @@ import tinker
 from nexrl_tinker.holder import (
     TinkerHolderConfig,
     TinkerServiceHolder,
-    _tinker_loss_config,
+    _hosted_loss_config,
     _to_tinker_datum,
 )
 
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum
+
+from nexrl_core.config import ModelConfig
+
+TINY = ModelConfig(name="nexrl-tiny")
 
 DATUM = RemoteDatum(
     input_tokens=[1, 2, 3],
@@ -47,13 +51,13 @@ def test_unknown_loss_is_refused_with_the_valid_names() -> None:
 
 def test_clip_widths_become_tinker_ratio_bounds() -> None:
     config = TrainStepConfig(loss_fn="ppo", loss_fn_config={"clip_low": 0.2, "clip_high": 0.28, "entropy_coeff": 0.0})
-    assert _tinker_loss_config(config) == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
-    assert _tinker_loss_config(TrainStepConfig(loss_fn="importance_sampling", loss_fn_config={"clip_low": 0.2})) == {}
+    assert _hosted_loss_config(config) == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
+    assert _hosted_loss_config(TrainStepConfig(loss_fn="importance_sampling", loss_fn_config={"clip_low": 0.2})) == {}
 
 
 def test_transient_errors_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("time.sleep", lambda seconds: None)
-    holder = TinkerServiceHolder(TinkerHolderConfig(base_url="http://127.0.0.1:9", max_retries=2))
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9", max_retries=2))
     calls: list[int] = []
 
     def flaky() -> str:
@@ -73,7 +77,7 @@ def test_transient_errors_are_retried_then_reported(monkeypatch: pytest.MonkeyPa
 
 
 def test_pickles_to_config_and_sampling_path() -> None:
-    holder = TinkerServiceHolder(TinkerHolderConfig(base_url="http://127.0.0.1:9"), sampling_path="tinker://run/sampler_weights/x")
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9"), sampling_path="tinker://run/sampler_weights/x")
     clone = pickle.loads(pickle.dumps(holder))
     assert clone.config == holder.config
     assert clone.__getstate__() == {"config": holder.config, "sampling_path": "tinker://run/sampler_weights/x"}
