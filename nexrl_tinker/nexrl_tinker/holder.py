@@ -14,11 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from nexrl_core.chat import RenderCache, end_of_turn_marker, stop_token_ids
-from nexrl_core.coalesce import SampleCoalescer
+from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.holders import TrainStepConfig
-from nexrl_core.toolcalls import parse_tool_calls
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
 
@@ -60,12 +59,10 @@ class TinkerServiceHolder:
         self._sampling: Any = None
         self._tokenizer: Any = None
         self._renderer: Any = None
-        self._template_facts: tuple[list[str] | list[int], str | None] | None = None
-        """(default stop, end-of-turn marker): both render a probe chat, so once per holder."""
         self._saves = 0
         self._reference: Any = None
         self._nexrl_service: bool | None = None
-        self._renders = RenderCache()
+        self._chat = TemplateChat(self.tokenizer, self._chat_renderer)
         self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
 
     # --- pickling and connection ---------------------------------------------------------
@@ -120,6 +117,11 @@ class TinkerServiceHolder:
                     self._renderer = _cookbook_renderer(self.config.renderer_name, self._tokenizer)
             return self._tokenizer
 
+    def _chat_renderer(self) -> Any:
+        """The tinker-cookbook renderer of ``renderer_name``, or None for the tokenizer's template."""
+        self.tokenizer()
+        return self._renderer
+
     def _retry(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``, retrying transient service errors with exponential backoff."""
         transient = _transient_errors()
@@ -146,26 +148,7 @@ class TinkerServiceHolder:
         add_generation_prompt: bool = True,
         tokenize: bool = False,
     ) -> str | list[int]:
-        tokenizer = self.tokenizer()
-        if self._renderer is not None:
-            if tools or not add_generation_prompt:
-                raise ValueError(
-                    f"renderer {self.config.renderer_name!r} only renders generation prompts without tools; "
-                    "leave renderer_name unset to use the tokenizer's chat template"
-                )
-            tokens = self._renderer.build_generation_prompt(list(messages)).to_ints()
-            return tokens if tokenize else tokenizer.decode(tokens)
-        return self._renders.render(tokenizer, messages, tools, add_generation_prompt, tokenize)
-
-    def _facts(self) -> tuple[list[str] | list[int], str | None]:
-        if self._template_facts is None:
-            tokenizer = self.tokenizer()
-            stop = list(self._renderer.get_stop_sequences()) if self._renderer is not None else stop_token_ids(tokenizer)
-            self._template_facts = (stop, end_of_turn_marker(tokenizer))
-        return self._template_facts
-
-    def _default_stop(self) -> list[str] | list[int]:
-        return list(self._facts()[0])
+        return self._chat.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -179,7 +162,7 @@ class TinkerServiceHolder:
             top_p=options.top_p,
             top_k=options.top_k,
             seed=options.seed,
-            stop=list(options.stop) if options.stop is not None else self._default_stop(),
+            stop=list(options.stop) if options.stop is not None else self._chat.default_stop(),
         )
         model_input = tinker.types.ModelInput.from_ints(tokens=prompt)
         response = self._retry(
@@ -195,24 +178,8 @@ class TinkerServiceHolder:
         logprobs = [float(value) for value in sequence.logprobs or []]
         if len(logprobs) != len(tokens):
             raise RuntimeError(f"Tinker returned {len(tokens)} tokens but {len(logprobs)} logprobs; sampling logprobs are required")
-        parsed = parse_tool_calls(self._visible_text(tokens))
-        return SampleResult(
-            prompt_tokens=prompt,
-            response_tokens=tokens,
-            response_logprobs=logprobs,
-            response_text=parsed.content,
-            tool_calls=parsed.tool_calls,
-            finish_reason="length" if sequence.stop_reason == "length" else "stop",
-        )
-
-    def _visible_text(self, tokens: list[int]) -> str:
-        """The reply as a user sees it: special tokens and the end-of-turn marker removed."""
-        tokenizer = self.tokenizer()
-        text = tokenizer.decode(tokens, skip_special_tokens=False)
-        marker = self._facts()[1]
-        if marker and marker in text:
-            text = text[: text.index(marker)]
-        return str(tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True))
+        finish_reason = "length" if sequence.stop_reason == "length" else "stop"
+        return self._chat.sample_result(prompt, tokens, logprobs, finish_reason)
 
     def sample_from_messages(
         self,
@@ -220,9 +187,7 @@ class TinkerServiceHolder:
         options: SamplingOptions,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> SampleResult:
-        prompt = self.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-        assert isinstance(prompt, list)
-        return self.sample_from_prompt(prompt, options)
+        return self.sample_from_prompt(self._chat.prompt_tokens(messages, tools), options)
 
     # --- training ------------------------------------------------------------------------------
 
