@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DISTRIBUTIONS = [ROOT, ROOT / "plugins" / "nexrl_grpo", ROOT / "nexrl_fsdp", ROOT / "nexrl_tinker"]
+DISTRIBUTIONS = [
+    ROOT,
+    ROOT / "plugins" / "nexrl_grpo",
+    ROOT / "plugins" / "nexrl_remote_api",
+    ROOT / "nexrl_fsdp",
+    ROOT / "nexrl_tinker",
+]
 
 
 def run(*command: str | Path, cwd: Path | None = None) -> str:
@@ -33,6 +39,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_p
         "nexrl",
         "nexrl_fsdp",
         "nexrl_grpo",
+        "nexrl_remote_api",
         "nexrl_tinker",
     ]
     venv = tmp_path / "venv"
@@ -41,7 +48,9 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_p
 
     run(*install, "nexrl==0.1.0", cwd=tmp_path)
     rows = plugin_rows(venv, tmp_path)
-    assert set(rows) == {"grpo"}
+    assert set(rows) == {"core", "grpo", "remote_api"}
+    assert rows["remote_api"]["registers"]["backends"] == ["remote_api"]
+    assert rows["core"]["registers"]["rollout_sources"] == ["threads"]
     assert rows["grpo"]["error"] is None
     assert "grpo" in rows["grpo"]["registers"]["advantage_estimators"]
     assert "ppo" in rows["grpo"]["registers"]["policy_losses"]
