@@ -263,7 +263,7 @@ class TinkerServiceHolder:
             if self._reference is None:
                 self._reference = self._retry(
                     "create a reference sampling client",
-                    lambda: self._service_client().create_sampling_client(base_model=self.config.model.name),
+                    lambda: self._service_client().create_sampling_client(base_model=self.config.model.name).result(),
                 )
             reference = self._reference
         futures = [reference.compute_logprobs(tinker.types.ModelInput.from_ints(tokens=list(tokens))) for tokens in sequences]
