@@ -175,7 +175,7 @@ def run_nexrl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     wanted = f"step_{args.steps:06d}"
     manifests = [
         path
-        for path in (out_dir / "service").rglob(MANIFEST_NAME)
+        for path in (out_dir / "backend" / "service").rglob(MANIFEST_NAME)
         if path.parent.name.startswith(wanted) and not path.parent.name[len(wanted) : len(wanted) + 1].isdigit()
     ]
     checkpoint = str(max(manifests, key=lambda p: p.stat().st_mtime).parent) if manifests else None
