@@ -1,0 +1,89 @@
+"""Options of the ``inprocess`` backend and its holder; light to import (no torch).
+
+``nexrl plugins`` and recipe validation structure ``backend.options`` into
+`InProcessBackendConfig` on machines without torch, so nothing here may import it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from nexrl_core.config.checks import Check, non_empty, non_negative, positive
+from nexrl_core.holders import HolderTarget
+from nexrl_fsdp.config import EngineConfig
+
+__all__ = ["EngineHolderConfig", "EngineOptions", "InProcessBackendConfig"]
+
+positive_int = Check("must be an integer > 0", lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0)
+
+
+@attrs.frozen(kw_only=True)
+class EngineOptions:
+    """How the engine runs in the training process, beyond what the recipe's ``model`` says."""
+
+    device: str = attrs.field(default="cpu", validator=non_empty)
+    """torch device the model lives on: ``cpu``, ``cuda``, ``cuda:1``, ..."""
+    lora_alpha: float = attrs.field(default=32.0, validator=positive)
+    """LoRA scale numerator (the adapters are scaled by ``lora_alpha / model.lora_rank``);
+    unused when ``model.lora_rank`` is 0."""
+    train_mlp: bool = True
+    """With LoRA, adapt the MLP projections."""
+    train_attn: bool = True
+    """With LoRA, adapt the attention projections."""
+    train_unembed: bool = True
+    """With LoRA, adapt the output projection (``lm_head``)."""
+    max_tokens_per_microbatch: int = attrs.field(default=16384, validator=positive_int)
+    """A training step runs its datums in chunks of at most this many padded tokens; a
+    smaller value saves memory and changes nothing else (the losses sum over chunks)."""
+    share_prefixes: bool = True
+    """Run the prompt a GRPO group shares once per training pass instead of once per
+    run; the result equals the plain pass up to float rounding."""
+    sample_linger_s: float = attrs.field(default=0.008, validator=non_negative)
+    """While rollouts send sample requests in bursts, the compute thread waits until
+    none has arrived for this long before it samples them as one batch; 0 never waits.
+    A rollout that samples one request at a time never waits."""
+    sample_linger_max_s: float = attrs.field(default=0.1, validator=non_negative)
+    """The longest the compute thread waits for a burst to end."""
+    max_batch_rows: int = attrs.field(default=256, validator=positive_int)
+    """Most samples one batched engine call draws; a larger burst takes several calls."""
+
+
+@attrs.frozen(kw_only=True)
+class InProcessBackendConfig(EngineOptions):
+    """``backend.options`` of the ``inprocess`` backend: the engine options and the trainer."""
+
+    trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
+    """Registered trainer that turns trajectories into the engine's training calls."""
+
+    def engine_options(self) -> EngineOptions:
+        """The engine half of these options."""
+        return EngineOptions(**{field.name: getattr(self, field.name) for field in attrs.fields(EngineOptions)})
+
+
+@attrs.frozen(kw_only=True)
+class EngineHolderConfig(HolderTarget):
+    """What `nexrl_fsdp.inprocess.holder.EngineHolder` runs: the recipe's model and seed
+    (`HolderTarget`; ``base_url`` and ``api_key`` are unused), and how."""
+
+    engine: EngineOptions = attrs.field(factory=EngineOptions)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's own config; ``model.dtype`` (``fp32``/``bf16``) becomes the parameter dtype.
+
+        :raises ValueError: when ``model.name`` is not set.
+        """
+        if self.model.name is None:
+            raise ValueError("model.name is not set")
+        return EngineConfig(
+            model=self.model.name,
+            dtype=self.model.dtype.value,
+            seed=self.seed,
+            lora_rank=self.model.lora_rank,
+            lora_alpha=self.engine.lora_alpha,
+            train_mlp=self.engine.train_mlp,
+            train_attn=self.engine.train_attn,
+            train_unembed=self.engine.train_unembed,
+            device=self.engine.device,
+            max_tokens_per_microbatch=self.engine.max_tokens_per_microbatch,
+            share_prefixes=self.engine.share_prefixes,
+        )
