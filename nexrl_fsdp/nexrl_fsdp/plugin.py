@@ -1,12 +1,14 @@
-"""Entry-point module of nexrl-fsdp: registers the tiny model's demo task.
+"""Entry-point module of nexrl-fsdp: registers the tiny model's demo task and the ``inprocess`` backend.
 
-Imports nothing heavy; the task module is named by a string and loaded when chosen.
+Imports nothing heavy: the task and the backend are named by strings and loaded when
+chosen; the backend's config class is torch-free.
 """
 
 from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import TaskSpec
+from nexrl_core.specs import BackendSpec, TaskSpec
+from nexrl_fsdp.inprocess.config import InProcessBackendConfig
 
 
 @hookimpl
@@ -16,5 +18,18 @@ def nexrl_tasks() -> list[TaskSpec]:
             name="addition",
             factory="nexrl_fsdp.tiny.task:AdditionTask",
             description="two-digit addition, exact-match reward (the shipped nexrl-tiny model's demo task)",
+        )
+    ]
+
+
+@hookimpl
+def nexrl_backends() -> list[BackendSpec]:
+    """The engine inside the training process: no service, no HTTP."""
+    return [
+        BackendSpec(
+            name="inprocess",
+            factory="nexrl_fsdp.inprocess.backend:open_inprocess",
+            config_class=InProcessBackendConfig,
+            description="The nexrl-fsdp engine in the training process (no service): fastest on one machine",
         )
     ]
