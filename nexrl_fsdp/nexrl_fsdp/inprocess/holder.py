@@ -88,7 +88,9 @@ class EngineHolder:
         self.checkpoint_dir = Path(checkpoint_dir)
         engine_config = config.engine_config()
         self.engine = Engine(engine_config)
+        """What trains, and what checkpoints hold."""
         self.sampler = Engine(engine_config)
+        """What rollouts sample from: the weights of the last `update_sampling_weights`."""
         self._reference: Engine | None = None
         trained = dict(self.engine.model.named_parameters())
         published = set(self.engine.trainable_parameter_names())
@@ -106,6 +108,7 @@ class EngineHolder:
             linger_max_s=options.sample_linger_max_s,
             max_batch_rows=options.max_batch_rows,
         )
+        """The one thread every torch call of this holder runs on."""
 
     def __getstate__(self) -> Any:
         raise TypeError(
