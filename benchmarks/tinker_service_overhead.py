@@ -83,7 +83,8 @@ def main() -> None:
     import tinker
     import torch
     from nexrl_fsdp.engine import Engine
-    from nexrl_fsdp.types import AdamParams, Datum, SamplingParams
+    from nexrl_core.config.adamw import AdamWSettings
+    from nexrl_fsdp.types import Datum, SamplingParams
     from tinker import types
 
     shapes = [(1, 16), (32, 64)]
@@ -124,7 +125,7 @@ def main() -> None:
 
                     def engine_train(engine_data=engine_data) -> None:
                         engine.forward_backward(engine_data, "cross_entropy")
-                        engine.optim_step(AdamParams(**adam))
+                        engine.optim_step(AdamWSettings(**types.AdamParams(**adam).model_dump()))
 
                     def sdk_sample(b=b, t=t) -> None:
                         sampler.sample(

@@ -7,7 +7,7 @@ same pieces. Its surface is Tinker's, so those services stay thin:
 * `Engine.sample` ~ ``SamplingClient.sample`` (raw-model logprobs, stop rules, seeds);
 * `Engine.forward` / `Engine.forward_backward` ~ ``TrainingClient.forward[_backward]``
   (losses by registry name, Tinker sum semantics, gradients accumulate);
-* `Engine.optim_step` ~ ``optim_step(AdamParams)``;
+* `Engine.optim_step` ~ ``optim_step(AdamParams)`` (an `AdamWSettings`);
 * `Engine.save_state` / `Engine.load_state` / `Engine.export_hf` for checkpoints and
   for handing merged weights to a sampler.
 
@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 import torch
+from nexrl_core.config.adamw import AdamWSettings
 
 from nexrl_fsdp import checkpoint as ckpt
 from nexrl_fsdp.config import EngineConfig
@@ -56,12 +57,11 @@ from nexrl_fsdp.optim import AdamW
 from nexrl_fsdp.sampling import make_stop_rule, sample_batch
 from nexrl_fsdp.shared_prefix import plan_prefix_sharing, shared_prefix_logprobs
 from nexrl_fsdp.types import (
-    AdamParams,
     Datum,
     DatumOutput,
     ForwardResult,
     OptimStepResult,
-    SampleResult,
+    PromptSamples,
     SamplingParams,
 )
 
@@ -226,11 +226,11 @@ class Engine:
         num_samples: int | Sequence[int] = 1,
         include_prompt_logprobs: bool = False,
         seeds: Sequence[int | None] | None = None,
-    ) -> list[SampleResult]:
+    ) -> list[PromptSamples]:
         """Sample ``num_samples`` continuations of each prompt (token id lists); a list
         gives each prompt its own count.
 
-        Returns one `SampleResult` per prompt. See `SamplingParams` for temperature,
+        Returns one `PromptSamples` per prompt. See `SamplingParams` for temperature,
         top-k/top-p, stop and seed semantics. Logprobs are those of the raw model
         distribution and match a teacher-forced pass over prompt + tokens.
 
@@ -379,15 +379,15 @@ class Engine:
             self._optimizer = AdamW(self._trainable)
         return self._optimizer
 
-    def optim_step(self, adam_params: AdamParams | Mapping[str, Any] | None = None, **overrides: float) -> OptimStepResult:
+    def optim_step(self, adam_params: AdamWSettings | Mapping[str, Any] | None = None, **overrides: float) -> OptimStepResult:
         """One AdamW step on the accumulated gradients, then zero them.
 
-        ``adam_params`` (an `AdamParams` or a dict of its fields) and keyword overrides,
+        ``adam_params`` (an `AdamWSettings` or a dict of its fields) and keyword overrides,
         e.g. ``optim_step(learning_rate=1e-3, grad_clip_norm=1.0)``; unspecified fields
-        take Tinker's defaults. Hyper-parameters apply to this step only.
+        take `AdamWSettings`' defaults. Hyper-parameters apply to this step only.
         """
         if adam_params is None:
-            adam_params = AdamParams()
+            adam_params = AdamWSettings()
         elif isinstance(adam_params, Mapping):
             adam_params = self._adam_from(dict(adam_params))
         if overrides:
@@ -396,12 +396,12 @@ class Engine:
             return self._optimizer_or_new().step(adam_params)
 
     @staticmethod
-    def _adam_from(values: dict[str, Any]) -> AdamParams:
-        valid = [field.name for field in attrs.fields(AdamParams)]
+    def _adam_from(values: dict[str, Any]) -> AdamWSettings:
+        valid = [field.name for field in attrs.fields(AdamWSettings)]
         unknown = sorted(set(values) - set(valid))
         if unknown:
-            raise ValueError(f"unknown AdamParams fields {unknown}; valid: {', '.join(valid)}")
-        return AdamParams(**values)
+            raise ValueError(f"unknown AdamW fields {unknown}; valid: {', '.join(valid)}")
+        return AdamWSettings(**values)
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping."""

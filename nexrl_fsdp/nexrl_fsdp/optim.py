@@ -1,7 +1,7 @@
 """AdamW over the trainable parameters, with per-step hyper-parameters.
 
-Tinker sends ``AdamParams`` with every ``optim_step``, so learning rate, betas, eps and
-weight decay are written into the param group on each call (a schedule lives in the
+A service sends AdamW settings with every ``optim_step`` (Tinker does), so learning rate,
+betas, eps and weight decay are written into the param group on each call (a schedule lives in the
 caller). The optimizer state is keyed by parameter *name* when saved, so a checkpoint
 does not depend on parameter order.
 """
@@ -13,7 +13,9 @@ from typing import Sequence
 
 import torch
 
-from nexrl_fsdp.types import AdamParams, OptimStepResult
+from nexrl_core.config.adamw import AdamWSettings
+
+from nexrl_fsdp.types import OptimStepResult
 
 __all__ = ["AdamW"]
 
@@ -43,7 +45,7 @@ class AdamW:
             return 0.0
         return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
 
-    def step(self, params: AdamParams) -> OptimStepResult:
+    def step(self, params: AdamWSettings) -> OptimStepResult:
         """Clip, step and zero the gradients; skip (and zero them) if the norm is not finite."""
         norm = self.grad_norm()
         if not math.isfinite(norm):

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
-from nexrl_fsdp.types import SampledSequence, SampleResult, SamplingParams
+from nexrl_fsdp.types import SampledSequence, PromptSamples, SamplingParams
 
 __all__ = ["StopRule", "derive_seed", "make_stop_rule", "sample_batch"]
 
@@ -138,9 +138,9 @@ def sample_batch(
     base_seed: int,
     prompt_seeds: Sequence[int | None] | None = None,
     include_prompt_logprobs: bool = False,
-) -> list[SampleResult]:
+) -> list[PromptSamples]:
     """Sample ``num_samples`` continuations of every prompt (one count for all, or one per
-    prompt); one `SampleResult` per prompt.
+    prompt); one `PromptSamples` per prompt.
 
     Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i] + j,
     0)`` when the prompt has its own seed, else from ``derive_seed(base_seed + j, i)``. A
@@ -248,7 +248,7 @@ def sample_batch(
         rows = range(first_row, first_row + count)
         first_row += count
         results.append(
-            SampleResult(
+            PromptSamples(
                 sequences=[SampledSequence(tokens[row], logprobs[row], reasons[row]) for row in rows],  # type: ignore[arg-type]
                 prompt_logprobs=prompt_logprobs[prompt_index],
             )

@@ -12,12 +12,11 @@ from typing import Any, Literal, Mapping, Sequence, Union
 import attrs
 
 __all__ = [
-    "AdamParams",
     "Datum",
     "DatumOutput",
     "ForwardResult",
     "OptimStepResult",
-    "SampleResult",
+    "PromptSamples",
     "SampledSequence",
     "SamplingParams",
     "StopReason",
@@ -109,7 +108,7 @@ class SampledSequence:
 
 
 @attrs.frozen
-class SampleResult:
+class PromptSamples:
     """Every sample of one prompt."""
 
     sequences: list[SampledSequence]
@@ -154,34 +153,6 @@ class ForwardResult:
     outputs: list[DatumOutput]
     metrics: dict[str, float]
     loss_fn: str
-
-
-@attrs.frozen(kw_only=True)
-class AdamParams:
-    """AdamW hyper-parameters for one optimizer step (Tinker's ``AdamParams``, same defaults)."""
-
-    learning_rate: float = attrs.field(default=1e-4, validator=_finite_number)
-    beta1: float = attrs.field(default=0.9, validator=_finite_number)
-    beta2: float = attrs.field(default=0.95, validator=_finite_number)
-    eps: float = attrs.field(default=1e-12, validator=_finite_number)
-    weight_decay: float = attrs.field(default=0.0, validator=_finite_number)
-    """Decoupled (AdamW): each step multiplies weights by ``1 - lr * weight_decay``."""
-    grad_clip_norm: float = attrs.field(default=0.0, validator=_finite_number)
-    """Clip the global gradient norm to this value; 0 disables clipping."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.learning_rate < 0:
-            raise ValueError(f"AdamParams.learning_rate must be >= 0, got {self.learning_rate!r}")
-        for name in ("beta1", "beta2"):
-            value = getattr(self, name)
-            if not 0 <= value < 1:
-                raise ValueError(f"AdamParams.{name} must be in [0, 1), got {value!r}")
-        if self.eps <= 0:
-            raise ValueError(f"AdamParams.eps must be > 0, got {self.eps!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"AdamParams.weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.grad_clip_norm < 0:
-            raise ValueError(f"AdamParams.grad_clip_norm must be >= 0 (0 = off), got {self.grad_clip_norm!r}")
 
 
 @attrs.frozen

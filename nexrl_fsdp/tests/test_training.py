@@ -8,7 +8,9 @@ import random
 import pytest
 import torch
 
-from nexrl_fsdp import AdamParams, Datum, Engine, SamplingParams
+from nexrl_core.config.adamw import AdamWSettings
+
+from nexrl_fsdp import Datum, Engine, SamplingParams
 from nexrl_fsdp.loss_fns import build_loss_fn
 
 RL_LOSSES = ["importance_sampling", "ppo", "cispo", "gspo"]
@@ -175,7 +177,7 @@ def test_microbatching_does_not_change_the_result(shared_engine: Engine) -> None
 def test_optim_step_changes_weights_and_clears_grads(engine: Engine) -> None:
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     engine.forward_backward([_rl_datum(engine, random.Random(4), 8)], "importance_sampling")
-    result = engine.optim_step(AdamParams(learning_rate=1e-3))
+    result = engine.optim_step(AdamWSettings(learning_rate=1e-3))
     assert not result.skipped and result.step == 1 == engine.step
     assert result.grad_norm > 0 and result.metrics["lr"] == 1e-3
     changed = [n for n, p in engine.model.named_parameters() if not torch.equal(p, before[n])]
@@ -271,7 +273,7 @@ def test_empty_datums_and_inputs(shared_engine: Engine) -> None:
 
 
 def test_bad_adam_params(engine: Engine) -> None:
-    with pytest.raises(ValueError, match="unknown AdamParams fields"):
+    with pytest.raises(ValueError, match="unknown AdamW fields"):
         engine.optim_step(lr=1e-3)
     with pytest.raises(ValueError, match="beta2 must be in"):
         engine.optim_step(beta2=1.0)

@@ -35,7 +35,7 @@ from nexrl_fsdp.engine import Engine
 from nexrl_fsdp.inprocess.compute import ComputeThread, SampleRequest, plan_calls
 from nexrl_fsdp.inprocess.config import EngineHolderConfig
 from nexrl_fsdp.loss_fns import build_loss_fn
-from nexrl_fsdp.types import AdamParams, Datum, SampledSequence, SamplingParams
+from nexrl_fsdp.types import Datum, SampledSequence, SamplingParams
 
 __all__ = ["EngineHolder", "engine_datum"]
 
@@ -176,7 +176,6 @@ class EngineHolder:
         if not datums:
             raise ValueError("train needs at least one datum")
         data = [engine_datum(datum) for datum in datums]
-        adam = AdamParams(**config.optimizer.to_json())
 
         def step() -> dict[str, float]:
             try:
@@ -184,7 +183,7 @@ class EngineHolder:
             except BaseException:
                 self.engine.zero_grad()  # a failed pass may have left part of its gradients
                 raise
-            optimizer = self.engine.optim_step(adam)
+            optimizer = self.engine.optim_step(config.optimizer)
             return {**backward.metrics, **optimizer.metrics}
 
         return {key: float(value) for key, value in self.compute.call(step).items()}

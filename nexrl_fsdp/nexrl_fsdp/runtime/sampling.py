@@ -44,7 +44,7 @@ class SampleTask:
     num_samples: int
     prompt_logprobs: bool
     answer: Callable[[Any], Outcome] = attrs.field(eq=False)
-    """Encodes this request's `SampleResult` for the protocol."""
+    """Encodes this request's `PromptSamples` for the protocol."""
 
 
 @attrs.frozen

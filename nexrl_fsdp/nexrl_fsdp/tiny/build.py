@@ -181,6 +181,7 @@ def _pretrain(engine: Any, prompts: _Prompts, settings: BuildSettings, log: Call
             beta2=settings.beta2,
             eps=settings.eps,
             weight_decay=settings.weight_decay,
+            grad_clip_norm=0.0,
         )
         loss_per_token = result.metrics["loss:sum"] / max(result.metrics["num_tokens:sum"], 1.0)
         if step % 100 == 0 or step == settings.steps - 1:

@@ -26,7 +26,7 @@ __all__ = ["SamplingService"]
 
 
 def _answer(prompt_logprobs: bool, last_n: int | None) -> Any:
-    """The encoder of one request's `SampleResult`."""
+    """The encoder of one request's `PromptSamples`."""
 
     def answer(result: Any) -> Outcome:
         logprobs = result.prompt_logprobs if prompt_logprobs else None

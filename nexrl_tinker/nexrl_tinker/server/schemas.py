@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nexrl_core.config.adamw import AdamWSettings
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -83,12 +84,19 @@ class ModelIdBody(Body):
 
 
 class AdamParamsBody(Body):
+    """Tinker's ``AdamParams`` with Tinker's defaults (eps 1e-12, no weight decay, no clipping),
+    which an SDK call that leaves a field out means."""
+
     learning_rate: float = 1e-4
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
+
+    def settings(self) -> AdamWSettings:
+        """The engine's AdamW record; a value out of range raises ``ValueError`` naming it."""
+        return AdamWSettings(**self.model_dump())
 
 
 class OptimStepBody(Body):

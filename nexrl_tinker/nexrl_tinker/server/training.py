@@ -35,6 +35,7 @@ from nexrl_tinker.server.ids import (
     parse_tinker_path,
 )
 from nexrl_tinker.server.schemas import (
+    AdamParamsBody,
     CreateModelBody,
     LoadWeightsBody,
     OptimStepBody,
@@ -225,14 +226,12 @@ class TrainingService:
         model = self.ops.usable_model(owner, body.model_id)
 
         def prepare() -> Callable[[], Outcome]:
-            from nexrl_fsdp.types import AdamParams
-
             if body.optimizer_params is not None and body.adam_params is None:
                 raise BadRequest(
                     f"optimizer {body.optimizer_params.get('type')!r} is not supported; this server trains with AdamW "
                     f"(send adam_params)"
                 )
-            params = AdamParams(**(body.adam_params.model_dump() if body.adam_params is not None else {}))
+            params = (body.adam_params or AdamParamsBody()).settings()
 
             def run() -> Outcome:
                 result = self.ops.optim_step(model.model_id, params)
