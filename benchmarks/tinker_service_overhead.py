@@ -101,7 +101,7 @@ def main() -> None:
             with tinker.ServiceClient(base_url=url) as client:
                 training = client.create_lora_training_client(base_model="nexrl-tiny", rank=args.rank).result()
                 sampler = client.create_sampling_client(base_model="nexrl-tiny").result()
-                engine = Engine(model="nexrl-tiny", lora_rank=args.rank)
+                engine = Engine(model="nexrl-tiny", lora={"rank": args.rank})
                 base_engine = Engine(model="nexrl-tiny")
                 for b, t in shapes:
                     seqs = tokens(b, t)

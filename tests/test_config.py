@@ -83,7 +83,7 @@ def test_defaults() -> None:
     # the core names no plugin: what only a plugin provides has no default
     assert config.task.name is None and config.model.name is None
     assert config.backend == ComponentChoice(name=None) and config.rollout.source == ComponentChoice(name="threads")
-    assert config.model.dtype is DType.FP32 and config.model.lora_rank == 0
+    assert config.model.dtype is DType.FP32 and config.model.lora.rank == 0
     assert config.algorithm.advantage == ComponentChoice(name="grpo")
     assert config.algorithm.loss == ComponentChoice(name="importance_sampling")
     assert config.algorithm.learning_rate == 1e-4 and config.algorithm.kl.coef == 0.0

@@ -61,6 +61,9 @@ fraction = Check("must be in [0, 1]", lambda value: _finite(value) and 0 <= valu
 positive_fraction = Check("must be in (0, 1]", lambda value: _finite(value) and 0 < value <= 1)
 fraction_below_one = Check("must be in [0, 1)", lambda value: _finite(value) and 0 <= value < 1)
 non_empty = Check("must not be empty", lambda value: isinstance(value, str) and value.strip() != "")
+non_negative_int = Check(
+    "must be an integer >= 0", lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0
+)
 optional_positive_int = Check(
     "must be null or an integer > 0",
     lambda value: value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.checks import (
     fraction,
     non_empty,
@@ -105,8 +106,8 @@ class ModelConfig:
     name: str | None = attrs.field(default=None, validator=optional_non_empty)
     """Model name or path as the backend knows it (``nexrl-tiny``, the model nexrl-fsdp
     ships, or a local Hugging Face directory)."""
-    lora_rank: int = attrs.field(default=0, validator=non_negative)
-    """Rank of the LoRA adapters; 0 trains every weight."""
+    lora: LoraSettings = attrs.field(factory=LoraSettings)
+    """Which weights train: every one (``rank`` 0, the default) or LoRA adapters."""
     dtype: DType = DType.FP32
     """Precision of the trained weights."""
 

@@ -6,12 +6,13 @@ recipe costs a second and not a model load.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from nexrl_core.config.lora import LoraSettings
 
-__all__ = ["DTYPES", "EngineConfig", "LoraSettings"]
+__all__ = ["DTYPES", "EngineConfig"]
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 """Accepted spellings of the two supported parameter dtypes, mapped to the canonical name."""
@@ -32,14 +33,13 @@ def _int_at_least(minimum: int) -> Any:
     return validate
 
 
-def _positive_number(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{type(instance).__name__}.{attribute.name} must be a finite number > 0, got {value!r}")
-
-
 def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must be true or false, got {value!r}")
+
+
+def _lora_settings(value: Any) -> LoraSettings:
+    return LoraSettings(**value) if isinstance(value, Mapping) else value
 
 
 def _non_empty_str(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -48,42 +48,12 @@ def _non_empty_str(instance: Any, attribute: attrs.Attribute, value: Any) -> Non
 
 
 @attrs.frozen(kw_only=True)
-class LoraSettings:
-    """Which LoRA adapters to train; also stored in checkpoint manifests.
-
-    ``rank == 0`` means full fine-tuning (every parameter trains and the flags are
-    ignored), which is what Tinker's ``rank`` semantics suggest for a self-hosted engine.
-    """
-
-    rank: int = attrs.field(default=0, validator=_int_at_least(0))
-    alpha: float = attrs.field(default=32.0, validator=_positive_number)
-    """LoRA scale is ``alpha / rank``."""
-    train_mlp: bool = attrs.field(default=True, validator=_bool)
-    """Adapt the MLP projections (gate/up/down or their equivalents)."""
-    train_attn: bool = attrs.field(default=True, validator=_bool)
-    """Adapt the attention projections (q/k/v/o)."""
-    train_unembed: bool = attrs.field(default=True, validator=_bool)
-    """Adapt the output projection (``lm_head``)."""
-
-    @property
-    def is_lora(self) -> bool:
-        return self.rank > 0
-
-    def __attrs_post_init__(self) -> None:
-        if self.rank > 0 and not (self.train_mlp or self.train_attn or self.train_unembed):
-            raise ValueError("LoRA with rank > 0 needs at least one of train_mlp, train_attn, train_unembed")
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-@attrs.frozen(kw_only=True)
 class EngineConfig:
     """Everything that decides what the engine loads and how it trains.
 
-    Attributes mirror Tinker's ``create_lora_training_client(base_model, rank, seed,
-    train_mlp, train_attn, train_unembed)`` so a local Tinker-compatible service can pass
-    them through unchanged.
+    Attributes mirror a training API's ``create_model`` (Tinker's
+    ``create_lora_training_client(base_model, rank, seed, train_mlp, train_attn,
+    train_unembed)``) so a local service can pass them through unchanged.
     """
 
     model: str = attrs.field(default="nexrl-tiny", validator=_non_empty_str)
@@ -95,12 +65,8 @@ class EngineConfig:
     seed: int = attrs.field(default=0, validator=_int_at_least(0))
     """Seeds LoRA initialisation and the stream of sampling seeds used when a request
     gives none."""
-    lora_rank: int = attrs.field(default=0, validator=_int_at_least(0))
-    """0 = full fine-tuning."""
-    lora_alpha: float = attrs.field(default=32.0, validator=_positive_number)
-    train_mlp: bool = attrs.field(default=True, validator=_bool)
-    train_attn: bool = attrs.field(default=True, validator=_bool)
-    train_unembed: bool = attrs.field(default=True, validator=_bool)
+    lora: LoraSettings = attrs.field(factory=LoraSettings, converter=_lora_settings)
+    """Full fine-tuning (the default) or LoRA; a dict of `LoraSettings` fields works too."""
     device: str = attrs.field(default="cpu", validator=_non_empty_str)
     """torch device string, e.g. ``cpu`` or ``cuda:0``."""
     max_tokens_per_microbatch: int = attrs.field(default=16384, validator=_int_at_least(1))
@@ -111,16 +77,3 @@ class EngineConfig:
     """forward/forward_backward run a prefix shared by several datums (a GRPO group's
     prompt) once and only each datum's own tokens again (`nexrl_fsdp.shared_prefix`);
     results equal the plain pass up to float rounding."""
-
-    @property
-    def lora(self) -> LoraSettings:
-        return LoraSettings(
-            rank=self.lora_rank,
-            alpha=self.lora_alpha,
-            train_mlp=self.train_mlp,
-            train_attn=self.train_attn,
-            train_unembed=self.train_unembed,
-        )
-
-    def __attrs_post_init__(self) -> None:
-        self.lora  # validates the LoRA combination early

@@ -130,7 +130,7 @@ class Engine:
     """One causal LM (full fine-tuning or LoRA) with sampling, losses, AdamW and checkpoints.
 
     Build it with an `EngineConfig` or the same fields as keywords:
-    ``Engine(model="nexrl-tiny")``, ``Engine(EngineConfig(model=path, lora_rank=8))``.
+    ``Engine(model="nexrl-tiny")``, ``Engine(EngineConfig(model=path, lora=LoraSettings(rank=8)))``.
     """
 
     def __init__(self, config: EngineConfig | None = None, **fields: Any) -> None:
@@ -517,6 +517,6 @@ class Engine:
         return copy.deepcopy(self.model)
 
     def __repr__(self) -> str:
-        mode = f"lora rank {self.config.lora_rank}" if self.is_lora else "full fine-tuning"
+        mode = f"lora rank {self.config.lora.rank}" if self.is_lora else "full fine-tuning"
         return f"Engine(model={self.base_model_id!r}, dtype={self.config.dtype}, {mode}, step={self.step})"
 

@@ -11,8 +11,7 @@ import warnings
 from typing import Any
 
 import torch
-
-from nexrl_fsdp.config import LoraSettings
+from nexrl_core.config.lora import LoraSettings
 
 __all__ = ["ATTN_MODULES", "MLP_MODULES", "UNEMBED_MODULES", "apply_training_mode", "lora_target_modules", "merged_copy"]
 

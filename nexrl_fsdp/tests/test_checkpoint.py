@@ -135,7 +135,7 @@ def test_export_sampler_reuses_the_weights_of_samplers_nobody_holds(engine: Engi
 
 def test_load_rejects_other_base_or_garbage(engine: Engine, tmp_path: Path) -> None:
     engine.save_state(tmp_path / "full")
-    lora = Engine(model="nexrl-tiny", lora_rank=2)
+    lora = Engine(model="nexrl-tiny", lora={"rank": 2})
     with pytest.raises(ValueError, match="LoRA settings"):
         lora.load_state(tmp_path / "full")
     exported = engine.export_hf(tmp_path / "hf")

@@ -64,11 +64,11 @@ def test_recipe_settings_reach_the_engine(tmp_path: Path) -> None:
 
 
 def test_lora_settings_reach_the_engine(tmp_path: Path) -> None:
-    config = quickstart(tmp_path, "model.lora_rank=4", "backend.options.lora_alpha=8", "backend.options.train_mlp=false")
+    config = quickstart(tmp_path, "model.lora.rank=4", "model.lora.alpha=8", "model.lora.train_mlp=false")
     backend = open_backend(config, tmp_path / "backend")
     try:
         engine = backend.holder.engine  # type: ignore[attr-defined]
-        assert engine.is_lora and (engine.config.lora_rank, engine.config.lora_alpha) == (4, 8.0)
+        assert engine.is_lora and (engine.config.lora.rank, engine.config.lora.alpha) == (4, 8.0)
         assert not any("mlp" in name for name in engine.trainable_parameter_names())
     finally:
         backend.close()

@@ -3,7 +3,6 @@ KL reference, sampling staleness and checkpoints, on the shipped tiny model."""
 
 from __future__ import annotations
 
-import math
 import pickle
 import threading
 import time
@@ -17,18 +16,17 @@ import torch
 
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.schema import DType, ModelConfig
 from nexrl_core.holders import TrainStepConfig
-from nexrl_core.registry import find_spec
 from nexrl_core.testing import ServiceHolderContract
-from nexrl_core.types import RemoteDatum
+from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract, probe_datums
 from nexrl_fsdp import Engine
 from nexrl_fsdp.inprocess.config import EngineHolderConfig
 from nexrl_fsdp.inprocess.holder import EngineHolder
+from nexrl_grpo.option_cases import LOSS_OPTION_CASES
 
 MESSAGES = [{"role": "user", "content": "12+7="}]
-FROZEN = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
-"""Computes gradients without moving the weights, so two steps see the same model."""
 MOVING = AdamWSettings(learning_rate=1e-2, weight_decay=0.0)
 
 
@@ -47,7 +45,7 @@ def shared_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHo
 
 @pytest.fixture(scope="module")
 def lora_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHolder]:
-    holder = make_holder(tmp_path_factory.mktemp("lora"), lora_rank=4)
+    holder = make_holder(tmp_path_factory.mktemp("lora"), lora=LoraSettings(rank=4))
     try:
         yield holder
     finally:
@@ -71,86 +69,24 @@ def prompt_of(holder: EngineHolder, content: str = "12+7=") -> list[int]:
     return prompt
 
 
-def rl_datum(holder: EngineHolder, response: Sequence[int], deltas: Sequence[float], advantages: Sequence[float]) -> RemoteDatum:
-    """A datum whose sampler logprobs sit ``deltas`` below the current model's, so each
-    response token's importance ratio is ``exp(delta)``."""
-    prompt = prompt_of(holder)
-    tokens = prompt + list(response)
-    (current,) = holder.engine.compute_logprobs([tokens])
-    pad = [0.0] * (len(prompt) - 1)
-    return RemoteDatum(
-        input_tokens=tokens[:-1],
-        target_tokens=tokens[1:],
-        sampling_logprobs=pad + [float(current[len(prompt) + i]) - delta for i, delta in enumerate(deltas)],
-        advantages=pad + list(advantages),
-        loss_mask=pad + [1.0] * len(response),
-    )
+@pytest.fixture(scope="module")
+def base_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHolder]:
+    """A holder nothing trains, so its weights stay the base ones the probe is set against."""
+    holder = make_holder(tmp_path_factory.mktemp("base"))
+    try:
+        yield holder
+    finally:
+        holder.close()
 
 
-def probe_datums(holder: EngineHolder) -> list[RemoteDatum]:
-    """Two datums that make every option of every loss matter: ratios on both sides of
-    every clip range, a negative advantage on a huge ratio (dual clip), and sequence
-    ratios above and below 1 (GSPO)."""
-    response = [int(token) for token in holder.engine.tokenizer.encode("19 is it", add_special_tokens=False)][:4]
-    response += response[:1] * (8 - len(response))
-    deltas = [0.5, -0.5, 2.0, -0.1, 0.3, -2.0, 0.05, 1.0]
-    advantages = [1.0, -1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0]
-    return [
-        rl_datum(holder, response, deltas, advantages),
-        rl_datum(holder, response, [-delta for delta in deltas], advantages),
-    ]
+class TestEngineHolderLossOptions(LossOptionContract):
+    @pytest.fixture
+    def holder(self, base_holder: EngineHolder) -> EngineHolder:
+        return base_holder
 
-
-OPTION_CASES: list[tuple[str, str, Any, Any, dict[str, Any]]] = [
-    # (loss, option, value, other value, options held fixed so that the option applies)
-    ("cross_entropy", "agg_mode", "token-sum", "token-mean", {}),
-    ("cross_entropy", "norm_constant", 1.0, 4.0, {"agg_mode": "seq-mean-token-sum-norm"}),
-    ("importance_sampling", "agg_mode", "token-sum", "seq-mean-token-mean", {}),
-    ("importance_sampling", "norm_constant", 1.0, 4.0, {"agg_mode": "seq-mean-token-sum-norm"}),
-    ("importance_sampling", "entropy_coeff", 0.0, 0.5, {}),
-    ("ppo", "clip_low", 0.2, 0.6, {}),
-    ("ppo", "clip_high", 0.2, 1.0, {}),
-    ("ppo", "dual_clip_c", 3.0, 10.0, {}),
-    ("ppo", "agg_mode", "token-sum", "token-mean", {}),
-    ("ppo", "norm_constant", 1.0, 4.0, {"agg_mode": "seq-mean-token-sum-norm"}),
-    ("ppo", "entropy_coeff", 0.0, 0.5, {}),
-    ("cispo", "clip_low", 0.2, 0.6, {}),
-    ("cispo", "clip_high", 0.2, 1.0, {}),
-    ("cispo", "agg_mode", "token-sum", "token-mean", {}),
-    ("cispo", "norm_constant", 1.0, 4.0, {"agg_mode": "seq-mean-token-sum-norm"}),
-    ("cispo", "entropy_coeff", 0.0, 0.5, {}),
-    ("gspo", "clip_low", 3e-4, 0.5, {}),
-    ("gspo", "clip_high", 4e-4, 1.0, {}),
-    ("gspo", "agg_mode", "token-sum", "seq-mean-token-mean", {}),
-    ("gspo", "norm_constant", 1.0, 4.0, {"agg_mode": "seq-mean-token-sum-norm"}),
-    ("gspo", "entropy_coeff", 0.0, 0.5, {}),
-]
-
-
-def grad_norm(holder: EngineHolder, datums: list[RemoteDatum], loss: str, options: dict[str, Any]) -> float:
-    metrics = holder.train(datums, TrainStepConfig(loss_fn=loss, loss_fn_config=options, optimizer=FROZEN))
-    assert metrics["lr"] == 0.0
-    return metrics["grad_norm"]
-
-
-def test_every_option_of_every_loss_has_a_case() -> None:
-    for loss in {case[0] for case in OPTION_CASES}:
-        options = {field.name for field in attrs.fields(find_spec("policy_losses", loss).config_class)}
-        assert {case[1] for case in OPTION_CASES if case[0] == loss} == options, loss
-
-
-@pytest.mark.parametrize(("loss", "option", "value", "other", "fixed"), OPTION_CASES, ids=[f"{c[0]}-{c[1]}" for c in OPTION_CASES])
-def test_each_loss_option_changes_the_gradient(
-    shared_holder: EngineHolder, loss: str, option: str, value: Any, other: Any, fixed: dict[str, Any]
-) -> None:
-    datums = probe_datums(shared_holder)
-    first = grad_norm(shared_holder, datums, loss, {**fixed, option: value})
-    again = grad_norm(shared_holder, datums, loss, {**fixed, option: value})
-    changed = grad_norm(shared_holder, datums, loss, {**fixed, option: other})
-    assert again == first, "the same step must give the same gradient"
-    assert math.isfinite(changed) and not math.isclose(changed, first, rel_tol=1e-4), (
-        f"{loss}.{option}: {value!r} -> {other!r} left the gradient norm at {first}"
-    )
+    @pytest.fixture
+    def option_cases(self) -> Sequence[LossOptionCase]:
+        return LOSS_OPTION_CASES
 
 
 def test_every_adamw_field_reaches_the_optimizer(shared_holder: EngineHolder, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,9 +104,9 @@ def test_every_adamw_field_reaches_the_optimizer(shared_holder: EngineHolder, mo
     assert metrics["clipped"] == 1.0 and metrics["lr"] == 0.0
 
 
-@pytest.mark.parametrize("loss", sorted({case[0] for case in OPTION_CASES}))
+@pytest.mark.parametrize("loss", sorted({case.loss for case in LOSS_OPTION_CASES}))
 def test_every_registered_loss_is_honoured(shared_holder: EngineHolder, loss: str) -> None:
-    options = {case[1]: case[2] for case in OPTION_CASES if case[0] == loss}
+    options = {case.option: case.value for case in LOSS_OPTION_CASES if case.loss == loss}
     assert shared_holder.refused_options(TrainStepConfig(loss_fn=loss, loss_fn_config=options)) == {}
 
 

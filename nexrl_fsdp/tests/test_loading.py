@@ -55,8 +55,8 @@ def test_directory_without_config(tmp_path: Path) -> None:
     ("fields", "message"),
     [
         ({"dtype": "float8"}, "dtype must be one of"),
-        ({"lora_rank": -1}, "lora_rank must be an integer >= 0"),
-        ({"lora_rank": 4, "train_mlp": False, "train_attn": False, "train_unembed": False}, "at least one of"),
+        ({"lora": {"rank": -1}}, "rank must be an integer >= 0"),
+        ({"lora": {"rank": 4, "train_mlp": False, "train_attn": False, "train_unembed": False}}, "at least one of"),
         ({"model": ""}, "model must be a non-empty string"),
     ],
 )

@@ -34,7 +34,7 @@ def _logits(engine: Engine) -> torch.Tensor:
 
 
 def test_only_adapters_change(shared_engine: Engine) -> None:
-    engine = Engine(model="nexrl-tiny", lora_rank=4, seed=1)
+    engine = Engine(model="nexrl-tiny", lora={"rank": 4}, seed=1)
     names = engine.trainable_parameter_names()
     assert names and all("lora_" in name for name in names)
     assert engine.num_parameters(trainable_only=True) < 0.1 * engine.num_parameters()
@@ -58,7 +58,7 @@ def test_only_adapters_change(shared_engine: Engine) -> None:
     ],
 )
 def test_target_flags(flags: dict, present: list[str], absent: list[str]) -> None:
-    names = Engine(model="nexrl-tiny", lora_rank=2, **flags).trainable_parameter_names()
+    names = Engine(model="nexrl-tiny", lora={"rank": 2, **flags}).trainable_parameter_names()
     modules = {part for name in names for part in f".{name}".split(".")}
     for module in present:
         assert module in modules, module
@@ -67,16 +67,16 @@ def test_target_flags(flags: dict, present: list[str], absent: list[str]) -> Non
 
 
 def test_seeded_initialisation() -> None:
-    a = Engine(model="nexrl-tiny", lora_rank=4, seed=3)
-    b = Engine(model="nexrl-tiny", lora_rank=4, seed=3)
-    c = Engine(model="nexrl-tiny", lora_rank=4, seed=4)
+    a = Engine(model="nexrl-tiny", lora={"rank": 4}, seed=3)
+    b = Engine(model="nexrl-tiny", lora={"rank": 4}, seed=3)
+    c = Engine(model="nexrl-tiny", lora={"rank": 4}, seed=4)
     name = a.trainable_parameter_names()[0]
     assert torch.equal(_state(a)[name], _state(b)[name])
     assert not torch.equal(_state(a)[name], _state(c)[name])
 
 
 def test_lora_save_load_round_trip(tmp_path: Path) -> None:
-    engine = Engine(model="nexrl-tiny", lora_rank=4, seed=1)
+    engine = Engine(model="nexrl-tiny", lora={"rank": 4}, seed=1)
     _step(engine, 2)
     engine.save_state(tmp_path / "ckpt")
     from safetensors.torch import load_file
@@ -86,19 +86,19 @@ def test_lora_save_load_round_trip(tmp_path: Path) -> None:
     _step(engine, 1)
     expected = _state(engine)
 
-    resumed = Engine(model="nexrl-tiny", lora_rank=4, seed=99)  # different init, overwritten by load
+    resumed = Engine(model="nexrl-tiny", lora={"rank": 4}, seed=99)  # different init, overwritten by load
     resumed.load_state(tmp_path / "ckpt")
     _step(resumed, 1)
     got = _state(resumed)
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
     with pytest.raises(ValueError, match="LoRA settings"):
-        Engine(model="nexrl-tiny", lora_rank=8).load_state(tmp_path / "ckpt")
+        Engine(model="nexrl-tiny", lora={"rank": 8}).load_state(tmp_path / "ckpt")
 
 
 @pytest.mark.parametrize("train_unembed", [True, False])
 def test_merged_export_matches(tmp_path: Path, train_unembed: bool) -> None:
-    engine = Engine(model="nexrl-tiny", lora_rank=4, seed=1, train_unembed=train_unembed)
+    engine = Engine(model="nexrl-tiny", seed=1, lora={"rank": 4, "train_unembed": train_unembed})
     _step(engine, 3)
     exported = Engine(model=str(engine.export_hf(tmp_path / "merged")))
     assert not exported.is_lora
@@ -112,7 +112,7 @@ def test_merged_export_matches(tmp_path: Path, train_unembed: bool) -> None:
 
 
 def test_lora_in_bf16_trains_and_samples() -> None:
-    engine = Engine(model="nexrl-tiny", dtype="bfloat16", lora_rank=4, seed=1)
+    engine = Engine(model="nexrl-tiny", dtype="bfloat16", lora={"rank": 4}, seed=1)
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters() if p.requires_grad}
     result = engine.forward_backward(DATA, "ppo")
     assert torch.isfinite(torch.tensor(result.metrics["loss:sum"]))

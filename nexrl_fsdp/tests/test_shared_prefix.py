@@ -124,7 +124,7 @@ def test_the_engine_trains_the_same_with_and_without_sharing(chat_prompts: list[
         )
     results = []
     for share in (False, True):
-        engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=share, lora_rank=lora_rank)
+        engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=share, lora={"rank": lora_rank})
         first = engine.forward_backward(datums, "ppo")
         engine.optim_step({"learning_rate": 1e-3})
         results.append((first, engine.forward(datums, "ppo")))

@@ -32,6 +32,8 @@ CLIPPED_LOSSES = frozenset({"ppo", "cispo"})
 """Tinker losses that take ``clip_low_threshold`` / ``clip_high_threshold`` (ratio bounds)."""
 HOSTED_AGGREGATION = "token-sum"
 """Hosted Tinker's losses are sums over tokens."""
+TINKER_LORA_ALPHA = 32.0
+"""The LoRA scale numerator NexRL's local Tinker service uses (the wire has no alpha)."""
 NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
 """Answered by NexRL's local service only: it computes every registered loss with all
 its options (``loss_fn_config`` carries them, strings in the SDK's v2 map)."""
@@ -82,13 +84,19 @@ class TinkerServiceHolder:
             return self._service
 
     def _training_client(self) -> Any:
+        lora = self.config.model.lora
         with self._lock:
             if self._training is None:
                 self._training = self._retry(
                     "create a training client",
                     lambda: self._service_client()
                     .create_lora_training_client(
-                        self.config.model.name, rank=self.config.model.lora_rank, seed=self.config.seed
+                        self.config.model.name,
+                        rank=lora.rank,
+                        seed=self.config.seed,
+                        train_mlp=lora.train_mlp,
+                        train_attn=lora.train_attn,
+                        train_unembed=lora.train_unembed,
                     )
                     .result(),
                 )
@@ -235,6 +243,11 @@ class TinkerServiceHolder:
             refused["model.dtype"] = (
                 "the Tinker API has no dtype setting (NexRL's local Tinker service trains in fp32); "
                 "use fp32, or backend.name=inprocess for bf16"
+            )
+        if self.config.model.lora.is_lora and self.config.model.lora.alpha != TINKER_LORA_ALPHA:
+            refused["model.lora.alpha"] = (
+                f"the Tinker API has no LoRA alpha (NexRL's local Tinker service scales by {TINKER_LORA_ALPHA:g}/rank); "
+                f"remove it, or use backend.name=inprocess"
             )
         if self.is_nexrl_service():
             return refused

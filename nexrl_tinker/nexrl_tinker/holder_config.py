@@ -13,7 +13,7 @@ from nexrl_core.holders import HolderTarget
 class TinkerHolderConfig(HolderTarget):
     """How to reach a Tinker service and what to train there (`HolderTarget`), plus the
     options only this holder has. ``api_key`` is a ``tml-...`` key; None lets the SDK
-    read ``TINKER_API_KEY``. ``model.lora_rank`` 0 is full fine-tuning on NexRL's local
+    read ``TINKER_API_KEY``. ``model.lora.rank`` 0 is full fine-tuning on NexRL's local
     service; hosted Tinker needs a rank > 0."""
 
     tokenizer_path: str | None = None

@@ -1,4 +1,5 @@
-"""TinkerServiceHolder passes the ServiceHolderContract against the real local service."""
+"""TinkerServiceHolder passes the ServiceHolderContract and the LossOptionContract against
+the real local service, through the real ``tinker`` SDK."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 from nexrl_tinker.testing import TEST_API_KEY
 
-from nexrl_core.testing import ServiceHolderContract
+from collections.abc import Sequence
 
 from nexrl_core.config import ModelConfig
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.testing import ServiceHolderContract
+from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract
+from nexrl_grpo.option_cases import LOSS_OPTION_CASES
 
 TINY = ModelConfig(name="nexrl-tiny")
 
@@ -25,6 +30,55 @@ class TestTinkerHolderContract(ServiceHolderContract):
             yield holder
         finally:
             holder.close()
+
+
+class TestTinkerHolderLossOptions(LossOptionContract):
+    """On NexRL's service every option of every registered loss reaches the gradient."""
+
+    @pytest.fixture
+    def holder(self, keyed_base_url: str) -> Iterator[TinkerServiceHolder]:
+        holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+        try:
+            assert holder.is_nexrl_service()
+            yield holder
+        finally:
+            holder.close()
+
+    @pytest.fixture
+    def option_cases(self) -> Sequence[LossOptionCase]:
+        return LOSS_OPTION_CASES
+
+
+class TestHostedTinkerLossOptions(TestTinkerHolderLossOptions):
+    """As against hosted Tinker: the holder sends only what hosted Tinker computes (clip
+    widths become its ratio bounds, which our service honours as Tinker does) and
+    refuses the rest before step 1."""
+
+    @pytest.fixture
+    def holder(self, keyed_base_url: str) -> Iterator[TinkerServiceHolder]:
+        holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+        holder._nexrl_service = False  # what a service without NexRL's capabilities route gets
+        try:
+            yield holder
+        finally:
+            holder.close()
+
+    def test_hosted_refusals_name_the_option(self, holder: TinkerServiceHolder, option_cases: Sequence[LossOptionCase]) -> None:
+        refused = {
+            (case.loss, key)
+            for case in option_cases
+            for key in holder.refused_options(case.step(case.other))
+        }
+        assert ("gspo", "loss_fn") in refused
+        assert ("ppo", "loss_fn_config.dual_clip_c") in refused and ("ppo", "loss_fn_config.entropy_coeff") in refused
+        assert ("ppo", "loss_fn_config.agg_mode") in refused and ("cispo", "loss_fn_config.norm_constant") in refused
+        assert not {key for loss, key in refused if key.endswith(("clip_low", "clip_high")) and loss in ("ppo", "cispo")}
+
+
+def test_lora_alpha_is_refused_where_the_tinker_api_has_none() -> None:
+    lora = ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=8, alpha=16.0))
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=lora))
+    assert "no LoRA alpha" in holder.refused_options(LOSS_OPTION_CASES[0].step("token-sum"))["model.lora.alpha"]
 
 
 def test_checkpoint_round_trip(keyed_base_url: str, tmp_path: Path) -> None:

@@ -23,15 +23,6 @@ class EngineOptions:
 
     device: str = attrs.field(default="cpu", validator=non_empty)
     """torch device the model lives on: ``cpu``, ``cuda``, ``cuda:1``, ..."""
-    lora_alpha: float = attrs.field(default=32.0, validator=positive)
-    """LoRA scale numerator (the adapters are scaled by ``lora_alpha / model.lora_rank``);
-    unused when ``model.lora_rank`` is 0."""
-    train_mlp: bool = True
-    """With LoRA, adapt the MLP projections."""
-    train_attn: bool = True
-    """With LoRA, adapt the attention projections."""
-    train_unembed: bool = True
-    """With LoRA, adapt the output projection (``lm_head``)."""
     max_tokens_per_microbatch: int = attrs.field(default=16384, validator=positive_int)
     """A training step runs its datums in chunks of at most this many padded tokens; a
     smaller value saves memory and changes nothing else (the losses sum over chunks)."""
@@ -78,11 +69,7 @@ class EngineHolderConfig(HolderTarget):
             model=self.model.name,
             dtype=self.model.dtype.value,
             seed=self.seed,
-            lora_rank=self.model.lora_rank,
-            lora_alpha=self.engine.lora_alpha,
-            train_mlp=self.engine.train_mlp,
-            train_attn=self.engine.train_attn,
-            train_unembed=self.engine.train_unembed,
+            lora=self.model.lora,
             device=self.engine.device,
             max_tokens_per_microbatch=self.engine.max_tokens_per_microbatch,
             share_prefixes=self.engine.share_prefixes,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from nexrl_core.config.lora import LoraSettings
 
 __all__ = ["BaseModelInfo", "EnginePool", "TrainingSpec", "WeightsRef"]
 
@@ -68,23 +69,13 @@ class TrainingSpec:
     """How a training model's engine is configured (what the client asked at creation)."""
 
     base_model: str
-    lora_rank: int = 0
+    lora: LoraSettings = attrs.field(factory=LoraSettings)
     lora_seed: int = 0
-    train_mlp: bool = True
-    train_attn: bool = True
-    train_unembed: bool = True
 
     def engine_config(self) -> Any:
         from nexrl_fsdp.config import EngineConfig
 
-        return EngineConfig(
-            model=self.base_model,
-            lora_rank=self.lora_rank,
-            seed=self.lora_seed,
-            train_mlp=self.train_mlp,
-            train_attn=self.train_attn,
-            train_unembed=self.train_unembed,
-        )
+        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed)
 
 
 @attrs.frozen

@@ -100,6 +100,7 @@ class ModelRow(Base):
     base_model: Mapped[str] = mapped_column(String(512))
     lora_rank: Mapped[int] = mapped_column(Integer, default=0)
     """0 means full fine-tuning."""
+    lora_alpha: Mapped[float] = mapped_column(Float, default=32.0)
     lora_seed: Mapped[int] = mapped_column(Integer, default=0)
     train_mlp: Mapped[bool] = mapped_column(Boolean, default=True)
     train_attn: Mapped[bool] = mapped_column(Boolean, default=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from nexrl_core.config.lora import LoraSettings
 
 from nexrl_fsdp.runtime.engines import TrainingSpec, WeightsRef
 from nexrl_fsdp.runtime.errors import ApiError, BadRequest, RequestFailed
@@ -58,11 +59,14 @@ class NewModel:
 def training_spec_of(model: ModelRow) -> TrainingSpec:
     return TrainingSpec(
         base_model=model.base_model,
-        lora_rank=model.lora_rank,
+        lora=LoraSettings(
+            rank=model.lora_rank,
+            alpha=model.lora_alpha,
+            train_mlp=model.train_mlp,
+            train_attn=model.train_attn,
+            train_unembed=model.train_unembed,
+        ),
         lora_seed=model.lora_seed,
-        train_mlp=model.train_mlp,
-        train_attn=model.train_attn,
-        train_unembed=model.train_unembed,
     )
 
 
@@ -239,11 +243,12 @@ class TrainingOps:
                 model_seq_id=new.model_seq_id,
                 owner=owner,
                 base_model=spec.base_model,
-                lora_rank=spec.lora_rank,
+                lora_rank=spec.lora.rank,
+                lora_alpha=spec.lora.alpha,
                 lora_seed=spec.lora_seed,
-                train_mlp=spec.train_mlp,
-                train_attn=spec.train_attn,
-                train_unembed=spec.train_unembed,
+                train_mlp=spec.lora.train_mlp,
+                train_attn=spec.lora.train_attn,
+                train_unembed=spec.lora.train_unembed,
                 user_metadata=new.user_metadata,
                 created_at=now,
                 last_request_time=now,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -63,6 +64,12 @@ class LoraConfigBody(Body):
     train_unembed: bool = True
     train_mlp: bool = True
     train_attn: bool = True
+
+    def settings(self) -> LoraSettings:
+        """The engine's LoRA record (Tinker's wire has no alpha: the default applies)."""
+        return LoraSettings(
+            rank=self.rank, train_mlp=self.train_mlp, train_attn=self.train_attn, train_unembed=self.train_unembed
+        )
 
 
 class OptimizerConfigBody(BaseModel):

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+from nexrl_core.config.lora import LoraSettings
 
 from nexrl_fsdp.runtime.engines import TrainingSpec
 from nexrl_fsdp.runtime.errors import BadRequest
@@ -170,11 +171,8 @@ class TrainingService:
         lora = body.lora_config
         spec = TrainingSpec(
             base_model=base_model,
-            lora_rank=lora.rank if lora is not None else 0,
+            lora=LoraSettings() if lora is None else lora.settings(),
             lora_seed=(lora.seed or 0) if lora is not None else 0,
-            train_mlp=lora.train_mlp if lora is not None else True,
-            train_attn=lora.train_attn if lora is not None else True,
-            train_unembed=lora.train_unembed if lora is not None else True,
         )
         model_id = model_id_for(session.session_id, body.model_seq_id)
         new = NewModel(owner, session.session_id, body.model_seq_id, model_id, body.user_metadata)

@@ -127,10 +127,10 @@ def test_every_loss_option_travels_by_value() -> None:
 
 
 def test_the_holder_config_takes_model_and_seed_from_the_recipe(tmp_path: Path) -> None:
-    recipe = load_config(None, ["model.name=m", "model.lora_rank=4", "seed=7"])
+    recipe = load_config(None, ["model.name=m", "model.lora.rank=4", "seed=7"])
     setup = BackendSetup(recipe=recipe, options=RemoteApiBackendConfig(holder={"refuse": ["x"]}), work_dir=tmp_path)
     config = holder_config(CounterConfig, setup, "http://127.0.0.1:1", "key")
-    assert (config.model.name, config.model.lora_rank, config.seed) == ("m", 4, 7)
+    assert (config.model.name, config.model.lora.rank, config.seed) == ("m", 4, 7)
     assert (config.base_url, config.api_key, config.refuse) == ("http://127.0.0.1:1", "key", ("x",))
     taken = BackendSetup(recipe=recipe, options=RemoteApiBackendConfig(holder={"model": {}}), work_dir=tmp_path)
     with pytest.raises(ConfigError, match="backend.options.holder.model: set by the recipe"):
