@@ -13,10 +13,12 @@ from typing import Any
 
 _CONTRACTS = {
     "AdvantageEstimatorContract": "nexrl_core.testing.advantage_contract",
+    "BackendContract": "nexrl_core.testing.backend_contract",
     "LossOptionCase": "nexrl_core.testing.loss_option_contract",
     "LossOptionContract": "nexrl_core.testing.loss_option_contract",
     "PolicyLossContract": "nexrl_core.testing.loss_contract",
     "ServiceHolderContract": "nexrl_core.testing.holder_contract",
+    "TrainerContract": "nexrl_core.testing.backend_contract",
 }
 
 __all__ = sorted(_CONTRACTS)

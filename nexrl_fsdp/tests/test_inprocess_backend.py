@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
 from nexrl_core.loop import run_training
 from nexrl_core.registry import find_spec
+from nexrl_core.testing import BackendContract
 from nexrl_remote_api.holder_backend import HolderBackend
 
 
@@ -32,6 +34,22 @@ def quickstart(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfi
 def open_backend(config: TrainConfig, work_dir: Path) -> HolderBackend:
     options = resolve_options("backends", config.backend, "backend")
     return find_spec("backends", "inprocess").open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
+
+
+@pytest.fixture(scope="module")
+def contract_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HolderBackend]:
+    directory = tmp_path_factory.mktemp("contract")
+    backend = open_backend(quickstart(directory), directory / "backend")
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+class TestInProcessBackendContract(BackendContract):
+    @pytest.fixture
+    def backend(self, contract_backend: HolderBackend) -> HolderBackend:
+        return contract_backend
 
 
 def test_registering_the_backend_does_not_import_torch() -> None:

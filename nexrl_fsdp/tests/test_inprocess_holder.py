@@ -7,6 +7,7 @@ import pickle
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,15 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.schema import DType, ModelConfig
 from nexrl_core.holders import TrainStepConfig
-from nexrl_core.testing import ServiceHolderContract
+from nexrl_core.config import load_config
+from nexrl_core.testing import ServiceHolderContract, TrainerContract
+from nexrl_core.trainer import Trainer
 from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract, probe_datums
 from nexrl_fsdp import Engine
 from nexrl_fsdp.inprocess.config import EngineHolderConfig
 from nexrl_fsdp.inprocess.holder import EngineHolder
 from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+from nexrl_remote_api.holder_backend import build_trainer
 
 MESSAGES = [{"role": "user", "content": "12+7="}]
 MOVING = AdamWSettings(learning_rate=1e-2, weight_decay=0.0)
@@ -77,6 +81,21 @@ def base_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHold
         yield holder
     finally:
         holder.close()
+
+
+class TestGrpoTrainerContract(TrainerContract):
+    """The registered GRPO trainer as the quickstart builds it, with an adaptive KL
+    coefficient so that its state is more than empty."""
+
+    @pytest.fixture
+    def trainer(self) -> Trainer:
+        with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
+            recipe = load_config(path, ["algorithm.kl.coef=0.1", "algorithm.kl.controller=adaptive"])
+        return build_trainer(recipe, "remote_api_grpo", "backend.options.trainer")
+
+    @pytest.fixture
+    def holder(self, shared_holder: EngineHolder) -> EngineHolder:
+        return shared_holder
 
 
 class TestEngineHolderLossOptions(LossOptionContract):

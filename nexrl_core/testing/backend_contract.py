@@ -1,0 +1,91 @@
+"""Contracts for the two halves of training: a `Backend` (the loop's seam) and a `Trainer`
+(the algorithm half of a backend built on a service holder).
+
+Subclass `BackendContract` and override ``backend`` with an opened backend; subclass
+`TrainerContract` and override ``trainer`` and ``holder`` (a holder at any weights).
+The checks are what the loop relies on: sampling with aligned logprobs, a training step
+that returns float metrics, weights that reach sampling only on sync, and a checkpoint
+that brings sampling back to the weights it saved. Training data are real samples of
+the backend's own model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from nexrl_core.backend import Backend
+from nexrl_core.holders import ServiceHolder
+from nexrl_core.testing.rollouts import probe_sample, sampled_group
+from nexrl_core.trainer import Trainer
+
+
+def _float_metrics(metrics: dict[str, float]) -> None:
+    assert metrics, "a training step must report metrics"
+    assert all(isinstance(value, float) for value in metrics.values()), metrics
+
+
+class BackendContract:
+    """Checks any backend; override the ``backend`` fixture."""
+
+    @pytest.fixture
+    def backend(self) -> Backend:
+        raise NotImplementedError("override the 'backend' fixture to return an opened backend")
+
+    def test_chat_model_samples_tokens_with_logprobs(self, backend: Backend) -> None:
+        sample = probe_sample(backend.chat_model())
+        assert sample.prompt_tokens and 0 < len(sample.response_tokens) <= 6
+        assert len(sample.response_logprobs) == len(sample.response_tokens)
+        assert all(math.isfinite(value) and value <= 0 for value in sample.response_logprobs)
+
+    def test_training_reaches_sampling_on_sync(self, backend: Backend) -> None:
+        before = probe_sample(backend.chat_model())
+        _float_metrics(backend.train(sampled_group(backend.chat_model()), step=1))
+        published = backend.sync_weights(step=1)
+        assert isinstance(published, str) and published
+        after = probe_sample(backend.chat_model())
+        assert (after.response_tokens, after.response_logprobs) != (before.response_tokens, before.response_logprobs), (
+            "sampling must see the weights of the last sync"
+        )
+
+    def test_checkpoint_brings_sampling_back(self, backend: Backend) -> None:
+        path = backend.save_checkpoint("contract")
+        saved = probe_sample(backend.chat_model())
+        backend.train(sampled_group(backend.chat_model()), step=2)
+        backend.sync_weights(step=2)
+        assert probe_sample(backend.chat_model()).response_logprobs != saved.response_logprobs
+        backend.load_checkpoint(path)
+        restored = probe_sample(backend.chat_model())
+        assert restored.response_tokens == saved.response_tokens
+        assert restored.response_logprobs == pytest.approx(saved.response_logprobs, abs=1e-4)
+
+
+class TrainerContract:
+    """Checks any registered trainer on a real holder; override ``trainer`` and ``holder``."""
+
+    @pytest.fixture
+    def trainer(self) -> Trainer:
+        raise NotImplementedError("override the 'trainer' fixture to return the trainer under test")
+
+    @pytest.fixture
+    def holder(self) -> ServiceHolder:
+        raise NotImplementedError("override the 'holder' fixture to return a connected service holder")
+
+    def test_holder_honours_the_train_step(self, trainer: Trainer, holder: ServiceHolder) -> None:
+        assert holder.refused_options(trainer.train_step) == {}
+
+    def test_train_then_sync_publishes_new_weights(self, trainer: Trainer, holder: ServiceHolder) -> None:
+        before = probe_sample(holder)
+        _float_metrics(trainer.train(holder, sampled_group(holder), step=1))
+        published = trainer.sync_weights(holder, step=1)
+        assert isinstance(published, str) and published
+        assert probe_sample(holder).response_logprobs != before.response_logprobs
+
+    def test_state_survives_json(self, trainer: Trainer, holder: ServiceHolder) -> None:
+        trainer.train(holder, sampled_group(holder), step=1)
+        state = trainer.state()
+        restored = json.loads(json.dumps(state))
+        trainer.load_state(restored)
+        assert trainer.state() == state
