@@ -1,11 +1,15 @@
-"""NexRL's embedded path against TRL's ``GRPOTrainer``: same model, task and settings.
+"""NexRL's quickstart on each of its backends against TRL's ``GRPOTrainer``: same model,
+task and settings.
 
 One invocation trains the shipped tiny model (``nexrl-tiny``) on the two-digit addition
-task twice, each in its own child process of this script:
+task once per side, each in its own child process of this script:
 
-* (a) NexRL: the built-in quickstart recipe through `nexrl_core.loop.run_training`
-  (embedded local Tinker-compatible service, GRPO advantages, ``importance_sampling``
-  loss, full fine-tuning), with the shared settings below as overrides;
+* (a) NexRL, one side per backend: the built-in quickstart recipe through
+  `nexrl_core.loop.run_training` (GRPO advantages, ``importance_sampling`` loss, full
+  fine-tuning) with the shared settings below as overrides, on ``remote_api`` (the
+  quickstart's own backend: the real ``tinker`` SDK against the embedded local
+  Tinker-compatible service in its own process) and on ``inprocess`` (the engine inside
+  the training process: no service, no HTTP);
 * (b) TRL: ``GRPOTrainer`` on a copy of the same model directory and tokenizer, the same
   training prompts in the same order, the same exact-match reward.
 
@@ -14,8 +18,8 @@ tokens, temperature 1, learning rate, seed, and the AdamW settings NexRL's recip
 (betas, eps, weight decay, grad-clip norm, constant learning rate). Both take exactly one
 optimizer step per batch of ``prompts x group`` completions, on-policy.
 
-It prints seconds per step and the validation reward after N steps for both, with the
-ratios NexRL/TRL. Targets: NexRL s/step <= 1.0x TRL's, and NexRL's final reward >= TRL's.
+It prints seconds per step and the validation reward after N steps for every side, side
+by side, with the ratios NexRL/TRL. Targets: NexRL s/step <= 1.0x TRL's, and NexRL's final reward >= TRL's.
 The exit status is 0 whatever the verdict: this is a benchmark, not a test.
 
 Measured:
@@ -30,11 +34,12 @@ Measured:
   `nexrl_fsdp.Engine` at temperature 1 with the same seed (common random numbers), the
   same stop tokens and ``--max-tokens``, ``--eval-samples`` samples per problem, exact
   match, mean. NexRL's final weights are its last checkpoint (``schedule.checkpoint_every``
-  = N), loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
+  = N, the engine checkpoint its backend wrote), loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
   per problem) is printed as a cross-check only.
 
 Run: ``python benchmarks/vs_trl.py [--steps 10] [--prompts-per-step 16] [--group-size 8]
-[--max-tokens 8] [--lr 1e-4] [--val-size 200] [--seed 0] [--only nexrl|trl]``.
+[--max-tokens 8] [--lr 1e-4] [--val-size 200] [--seed 0] [--only SIDE ...]`` with
+sides ``remote_api``, ``inprocess`` and ``trl``.
 Needs ``trl`` installed under the torch pin: ``pip install -c constraints.txt trl``.
 """
 
@@ -65,7 +70,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import nexrl_fsdp  # noqa: E402, F401
 
 MODEL_NAME = "nexrl-tiny"
-SIDES = ("nexrl", "trl")
+NEXRL_SIDES = ("remote_api", "inprocess")
+"""NexRL's backends, each run through the quickstart recipe with ``backend.name`` set."""
+SIDES = (*NEXRL_SIDES, "trl")
 SPEED_TARGET = 1.0
 """NexRL s/step must be at most this multiple of TRL's."""
 
@@ -105,8 +112,8 @@ def model_dir() -> Path:
     return resolve_model_dir(MODEL_NAME)
 
 
-def quickstart_config(args: argparse.Namespace, out_dir: Path) -> Any:
-    """The built-in quickstart recipe with the shared settings as overrides."""
+def quickstart_config(args: argparse.Namespace, out_dir: Path, backend: str = "remote_api") -> Any:
+    """The built-in quickstart recipe on ``backend`` with the shared settings as overrides."""
     from importlib.resources import as_file, files
 
     from nexrl_core.config import load_config
@@ -127,6 +134,8 @@ def quickstart_config(args: argparse.Namespace, out_dir: Path) -> Any:
         f"seed={args.seed}",
         f"output.dir={out_dir}",
     ]
+    if backend != "remote_api":
+        overrides += [f"backend.name={backend}", "backend.options={}"]
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
         return load_config(recipe, overrides)
 
@@ -145,7 +154,7 @@ def training_items(args: argparse.Namespace) -> list[dict[str, Any]]:
 # --- (a) NexRL -----------------------------------------------------------------------------------
 
 
-def run_nexrl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, Any]:
     import logging
 
     from nexrl_fsdp.checkpoint import MANIFEST_NAME
@@ -154,8 +163,8 @@ def run_nexrl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nexrl").setLevel(logging.INFO)
-    out_dir = work / "nexrl_run"
-    config = quickstart_config(args, out_dir)
+    out_dir = work / f"nexrl_{backend}_run"
+    config = quickstart_config(args, out_dir, backend)
     seed_everything(args.seed)
     started = time.perf_counter()
     summary = run_training(config, overwrite=True, progress_bar=False)
@@ -170,17 +179,17 @@ def run_nexrl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
     val = {int(row["step"]): float(row["val/reward/mean"]) for row in rows if "val/reward/mean" in row}
 
-    # The final weights: the engine checkpoint (nexrl-fsdp format) the embedded service wrote
-    # for step N, in a directory whose name starts with the checkpoint name.
+    # The final weights: the engine checkpoint (nexrl-fsdp format) the backend (or its
+    # embedded service) wrote for step N, in a directory whose name starts with its name.
     wanted = f"step_{args.steps:06d}"
     manifests = [
         path
-        for path in (out_dir / "backend" / "service").rglob(MANIFEST_NAME)
+        for path in (out_dir / "backend").rglob(MANIFEST_NAME)
         if path.parent.name.startswith(wanted) and not path.parent.name[len(wanted) : len(wanted) + 1].isdigit()
     ]
     checkpoint = str(max(manifests, key=lambda p: p.stat().st_mtime).parent) if manifests else None
     return {
-        "side": "nexrl",
+        "side": backend,
         "steps_done": summary.steps,
         "step_seconds": step_seconds,
         "step_parts": parts,
@@ -388,17 +397,24 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: dict[str, Any]) -> None:
-    nexrl, trl_ = results.get("nexrl", {}), results.get("trl", {})
+    sides = [side for side in SIDES if side in results]
+    nexrl_sides = [side for side in sides if side in NEXRL_SIDES]
     speed = {
-        side: median_after_first(results[side]["step_seconds"]) if "step_seconds" in results.get(side, {}) else None
-        for side in SIDES
+        side: median_after_first(results[side]["step_seconds"]) if "step_seconds" in results[side] else None
+        for side in sides
     }
-    reward = {side: evals[side][0] if side in evals else None for side in SIDES}
+    reward = {side: evals[side][0] if side in evals else None for side in sides}
+    stderr = {side: evals[side][1] if side in evals else None for side in sides}
     start = evals.get("start")
     n_eval = start[2] if start else args.val_size * args.eval_samples
 
+    def row(label: str, values: dict[str, str], ratios: dict[str, str] | None = None, target: str = "") -> None:
+        cells = [values.get(side, "n/a") for side in sides]
+        cells += [(ratios or {}).get(side, "") for side in nexrl_sides] if "trl" in sides else []
+        print(f"| {label} | " + " | ".join(cells) + (f" | {target} |" if "trl" in sides else " |"))
+
     print()
-    print("## NexRL vs TRL GRPOTrainer")
+    print("## NexRL's backends vs TRL GRPOTrainer")
     print(
         f"model {MODEL_NAME}, addition task, {args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} "
         f"samples, max_tokens {args.max_tokens}, lr {args.lr}, seed {args.seed}, {args.threads} torch threads"
@@ -408,64 +424,61 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: 
         f"(T=1, seed {args.seed}, same Engine sampler for every model; n={n_eval})"
     )
     print()
-    print("| | NexRL | TRL | ratio (NexRL/TRL) | target |")
-    print("|---|---|---|---|---|")
-    r_speed = ratio(speed["nexrl"], speed["trl"])
-    print(
-        f"| s/step (median, steps 2..N) | {fmt(speed['nexrl'])} | {fmt(speed['trl'])} | {fmt(r_speed, 2)} | <= {SPEED_TARGET:.2f} |"
+    headers = [f"NexRL {side}" if side in NEXRL_SIDES else "TRL" for side in sides]
+    if "trl" in sides:
+        headers += [f"{side}/TRL" for side in nexrl_sides] + ["target"]
+    print("| | " + " | ".join(headers) + " |")
+    print("|" + "---|" * (len(headers) + 1))
+    row(
+        "s/step (median, steps 2..N)",
+        {side: fmt(speed[side]) for side in sides},
+        {side: fmt(ratio(speed[side], speed.get("trl")), 2) for side in nexrl_sides},
+        f"<= {SPEED_TARGET:.2f}",
     )
-    r_reward = ratio(reward["nexrl"], reward["trl"])
-    stderr = {side: evals[side][1] if side in evals else None for side in SIDES}
-    print(
-        f"| final val reward | {fmt(reward['nexrl'])} ± {fmt(stderr['nexrl'])} | {fmt(reward['trl'])} ± {fmt(stderr['trl'])} "
-        f"| {fmt(r_reward, 2)} | >= 1.00 |"
+    row(
+        "final val reward",
+        {side: f"{fmt(reward[side])} ± {fmt(stderr[side])}" for side in sides},
+        {side: fmt(ratio(reward[side], reward.get("trl")), 2) for side in nexrl_sides},
+        ">= 1.00",
     )
     start_text = f"{fmt(start[0])} ± {fmt(start[1])}" if start else "n/a"
-    print(f"| start val reward (untrained) | {start_text} | {start_text} | 1.00 | |")
-    gains = {side: reward[side] - start[0] if reward[side] is not None and start else None for side in SIDES}
-    print(
-        f"| reward gain over start | {fmt(gains['nexrl'], 3)} | {fmt(gains['trl'], 3)} | {fmt(ratio(gains['nexrl'], gains['trl']), 2)} | |"
+    row("start val reward (untrained)", {side: start_text for side in sides})
+    row(
+        "training call wall s (see note)",
+        {side: fmt(results[side].get("wall_s"), 1) for side in sides},
+        {side: fmt(ratio(results[side].get("wall_s"), results.get("trl", {}).get("wall_s")), 2) for side in nexrl_sides},
     )
-    wall = {side: results[side].get("wall_s") if side in results else None for side in SIDES}
-    print(
-        f"| training call wall s (see note) | {fmt(wall['nexrl'], 1)} | {fmt(wall['trl'], 1)} "
-        f"| {fmt(ratio(wall['nexrl'], wall['trl']), 2)} | |"
-    )
-    proc = {side: results[side].get("process_s") if side in results else None for side in SIDES}
-    print(
-        f"| child process wall s (incl. imports, set-up) | {fmt(proc['nexrl'], 1)} | {fmt(proc['trl'], 1)} | {fmt(ratio(proc['nexrl'], proc['trl']), 2)} | |"
+    row(
+        "child process wall s (incl. imports, set-up)",
+        {side: fmt(results[side].get("process_s"), 1) for side in sides},
+        {side: fmt(ratio(results[side].get("process_s"), results.get("trl", {}).get("process_s")), 2) for side in nexrl_sides},
     )
     print()
 
-    for side in SIDES:
-        result = results.get(side)
-        if result is None:
-            continue
+    for side in sides:
+        result = results[side]
         if "error" in result:
             print(f"{side}: did not run ({result['error']}); see {side}.log in the work dir")
             continue
-        steps = " ".join(f"{s:.3f}" for s in result["step_seconds"])
-        print(f"{side}: every step's seconds: {steps}")
+        print(f"{side}: every step's seconds: " + " ".join(f"{s:.3f}" for s in result["step_seconds"]))
         if result.get("train_reward"):
             print(f"{side}: training reward per step: " + " ".join(f"{r:.3f}" for r in result["train_reward"]))
-    if "step_parts" in nexrl:
-        parts = nexrl["step_parts"]
-        print(
-            "nexrl: step split (median, steps 2..N): "
-            + ", ".join(f"{key} {fmt(parts.get(key))} s" for key in ("rollout", "train", "sync"))
-        )
-    if nexrl.get("inloop_val"):
-        val = nexrl["inloop_val"]
-        print(
-            "nexrl: cross-check, its own in-loop val/reward/mean (same held-out items, T=1, 1 sample each, its "
-            "own seeds): "
-            + ", ".join(f"step {step}: {value:.3f}" for step, value in sorted(val.items(), key=lambda kv: int(kv[0])))
-        )
-    if "nexrl" in evals:
-        print(f"nexrl: final reward evaluated from its step-{args.steps} checkpoint {nexrl.get('checkpoint')}")
-    elif "error" not in nexrl and nexrl:
-        print("nexrl: no final checkpoint found, so no final reward from the common evaluation")
+        if "step_parts" in result:
+            parts = result["step_parts"]
+            print(
+                f"{side}: step split (median, steps 2..N): "
+                + ", ".join(f"{key} {fmt(parts.get(key))} s" for key in ("rollout", "train", "sync"))
+            )
+        if result.get("inloop_val"):
+            print(
+                f"{side}: cross-check, its own in-loop val/reward/mean (same held-out items, T=1, 1 sample each): "
+                + ", ".join(f"step {step}: {value:.3f}" for step, value in sorted(result["inloop_val"].items(), key=lambda kv: int(kv[0])))
+            )
+        if side in NEXRL_SIDES:
+            found = f"from its step-{args.steps} checkpoint {result.get('checkpoint')}" if side in evals else "not evaluated: no final checkpoint"
+            print(f"{side}: final reward {found}")
     if "trl" in evals:
+        trl_ = results["trl"]
         print(
             f"trl: final reward evaluated from the saved model {trl_.get('model_dir')} (TRL {trl_.get('trl_version')}, "
             f"loss_type={trl_.get('loss_type')}, scale_rewards={trl_.get('scale_rewards')})"
@@ -475,8 +488,9 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: 
         "on_step_begin..on_step_end (generation + reward + loss + backward + AdamW)."
     )
     print(
-        "note: training call wall = run_training() for NexRL (includes starting the embedded service, validation "
-        "before step 1 and after step N, and the final checkpoint) and trainer.train() for TRL (steps only)."
+        "note: training call wall = run_training() for NexRL (includes opening the backend, e.g. starting the "
+        "embedded service, validation before step 1 and after step N, and the final checkpoint) and "
+        "trainer.train() for TRL (steps only)."
     )
     print(
         "note: the second vCPU of this machine is noisy (2-thread runs vary up to ~3x minute to minute, "
@@ -485,22 +499,24 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: 
     print()
 
     verdicts = []
-    if r_speed is None:
-        verdicts.append("speed: NOT MEASURED")
-    else:
-        verdicts.append(
-            f"speed: {'PASS' if r_speed <= SPEED_TARGET else 'FAIL'} ({r_speed:.2f}x, target <= {SPEED_TARGET:.2f}x)"
-        )
-    if reward["nexrl"] is None or reward["trl"] is None:
-        verdicts.append("reward: NOT MEASURED")
-    else:
-        noise = ((stderr["nexrl"] or 0.0) ** 2 + (stderr["trl"] or 0.0) ** 2) ** 0.5
-        diff = reward["nexrl"] - reward["trl"]
-        within = " (difference within 1 standard error)" if abs(diff) <= noise else ""
-        verdicts.append(
-            f"reward: {'PASS' if diff >= 0 else 'FAIL'} (NexRL {reward['nexrl']:.3f} vs TRL {reward['trl']:.3f}, "
-            f"diff {diff:+.3f} ± {noise:.3f}{within})"
-        )
+    for side in nexrl_sides:
+        r_speed = ratio(speed[side], speed.get("trl"))
+        if r_speed is None:
+            verdicts.append(f"{side} speed: NOT MEASURED")
+        else:
+            verdicts.append(
+                f"{side} speed: {'PASS' if r_speed <= SPEED_TARGET else 'FAIL'} ({r_speed:.2f}x, target <= {SPEED_TARGET:.2f}x)"
+            )
+        if reward[side] is None or reward.get("trl") is None:
+            verdicts.append(f"{side} reward: NOT MEASURED")
+        else:
+            noise = ((stderr[side] or 0.0) ** 2 + (stderr["trl"] or 0.0) ** 2) ** 0.5
+            diff = reward[side] - reward["trl"]
+            within = " (difference within 1 standard error)" if abs(diff) <= noise else ""
+            verdicts.append(
+                f"{side} reward: {'PASS' if diff >= 0 else 'FAIL'} ({reward[side]:.3f} vs TRL {reward['trl']:.3f}, "
+                f"diff {diff:+.3f} ± {noise:.3f}{within})"
+            )
     print("VERDICT: " + "; ".join(verdicts))
 
 
@@ -517,7 +533,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem (default 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads in every process (default 2)")
-    parser.add_argument("--only", choices=SIDES, help="run one side only")
+    parser.add_argument("--only", choices=SIDES, nargs="+", help="run only these sides")
     parser.add_argument("--work-dir", help="where runs and models go (default: a new temp dir, removed unless --keep)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
@@ -533,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(args.threads)
     if args.worker:
         work = Path(args.work_dir)
-        result = run_nexrl(args, work) if args.worker == "nexrl" else run_trl(args, work)
+        result = run_trl(args, work) if args.worker == "trl" else run_nexrl(args, work, args.worker)
         (work / f"{args.worker}_result.json").write_text(json.dumps(result, indent=2))
         return 0
 
@@ -546,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} torch threads per process; work dir {work}",
         flush=True,
     )
-    sides = [args.only] if args.only else list(SIDES)
+    sides = [side for side in SIDES if side in args.only] if args.only else list(SIDES)
     results = {side: run_side(side, args, work) for side in sides}
 
     print("evaluating (same sampler, prompts, seed and stop tokens for every model) ...", flush=True)
@@ -556,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = start[3]
     for side in sides:
         result = results[side]
-        if "error" in result or (side == "nexrl" and not result.get("checkpoint")):
+        if "error" in result or (side in NEXRL_SIDES and not result.get("checkpoint")):
             continue
         evals[side] = evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
     report(args, results, evals)
