@@ -25,3 +25,17 @@ def test_hosted_recipe_differs_from_the_quickstart_in_backend_and_model() -> Non
     assert quickstart.backend.options["base_url"] is None
     assert hosted.backend.options["base_url"] == "https://tinker.thinkingmachines.dev/services/tinker-prod"
     assert hosted.backend.options["service_holder"] == quickstart.backend.options["service_holder"] == "tinker"
+
+
+def test_backend_quickstarts_differ_from_the_builtin_only_in_backend_and_output() -> None:
+    from importlib.resources import files
+
+    from nexrl_core.config import dump_config
+
+    builtin = dump_config(load_config(str(files("nexrl_core").joinpath("recipes", "quickstart.yaml")), []))
+    for recipe in (path for path in RECIPES if path.name.startswith("quickstart_")):
+        config = dump_config(load_config(recipe, []))
+        assert config["backend"] != builtin["backend"], recipe.name
+        assert config["output"]["dir"] == f"runs/{recipe.stem}"
+        differing = {key for key in builtin if key not in ("backend", "output") and config[key] != builtin[key]}
+        assert not differing, f"{recipe.name} also changes {sorted(differing)}"
