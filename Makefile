@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned so pip takes the CPU build instead of several GB of CUDA packages.
 PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
-DISTRIBUTIONS := -e '.[test]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]' -e 'nexrl_tinker[server,test]' \
+DISTRIBUTIONS := -e '.[test,tensorboard]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]' -e 'nexrl_tinker[server,test]' \
 	-e 'examples/nexrl-example-plugin[test]'
 # tinker-cookbook cannot be installed with its declared dependencies from PyPI (it wants
 # tml-renderers>=0.4.1, which is not published there): install it without them, plus the
@@ -32,8 +32,11 @@ test:
 	done; \
 	if [ -n "$$failed" ]; then echo "tests failed in:$$failed"; exit 1; fi
 
+# A fresh quickstart each time: --overwrite replaces the previous demo run (and says so).
+# DEMO_ARGS adds overrides, e.g. make demo DEMO_ARGS='schedule.steps=10'.
+DEMO_ARGS ?=
 demo:
-	$(BIN)/nexrl train
+	$(BIN)/nexrl train --overwrite $(DEMO_ARGS)
 
 benchmarks:
 	$(PIP_INSTALL) trl

@@ -155,6 +155,7 @@ def prepare_output(out_dir: Path, resume: bool, overwrite: bool) -> RunState | N
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
+        logger.info("--overwrite: removed the previous run in %s; starting a fresh one", out_dir)
     return None
 
 

@@ -116,4 +116,13 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
     if summary.reward_curve is not None:
         click.echo(f"reward curve: {summary.reward_curve}")
     if summary.tensorboard_dir is not None:
-        click.echo(f"tensorboard:  tensorboard --logdir {summary.tensorboard_dir}")
+        click.echo(f"tensorboard:  {tensorboard_command(summary.tensorboard_dir)}")
+
+
+def tensorboard_command(log_dir: Path) -> str:
+    """The command that shows ``log_dir``: TensorBoard beside this interpreter (a venv's
+    ``bin/``, which need not be on PATH), or how to install it."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    if beside.exists():
+        return f"{beside} --logdir {log_dir}"
+    return f"tensorboard --logdir {log_dir}   (install it with: pip install 'nexrl[tensorboard]')"
