@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned so pip takes the CPU build instead of several GB of CUDA packages.
 PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
-DISTRIBUTIONS := -e '.[test,tensorboard]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]' -e 'nexrl_tinker[server,test]' \
+DISTRIBUTIONS := -e '.[test,tensorboard,postgres]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]' -e 'nexrl_tinker[server,test]' \
 	-e 'examples/nexrl-example-plugin[test]'
 # tinker-cookbook cannot be installed with its declared dependencies from PyPI (it wants
 # tml-renderers>=0.4.1, which is not published there): install it without them, plus the

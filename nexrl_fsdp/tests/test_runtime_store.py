@@ -1,5 +1,5 @@
-"""The runtime's SQL store on a SQLite file: what survives a restart, and the rules
-(deduplication, sequence floors, replaced checkpoints) the services rely on."""
+"""The runtime's SQL store on SQLite and on PostgreSQL: what survives a restart, and the
+rules (deduplication, sequence floors, replaced checkpoints) the services rely on."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def _checkpoint(path: str, storage_dir: str, expires_at: float | None = None) ->
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'nested' / 'state.db'}"
+def url(sql_url: str, tmp_path: Path) -> str:
+    """A fresh database; on SQLite in a directory that does not exist yet (the store makes it)."""
+    return f"sqlite:///{tmp_path / 'nested' / 'state.db'}" if sql_url.startswith("sqlite") else sql_url
 
 
 def test_rows_survive_a_restart_on_the_same_file(url: str) -> None:

@@ -1,4 +1,5 @@
-"""``kill -9`` the server mid-request, restart it on the same database: nothing hangs,
+"""``kill -9`` the server mid-request, restart it on the same database (SQLite and
+PostgreSQL): nothing hangs,
 saved state loads, sessions are listed, idle models are rebuilt on first use."""
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from tinker import types
 class ServerProcess:
     """``nexrl serve tinker`` in a subprocess, restartable on the same port and database."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, db: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = tmp_path / "data"
-        self.db = f"sqlite:///{tmp_path / 'state.db'}"
+        self.db = db
         self.log = tmp_path / "server.log"
         self.process: subprocess.Popen | None = None
 
@@ -52,8 +53,9 @@ class ServerProcess:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path)
+def server(tmp_path: Path, sql_url: str) -> Iterator[ServerProcess]:
+    """The service on a fresh SQLite file, then on a fresh PostgreSQL database."""
+    proc = ServerProcess(tmp_path, sql_url)
     proc.start()
     try:
         yield proc
