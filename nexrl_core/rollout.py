@@ -304,7 +304,6 @@ class Agent(Protocol):
     def __call__(self, item: Mapping[str, Any], llm: LLMClient) -> AgentResult: ...
 
 
-
 @attrs.frozen(kw_only=True)
 class RunRequest:
     """One agent run to perform: an item, where it sits in the run, and its seed."""

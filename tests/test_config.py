@@ -294,3 +294,13 @@ def test_resolve_all_options_fills_defaults(registry: Registry) -> None:
     resolved = resolve_all_options(config, require_names=False)
     assert set(resolved) == {"algorithm.advantage", "algorithm.loss"}
     assert resolved["algorithm.loss"] == ClipOptions()
+
+
+def test_own_task_drops_the_registered_task_name() -> None:
+    from importlib.resources import as_file, files
+
+    with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
+        own = load_config(path, ["task.data_path=train.jsonl", "task.agent=my_agent:add"])
+        half = load_config(path, ["task.data_path=train.jsonl"])
+    assert own.task.name is None, "a user's own task must not borrow the quickstart's held-out items"
+    assert half.task.name == "addition", "without an agent the registered task still provides it"

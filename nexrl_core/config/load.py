@@ -75,4 +75,14 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """
     raw = _layer(dump_config(TrainConfig()), read_recipe(path) if path is not None else {})
     raw = apply_overrides(raw, overrides)
-    return structure_config(raw, TrainConfig, source=_describe_source(path, overrides))
+    return structure_config(_own_task_has_no_name(raw), TrainConfig, source=_describe_source(path, overrides))
+
+
+def _own_task_has_no_name(raw: dict[str, Any]) -> dict[str, Any]:
+    """A task given by ``task.data_path`` and ``task.agent`` is the user's own: a
+    registered ``task.name`` (the quickstart's ``addition``, say) would only lend it
+    unrelated held-out items, so it is dropped and shows as null in the resolved recipe."""
+    task = raw.get("task")
+    if isinstance(task, dict) and task.get("data_path") is not None and task.get("agent") is not None:
+        return {**raw, "task": {**task, "name": None}}
+    return raw
