@@ -286,7 +286,13 @@ class WeaverTraining:
             )
             for p, d, out in zip(plain, datums, current.outputs)
         ]
-        return self.ops.forward(model_id, linear, "importance_sampling", {}, True)
+        result = self.ops.forward(model_id, linear, "importance_sampling", {}, True)
+        # Report the surrogate's own value, sum(weights * logprob), not the stand-in loss's.
+        value = sum(
+            float(np.dot(np.asarray(out.logprobs, dtype=np.float64), np.asarray(d.loss_fn_inputs["surrogate_weights"], dtype=np.float64)))
+            for d, out in zip(datums, current.outputs)
+        )
+        return attrs.evolve(result, metrics={**result.metrics, "loss:sum": value})
 
     @staticmethod
     def _forward_outcome(request: ForwardRequest, result: Any) -> Outcome:
@@ -393,15 +399,6 @@ class WeaverTraining:
         checkpoint = self.state.own_checkpoint(owner, parsed.path)
         if include_optimizer and not checkpoint.has_optimizer:
             raise BadRequest(f"checkpoint {parsed.path!r} has no optimizer state; load it with load_state")
-        source = self.ops.source_of(checkpoint)
-        if (source.lora_rank, source.train_mlp, source.train_attn, source.train_unembed) != (
-            model.lora_rank, model.train_mlp, model.train_attn, model.train_unembed
-        ):
-            raise BadRequest(
-                f"checkpoint {parsed.path!r} was saved by a model with LoRA rank {source.lora_rank}; this model has "
-                f"rank {model.lora_rank} (0 = full fine-tuning): create the model with the same training_mode and lora_config"
-            )
-
         def prepare() -> Callable[[], Outcome]:
             def run() -> Outcome:
                 self.ops.load_state(model, checkpoint, include_optimizer)
