@@ -25,3 +25,14 @@ def test_hosted_recipe_differs_from_the_quickstart_in_backend_and_model() -> Non
     assert quickstart.backend.options["base_url"] is None
     assert hosted.backend.options["base_url"] == "https://tinker.thinkingmachines.dev/services/tinker-prod"
     assert hosted.backend.options["service_holder"] == quickstart.backend.options["service_holder"] == "tinker"
+
+
+def test_hosted_weaver_recipe_differs_from_the_weaver_quickstart_in_backend_and_model() -> None:
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    quickstart = load_config(recipes / "quickstart_weaver.yaml", [])
+    hosted = load_config(recipes / "hosted_weaver.yaml", [])
+    assert quickstart.backend.options["base_url"] is None
+    assert hosted.backend.options["base_url"] == "https://weaver-console.nex-agi.cn"
+    assert hosted.backend.options["api_key_env"] == "WEAVER_API_KEY"
+    assert hosted.backend.options["service_holder"] == quickstart.backend.options["service_holder"] == "weaver"
+    assert quickstart.model.name == "nexrl-tiny" and hosted.model.lora_rank > 0
