@@ -38,6 +38,7 @@ demo:
 benchmarks:
 	$(PIP_INSTALL) trl
 	$(BIN)/python benchmarks/tinker_service_overhead.py
+	$(BIN)/python benchmarks/weaver_service_overhead.py
 	$(BIN)/python benchmarks/vs_trl.py
 
 clean:
