@@ -61,3 +61,14 @@ def test_another_tenants_model_is_403(base_url: str) -> None:
         _error(anonymous, 403, "another")
     finally:
         owner.close()
+
+
+def test_log_metrics_is_refused_not_dropped(keyed_base_url: str) -> None:
+    client = weaver.ServiceClient(base_url=keyed_base_url, api_key=TEST_API_KEY)
+    client.connect()
+    try:
+        model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")
+        with pytest.raises(weaver.WeaverAPIError, match="501.*log_metrics is not supported"):
+            model.log_metrics({"reward": 1.0}, step=1)
+    finally:
+        client.close()

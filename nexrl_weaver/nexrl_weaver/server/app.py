@@ -36,7 +36,10 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("nexrl_weaver.server")
 
-ERROR_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone", 422: "invalid_request"}
+ERROR_CODES = {
+    400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone", 422: "invalid_request",
+    501: "not_supported",
+}
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -146,13 +149,10 @@ def create_app(state: ServiceState) -> FastAPI:
         return Response(status_code=204)
 
     @app.post("/api/v1/sessions/{session_id}/metrics")
-    async def log_metrics(session_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
-        body = await json_body(request)
+    async def log_metrics(session_id: str, who: str = Depends(owner)) -> JSONResponse:
+        """Not kept here (NexRL writes its metrics to the run directory): refused, not dropped."""
         await run_in_threadpool(state.own_session, who, session_id)
-        metrics = body.get("metrics")
-        if not isinstance(metrics, list):
-            raise BadRequest("body.metrics must be a list of metric points")
-        return {"accepted": len(metrics)}
+        return _error(501, "log_metrics is not supported by NexRL's local Weaver service; the run's metrics.jsonl and TensorBoard files hold them")
 
     # --- models ---------------------------------------------------------------------------------
 
