@@ -39,3 +39,14 @@ def test_backend_quickstarts_differ_from_the_builtin_only_in_backend_and_output(
         assert config["output"]["dir"] == f"runs/{recipe.stem}"
         differing = {key for key in builtin if key not in ("backend", "output") and config[key] != builtin[key]}
         assert not differing, f"{recipe.name} also changes {sorted(differing)}"
+
+
+def test_hosted_weaver_recipe_differs_from_the_weaver_quickstart_in_backend_and_model() -> None:
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    quickstart = load_config(recipes / "quickstart_weaver.yaml", [])
+    hosted = load_config(recipes / "hosted_weaver.yaml", [])
+    assert quickstart.backend.options["base_url"] is None
+    assert hosted.backend.options["base_url"] == "https://weaver-console.nex-agi.cn"
+    assert hosted.backend.options["api_key_env"] == "WEAVER_API_KEY"
+    assert hosted.backend.options["service_holder"] == quickstart.backend.options["service_holder"] == "weaver"
+    assert quickstart.model.name == "nexrl-tiny" and hosted.model.lora.rank > 0

@@ -1,4 +1,4 @@
-"""`pip install nexrl` and `pip install nexrl[tinker]` work from wheels built out of this
+"""`pip install nexrl`, `pip install nexrl[tinker]` and `pip install nexrl[weaver]` work from wheels built out of this
 repo, not only from an editable checkout."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ DISTRIBUTIONS = [
     ROOT / "plugins" / "nexrl_remote_api",
     ROOT / "nexrl_fsdp",
     ROOT / "nexrl_tinker",
+    ROOT / "nexrl_weaver",
 ]
 
 
@@ -31,7 +32,7 @@ def plugin_rows(venv: Path, cwd: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_path: Path) -> None:
+def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_wheelhouse(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     for distribution in DISTRIBUTIONS:
         run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheelhouse, distribution)
@@ -41,6 +42,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_p
         "nexrl_grpo",
         "nexrl_remote_api",
         "nexrl_tinker",
+        "nexrl_weaver",
     ]
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
@@ -67,3 +69,11 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_p
     model_dir = Path(run(venv / "bin" / "python", "-c", code, cwd=tmp_path).strip())
     assert str(venv) in str(model_dir)
     assert (model_dir / "model.safetensors").stat().st_size > 1_000_000
+
+    run(*install, "nexrl[weaver]==0.1.0", cwd=tmp_path)
+    rows = plugin_rows(venv, tmp_path)
+    assert rows["weaver"]["registers"]["service_holders"] == ["weaver"]
+    assert rows["weaver"]["registers"]["services"] == ["weaver"]
+    assert all(row["error"] is None for row in rows.values())
+    code = "import torch, weaver, nexrl_weaver.server.app; print(torch.__version__)"
+    assert run(venv / "bin" / "python", "-c", code, cwd=tmp_path).strip() == "2.13.0+cpu"

@@ -13,6 +13,10 @@ import attrs
 
 from nexrl_core.config.checks import non_negative_int, positive
 
+DEFAULT_ALPHA = 32.0
+"""The scale numerator a service uses when its wire has no alpha (Tinker's and Weaver's
+have none), so a holder refuses any other value on such a wire."""
+
 
 @attrs.frozen(kw_only=True)
 class LoraSettings:
@@ -20,7 +24,7 @@ class LoraSettings:
 
     rank: int = attrs.field(default=0, validator=non_negative_int)
     """Rank of the LoRA adapters; 0 trains every weight and ignores the other fields."""
-    alpha: float = attrs.field(default=32.0, validator=positive)
+    alpha: float = attrs.field(default=DEFAULT_ALPHA, validator=positive)
     """Adapters are scaled by ``alpha / rank``."""
     train_mlp: bool = True
     """Adapt the MLP projections (gate/up/down or their equivalents)."""

@@ -34,3 +34,13 @@ def test_a_missing_key_names_the_header_and_the_hint() -> None:
         with pytest.raises(Unauthorized, match="missing X-Custom-Key header; set MY_KEY") as info:
             auth.check(key)
         assert info.value.status_code == 401
+
+
+def test_anonymous_callers_are_one_tenant_only_without_a_configured_key() -> None:
+    from nexrl_fsdp.runtime.auth import ANONYMOUS_OWNER
+
+    open_door = Authenticator(None, allow_anonymous=True)
+    assert open_door.check(None) == open_door.check("") == ANONYMOUS_OWNER
+    assert open_door.check("sk-alice") == owner_of("sk-alice") != ANONYMOUS_OWNER
+    with pytest.raises(Unauthorized, match="missing"):
+        Authenticator("sk-secret", allow_anonymous=True).check(None)

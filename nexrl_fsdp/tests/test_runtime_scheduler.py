@@ -186,3 +186,29 @@ def test_a_bursty_lane_lingers_for_the_rest_of_a_burst(book: FutureBook, linger:
     finally:
         scheduler.close()
     assert batches == expected
+
+
+def test_an_unnumbered_job_runs_after_every_job_submitted_before_it(book: FutureBook) -> None:
+    """``submit_after``: behind seq 2 and 3 (3 waiting for 2), ahead of seq 4 sent later."""
+    scheduler = Scheduler(book, threads=2, gap_timeout_s=60)
+    try:
+        scheduler.open_ordered("model", 1)
+        recorder = Recorder(book, scheduler)
+        recorder.submit(1)
+        recorder.submit(3)
+        row, _ = book.create("owner", "model", None, "Save")
+
+        def save() -> Outcome:
+            with recorder._lock:
+                recorder.ran.append(0)
+            return Outcome.json({})
+
+        scheduler.submit_after("model", Job(row.request_id, save))
+        recorder.submit(4)
+        time.sleep(0.05)
+        assert 0 not in recorder.ran, "the unnumbered job jumped ahead of seq 3, which waits for 2"
+        recorder.submit(2)
+        wait_until(lambda: len(recorder.ran) == 5)
+        assert recorder.ran == [1, 2, 3, 0, 4]
+    finally:
+        scheduler.close()

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
+from nexrl_core.config.lora import DEFAULT_ALPHA
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
@@ -32,8 +33,6 @@ CLIPPED_LOSSES = frozenset({"ppo", "cispo"})
 """Tinker losses that take ``clip_low_threshold`` / ``clip_high_threshold`` (ratio bounds)."""
 HOSTED_AGGREGATION = "token-sum"
 """Hosted Tinker's losses are sums over tokens."""
-TINKER_LORA_ALPHA = 32.0
-"""The LoRA scale numerator NexRL's local Tinker service uses (the wire has no alpha)."""
 NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
 """Answered by NexRL's local service only: it computes every registered loss with all
 its options (``loss_fn_config`` carries them, strings in the SDK's v2 map)."""
@@ -244,9 +243,9 @@ class TinkerServiceHolder:
                 "the Tinker API has no dtype setting (NexRL's local Tinker service trains in fp32); "
                 "use fp32, or backend.name=inprocess for bf16"
             )
-        if self.config.model.lora.is_lora and self.config.model.lora.alpha != TINKER_LORA_ALPHA:
+        if self.config.model.lora.is_lora and self.config.model.lora.alpha != DEFAULT_ALPHA:
             refused["model.lora.alpha"] = (
-                f"the Tinker API has no LoRA alpha (NexRL's local Tinker service scales by {TINKER_LORA_ALPHA:g}/rank); "
+                f"the Tinker API has no LoRA alpha (NexRL's local Tinker service scales by {DEFAULT_ALPHA:g}/rank); "
                 f"remove it, or use backend.name=inprocess"
             )
         if self.is_nexrl_service():

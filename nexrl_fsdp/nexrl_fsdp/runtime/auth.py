@@ -6,8 +6,11 @@ tenants: sessions, models, samplers and checkpoints belong to the hash of the ke
 that created them, and another key gets a 403 for them. Only the hash is stored.
 
 A protocol supplies what differs: the header its SDK sends the key in, a hint for a
-missing key, and the prefix its SDK's keys must have when no key is configured
-(e.g. ``Authenticator(None, header="X-API-Key", required_prefix="sk-")``).
+missing key, the prefix its SDK's keys must have when no key is configured
+(e.g. ``Authenticator(None, header="X-API-Key", required_prefix="sk-")``), and
+whether a request without a key is let in when no key is configured
+(``allow_anonymous``: an SDK that sends no header without a key, such as Weaver's;
+such callers share the one tenant `ANONYMOUS_OWNER`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import hmac
 
 from nexrl_fsdp.runtime.errors import Unauthorized
 
-__all__ = ["Authenticator", "owner_of"]
+__all__ = ["ANONYMOUS_OWNER", "Authenticator", "owner_of"]
+
+ANONYMOUS_OWNER = "anonymous"
+"""The tenant of requests without a key on a server started without one."""
 
 
 def owner_of(api_key: str) -> str:
@@ -35,16 +41,20 @@ class Authenticator:
         header: str = "X-API-Key",
         required_prefix: str = "",
         missing_hint: str = "",
+        allow_anonymous: bool = False,
     ) -> None:
         self._expected = api_key.encode("utf-8") if api_key else None
         self.header = header
         """The header the key travels in (only named in messages: routes read it)."""
         self._prefix = required_prefix
         self._missing = f"missing {header} header" + (f"; {missing_hint}" if missing_hint else "")
+        self._anonymous = allow_anonymous and self._expected is None
 
     def check(self, key: str | None) -> str:
         """Return the caller's owner id or raise `Unauthorized` with the reason."""
         if not key:
+            if self._anonymous:
+                return ANONYMOUS_OWNER
             raise Unauthorized(self._missing)
         if self._expected is not None:
             if not hmac.compare_digest(key.encode("utf-8"), self._expected):

@@ -6,7 +6,10 @@ client numbers its requests to one model (``seq_id``), may post the chunks of on
 strictly in order. So a training lane keeps ``next_seq`` and runs a job only when its
 number comes up; a job that arrives early waits for the missing ones. A number that
 never arrives (a client that died between reserving and sending it) would block the
-lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it.
+lane forever, so after ``gap_timeout_s`` the lane skips ahead and logs it. A protocol may also send
+requests without a number to an ordered lane (Weaver numbers its training steps but
+not its checkpoint saves and loads): `Scheduler.submit_after` runs such a job once
+every job submitted before it has run, and before any numbered job after it.
 
 Sampling lanes are first-in first-out, and consecutive compatible jobs (the same
 ``batch_key``: sampling parameters equal up to the seed) run as one batched engine
@@ -68,6 +71,9 @@ class _Lane:
     next_seq: int = 0
     waiting: dict[int, Job] = attrs.field(factory=dict)
     queue: deque = attrs.field(factory=deque)
+    after: deque = attrs.field(factory=deque)
+    """Unnumbered jobs of an ordered lane: ``(barrier, job)``, run once ``next_seq`` has
+    passed ``barrier``, the highest number submitted before the job."""
     busy: bool = False
     blocked_since: float | None = None
 
@@ -143,6 +149,16 @@ class Scheduler:
                 lane.waiting[job.seq] = job
             self._pump(lane_id, lane)
 
+    def submit_after(self, lane_id: str, job: Job) -> None:
+        """Queue an unnumbered job on an ordered lane, behind every job submitted so far."""
+        with self._lock:
+            lane = self._lanes.get(lane_id)
+            if lane is None or not lane.ordered:
+                raise RuntimeError(f"ordered lane {lane_id!r} was not opened")
+            barrier = max([lane.next_seq - 1, *lane.waiting])
+            lane.after.append((barrier, job))
+            self._pump(lane_id, lane)
+
     def skip(self, lane_id: str, seq: int) -> None:
         """Mark ``seq`` as consumed without running anything (a refused submission)."""
         with self._lock:
@@ -177,6 +193,10 @@ class Scheduler:
                 self._executor.submit(self._run, lane_id, lane, self._take_batch(lane))
             return
         if lane.ordered:
+            if lane.after and lane.after[0][0] < lane.next_seq:
+                lane.busy = True
+                self._executor.submit(self._run, lane_id, lane, [lane.after.popleft()[1]])
+                return
             while lane.next_seq in lane.waiting and not lane.waiting[lane.next_seq].request_id:
                 del lane.waiting[lane.next_seq]  # a skipped placeholder
                 lane.next_seq += 1

@@ -46,6 +46,11 @@ class ServerSettings:
     long_poll_s: float = 30.0
     """How long a poll for a future's outcome is held before the protocol answers "not
     yet"; below the clients' own HTTP timeouts (45 s is common)."""
+    submit_wait_s: float = 2.0
+    """How long a protocol whose submissions may already carry the result (Weaver's
+    operation envelopes) waits for it before answering "pending": a quick operation
+    then costs no poll. Well below the clients' HTTP timeouts, since a client re-sends
+    a request whose answer does not come in time."""
     stale_session_s: float = 24 * 3600.0
     """A session without a heartbeat for this long is expired and its resources released."""
     fetched_retention_s: float = 600.0

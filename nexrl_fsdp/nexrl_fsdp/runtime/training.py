@@ -166,6 +166,18 @@ class TrainingOps:
             self.state.scheduler.submit_ordered(model.model_id, Job(row.request_id, run, seq=seq))
         return row.request_id
 
+    def submit_after(self, owner: str, model: ModelRow, kind: str, prepare: Prepare) -> str:
+        """Validate via ``prepare``, record the future and queue the job behind every job
+        submitted to the model so far, without taking a ``seq_id`` (for protocols that
+        number only some of a model's requests); returns the request id."""
+        try:
+            run = prepare()
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        row, _ = self.state.book.create(owner, model.model_id, None, kind)
+        self.state.scheduler.submit_after(model.model_id, Job(row.request_id, run))
+        return row.request_id
+
     # --- creation -----------------------------------------------------------------------------
 
     def create_model(self, new: NewModel, spec: TrainingSpec, answer: Callable[[], Outcome]) -> str:

@@ -1,0 +1,1 @@
+"""Weaver for NexRL."""

@@ -1,0 +1,23 @@
+"""A local server speaking the Weaver wire protocol of nex-weaver 1.19.
+
+Only the Weaver wire lives here, on the protocol-independent runtime of
+`nexrl_fsdp.runtime` (SQL store, futures, scheduler, engine pool, auth, janitor,
+uvicorn service). Modules, one job each: `ids` (ids and ``weaver://`` paths),
+`errors` (Weaver's JSON error bodies), `tensors` (JSON tensors, the ``http-binary``
+multipart packs and result packs), `operations` (the operation envelope and how a
+finished operation is stored), `training`, `sampling` and `sessions` (the SDK's
+bodies in, runtime operations, the SDK's shapes out), `app` (routes) and `service`
+(the `WeaverService` that names the protocol). Requires the ``server`` extra.
+"""
+
+from __future__ import annotations
+
+__all__ = ["WeaverService"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "WeaverService":
+        from nexrl_weaver.server.service import WeaverService
+
+        return WeaverService
+    raise AttributeError(f"module 'nexrl_weaver.server' has no attribute {name!r}")

@@ -1,0 +1,275 @@
+"""The FastAPI application: the nex-weaver 1.19 routes, thin over the Weaver modules.
+
+Handlers authenticate (``X-WEAVER-API-KEY``; without a configured key the SDK may
+send none), read the body, and call `WeaverSessions`, `WeaverTraining` or
+`WeaverSampling`. Operations answer as envelopes (`operations.envelope`): a
+submission waits up to ``submit_wait_s`` for its result, so a quick operation needs
+no poll, and otherwise answers ``pending`` long before the SDK's 60 s read timeout
+(a timed-out POST is re-sent); ``GET /operations/{id}`` holds up to ``long_poll_s``.
+Errors are Weaver's JSON body ``{"error", "message", "retryable"}`` with a 4xx for
+bad input, never an empty body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from nexrl_fsdp.runtime.auth import Authenticator
+from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
+from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_weaver.server import operations
+from nexrl_weaver.server.sampling import WeaverSampling
+from nexrl_weaver.server.sessions import WeaverSessions
+from nexrl_weaver.server.tensors import TensorPack, parse_multipart
+from nexrl_weaver.server.training import WeaverTraining
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("nexrl_weaver.server")
+
+ERROR_CODES = {
+    400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone", 422: "invalid_request",
+    501: "not_supported",
+}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": ERROR_CODES.get(status, "error" if status < 500 else "internal_error"), "message": message, "retryable": False},
+        status_code=status,
+    )
+
+
+def create_app(state: ServiceState) -> FastAPI:
+    app = FastAPI(title="NexRL local Weaver service", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = state
+    auth = Authenticator(
+        state.settings.api_key,
+        header="X-WEAVER-API-KEY",
+        missing_hint="the nex-weaver SDK sends WEAVER_API_KEY there",
+        allow_anonymous=True,
+    )
+    sessions = WeaverSessions(state)
+    training = WeaverTraining(state)
+    sampling = WeaverSampling(state, training.ops)
+    settings = state.settings
+    book = state.book
+
+    async def owner(key: str | None = Header(default=None, alias="X-WEAVER-API-KEY")) -> str:
+        return auth.check(key)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status_code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, f"invalid request: {exc.errors()[:4]}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return _error(500, f"internal server error: {type(exc).__name__}: {exc}")
+
+    async def json_body(request: Request, *, optional: bool = False) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > settings.max_body_bytes:
+            raise BadRequest(f"request body is larger than {settings.max_body_bytes} bytes")
+        if not raw.strip():
+            if optional:
+                return {}
+            raise BadRequest("the request needs a JSON object body")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"malformed JSON body: {exc}") from None
+        if body is None and optional:
+            return {}
+        if not isinstance(body, dict):
+            raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def submitted(submit: Callable[..., str], *args: Any) -> dict[str, Any]:
+        """Run a submission, then wait briefly for its result (see the module docstring)."""
+        operation_id = await run_in_threadpool(submit, *args)
+        outcome = await book.wait(operation_id, settings.submit_wait_s)
+        if outcome is not None:
+            book.note_fetched(operation_id)
+        return operations.envelope(operation_id, outcome)
+
+    # --- health and catalogue ------------------------------------------------------------------
+
+    @app.get("/api/v1/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "operations_in_flight": book.in_flight, "epoch": book.epoch}
+
+    @app.get("/api/v1/nexrl_capabilities")
+    async def nexrl_capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
+        """Tells NexRL's own holder that every registered loss and all its options work here."""
+        return {"loss_options": "all"}
+
+    @app.get("/api/v1/supported-models")
+    async def supported_models(_owner: str = Depends(owner)) -> dict[str, Any]:
+        base = state.base
+        item = {
+            "name": base.name,
+            "status": "available",
+            "training_modes": ["lora", "full_ft"],
+            "max_context_length": base.max_context_length,
+            "config": {"resource": {"tokenizer": {"path": str(base.directory)}}},
+        }
+        return {"items": [item], "pagination": {"total_count": 1, "limit": 100, "offset": 0}}
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/sessions")
+    async def create_session(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await run_in_threadpool(sessions.create, who, await json_body(request, optional=True))
+
+    @app.get("/api/v1/sessions/{session_id}")
+    def get_session(session_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.get(who, session_id)
+
+    @app.post("/api/v1/sessions/{session_id}/heartbeat", status_code=204)
+    def heartbeat(session_id: str, who: str = Depends(owner)) -> Response:
+        sessions.heartbeat(who, session_id)
+        return Response(status_code=204)
+
+    @app.post("/api/v1/sessions/{session_id}/metrics")
+    async def log_metrics(session_id: str, who: str = Depends(owner)) -> JSONResponse:
+        """Not kept here (NexRL writes its metrics to the run directory): refused, not dropped."""
+        await run_in_threadpool(state.own_session, who, session_id)
+        return _error(501, "log_metrics is not supported by NexRL's local Weaver service; the run's metrics.jsonl and TensorBoard files hold them")
+
+    # --- models ---------------------------------------------------------------------------------
+
+    @app.post("/api/v1/sessions/{session_id}/models")
+    async def create_model(session_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        body = await json_body(request)
+        answer, request_id = await run_in_threadpool(training.create_model, who, session_id, body)
+        if request_id is not None:
+            outcome = await book.wait(request_id, settings.submit_wait_s)
+            if outcome is not None and outcome.status == "failed":
+                raise BadRequest(f"could not create the model: {outcome.error}")
+            if outcome is not None:
+                answer["status"] = "ready"
+        return answer
+
+    @app.get("/api/v1/models/{model_id}")
+    def get_model(model_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.get_model(who, model_id)
+
+    @app.post("/api/v1/models/{model_id}/terminate")
+    def terminate(model_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.terminate(who, model_id)
+
+    async def _forward(model_id: str, request: Request, who: str, backward: bool) -> dict[str, Any]:
+        content_type = request.headers.get("content-type", "")
+        pack: TensorPack | None = None
+        if content_type.startswith("multipart/"):
+            raw = await request.body()
+            if len(raw) > settings.max_body_bytes:
+                raise BadRequest(f"request body is larger than {settings.max_body_bytes} bytes")
+            body, pack = await run_in_threadpool(parse_multipart, raw, content_type, settings.max_body_bytes)
+        else:
+            body = await json_body(request)
+        return await submitted(training.forward, who, model_id, body, pack, backward)
+
+    @app.post("/api/v1/models/{model_id}/forward-passes")
+    async def forward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await _forward(model_id, request, who, False)
+
+    @app.post("/api/v1/models/{model_id}/forward-backward-passes")
+    async def forward_backward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await _forward(model_id, request, who, True)
+
+    @app.post("/api/v1/models/{model_id}/optimizer-steps")
+    async def optimizer_step(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(training.optim_step, who, model_id, await json_body(request))
+
+    @app.post("/api/v1/models/{model_id}/export-sampler")
+    async def export_sampler(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(training.export_sampler, who, model_id, await json_body(request))
+
+    @app.post("/api/v1/models/{model_id}/checkpoints")
+    async def save_checkpoint(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(training.save_checkpoint, who, model_id, await json_body(request, optional=True))
+
+    @app.get("/api/v1/models/{model_id}/checkpoints")
+    def list_checkpoints(model_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.list_checkpoints(who, model_id)
+
+    @app.post("/api/v1/models/{model_id}/load")
+    async def load(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(training.load, who, model_id, await json_body(request))
+
+    # --- sampling -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/sessions/{session_id}/sampling-sessions")
+    async def create_sampling_session(session_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await run_in_threadpool(sampling.create_session, who, session_id, await json_body(request))
+
+    @app.get("/api/v1/sampling-sessions/{sampler_id}")
+    def get_sampling_session(sampler_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return sampling.get_session(who, sampler_id)
+
+    @app.delete("/api/v1/sampling-sessions/{sampler_id}")
+    def delete_sampling_session(sampler_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return sampling.delete_session(who, sampler_id)
+
+    @app.post("/api/v1/sampling-sessions/{sampler_id}/samples")
+    async def sample(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(sampling.sample, who, sampler_id, await json_body(request))
+
+    @app.post("/api/v1/sampling-sessions/{sampler_id}/logprobs")
+    async def logprobs(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(sampling.logprobs, who, sampler_id, await json_body(request))
+
+    # --- operations -----------------------------------------------------------------------------
+
+    async def _own_operation(operation_id: str, who: str) -> None:
+        submitter = book.owner_in_memory(operation_id)
+        if submitter is None:
+            submitter = await run_in_threadpool(book.owner_of, operation_id)
+        if submitter is None:
+            raise NotFound(f"unknown operation {operation_id!r} (never submitted, or its result expired)")
+        if submitter != who:
+            raise Forbidden(f"operation {operation_id!r} belongs to another API key")
+
+    @app.get("/api/v1/operations/{operation_id}")
+    async def get_operation(operation_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        await _own_operation(operation_id, who)
+        outcome = await book.wait(operation_id, settings.long_poll_s)
+        if outcome is not None:
+            book.note_fetched(operation_id)
+        return operations.envelope(operation_id, outcome)
+
+    @app.get("/api/v1/operations/{operation_id}/tensor-pack")
+    async def get_tensor_pack(operation_id: str, who: str = Depends(owner)) -> Response:
+        await _own_operation(operation_id, who)
+        outcome = await run_in_threadpool(book.peek, operation_id)
+        if outcome is None:
+            raise NotFound(f"operation {operation_id!r} has not finished")
+        response, pack = operations.split_result(outcome)
+        if pack is None or not isinstance(response, dict):
+            raise NotFound(f"operation {operation_id!r} has no tensor pack (its client did not use http-binary)")
+        meta = response["tensor_pack"]
+        headers = {"X-Weaver-Tensor-Codec": meta["codec"]}
+        if meta["codec"] == "zstd":
+            headers["X-Weaver-Tensor-Decoded-Size"] = str(meta["decoded_size_bytes"])
+        return Response(pack, media_type="application/octet-stream", headers=headers)
+
+    return app

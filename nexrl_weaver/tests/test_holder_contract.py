@@ -1,0 +1,114 @@
+"""WeaverServiceHolder passes the ServiceHolderContract against the real local service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+from nexrl_weaver.holder import WeaverServiceHolder
+from nexrl_weaver.holder_config import WeaverHolderConfig
+from nexrl_weaver.testing import TEST_API_KEY
+
+from nexrl_core.config import ModelConfig
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.holders import TrainStepConfig
+from nexrl_core.testing import ServiceHolderContract
+from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract
+from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+
+TINY = ModelConfig(name="nexrl-tiny")
+
+
+class TestWeaverHolderContract(ServiceHolderContract):
+    @pytest.fixture
+    def holder(self, keyed_base_url: str) -> Iterator[WeaverServiceHolder]:
+        holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+        try:
+            yield holder
+        finally:
+            holder.close()
+
+
+class TestWeaverLoraHolderContract(ServiceHolderContract):
+    """The same bar with a LoRA model over ``http-binary`` tensors."""
+
+    @pytest.fixture
+    def holder(self, keyed_base_url: str) -> Iterator[WeaverServiceHolder]:
+        config = WeaverHolderConfig(
+            model=ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=8)), base_url=keyed_base_url, api_key=TEST_API_KEY, tensor_transport="http-binary"
+        )
+        holder = WeaverServiceHolder(config)
+        try:
+            yield holder
+        finally:
+            holder.close()
+
+
+class TestWeaverHolderLossOptions(LossOptionContract):
+    """On NexRL's Weaver service every option of every registered loss reaches the gradient."""
+
+    @pytest.fixture
+    def holder(self, keyed_base_url: str) -> Iterator[WeaverServiceHolder]:
+        holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+        try:
+            assert holder.is_nexrl_service()
+            yield holder
+        finally:
+            holder.close()
+
+    @pytest.fixture
+    def option_cases(self) -> Sequence[LossOptionCase]:
+        return LOSS_OPTION_CASES
+
+
+class TestHostedWeaverLossOptions(TestWeaverHolderLossOptions):
+    """As against hosted Weaver: what it cannot compute is refused before step 1, the rest
+    still changes the gradient."""
+
+    @pytest.fixture
+    def holder(self, keyed_base_url: str) -> Iterator[WeaverServiceHolder]:
+        holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+        holder._nexrl_service = False  # what a service without NexRL's capabilities route gets
+        try:
+            yield holder
+        finally:
+            holder.close()
+
+
+def test_lora_alpha_is_refused_where_the_weaver_api_has_none() -> None:
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=8, alpha=16.0))))
+    assert "no LoRA alpha" in holder.refused_options(LOSS_OPTION_CASES[0].step("token-sum"))["model.lora.alpha"]
+
+
+def test_checkpoint_round_trip_into_a_new_holder(keyed_base_url: str) -> None:
+    """What resume does: a new holder (a new session and model) loads the last checkpoint."""
+    config = WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY)
+    first, second = WeaverServiceHolder(config), WeaverServiceHolder(config)
+    try:
+        path = first.save_checkpoint("contract")
+        assert path.startswith("weaver://") and path.endswith("/checkpoints/contract")
+        second.load_checkpoint(path)
+        assert second.update_sampling_weights().startswith("weaver://")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_hosted_weaver_without_a_key_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WEAVER_API_KEY", raising=False)
+    monkeypatch.delenv("WEAVER_BASE_URL", raising=False)
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY))
+    with pytest.raises(ValueError, match="WEAVER_API_KEY"):
+        holder.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_a_wrong_key_fails_with_the_service_message(keyed_base_url: str) -> None:
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key="sk-wrong", max_retries=0))
+    with pytest.raises(RuntimeError, match="401.*invalid API key"):
+        holder.update_sampling_weights()
+
+
+def test_local_service_honours_every_loss_option(keyed_base_url: str) -> None:
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+    step = TrainStepConfig(loss_fn="ppo", loss_fn_config={"clip_low": 0.1, "agg_mode": "token-mean", "entropy_coeff": 0.01})
+    assert holder.is_nexrl_service() and holder.refused_options(step) == {}
