@@ -17,6 +17,7 @@ DISTRIBUTIONS = [
     ROOT / "plugins" / "nexrl_remote_api",
     ROOT / "nexrl_fsdp",
     ROOT / "nexrl_tinker",
+    ROOT / "plugins" / "nexrl_episodes",
 ]
 
 
@@ -37,6 +38,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_p
         run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheelhouse, distribution)
     assert sorted(wheel.name.split("-")[0] for wheel in wheelhouse.glob("*.whl")) == [
         "nexrl",
+        "nexrl_episodes",
         "nexrl_fsdp",
         "nexrl_grpo",
         "nexrl_remote_api",
@@ -67,3 +69,9 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_extra_from_a_wheelhouse(tmp_p
     model_dir = Path(run(venv / "bin" / "python", "-c", code, cwd=tmp_path).strip())
     assert str(venv) in str(model_dir)
     assert (model_dir / "model.safetensors").stat().st_size > 1_000_000
+
+    run(*install, "nexrl[episodes]==0.1.0", cwd=tmp_path)
+    rows = plugin_rows(venv, tmp_path)
+    assert rows["episodes"]["registers"]["rollout_sources"] == ["episodes"]
+    assert rows["episodes"]["error"] is None
+    run(venv / "bin" / "python", "-c", "from nexrl_episodes import EpisodeClient", cwd=tmp_path)
