@@ -10,17 +10,21 @@ sends it; the book decides whether it still works.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hmac
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from nexrl_episodes.book import EpisodeBook, EpisodeError
 from nexrl_episodes.openai_api import OpenAIEndpoints
+
+MAX_CLAIM_WAIT_S = 30.0
+"""Longest a claim may wait for an episode (``wait_s``) before answering that none came."""
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
@@ -32,7 +36,10 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 async def json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object, or a 400 saying what it was instead."""
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise EpisodeError(400, "the client disconnected before sending its whole body") from None
     if not raw:
         return {}
     try:
@@ -70,6 +77,8 @@ def create_app(
     """Routes over ``book``; ``endpoints`` serves the model (None: claim/end only, e.g. a benchmark)."""
     app = FastAPI(title="NexRL episode server", docs_url=None, redoc_url=None, openapi_url=None)
     expected_key = api_key.encode("utf-8") if api_key else None
+    waiting = _QueueSignal()
+    book.listeners.append(waiting.notify)
 
     @app.exception_handler(EpisodeError)
     async def _refused(_request: Request, error: EpisodeError) -> JSONResponse:
@@ -93,7 +102,14 @@ def create_app(
         check_worker_key(request)
         body = await json_object(request)
         client_id = optional_string(body, "client_id")
+        wait_s = body.get("wait_s", 0)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_CLAIM_WAIT_S:
+            raise EpisodeError(400, f"wait_s must be a number of seconds between 0 and {MAX_CLAIM_WAIT_S:g}, got {wait_s!r}")
         claimed = book.claim(client_id)
+        deadline = time.monotonic() + wait_s
+        while claimed is None and book.engine_status != "offline" and time.monotonic() < deadline:
+            await waiting.wait(deadline - time.monotonic())
+            claimed = book.claim(client_id)
         if claimed is None:
             return {
                 "episode_id": None,
@@ -157,6 +173,28 @@ def create_app(
     return app
 
 
-def run_blocking(executor: concurrent.futures.Executor, function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` on ``executor``, awaited from the event loop."""
-    return asyncio.get_running_loop().run_in_executor(executor, function, *args)
+class _QueueSignal:
+    """Wakes claims that wait for work (``wait_s``) when episodes join the queue, from any thread."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def notify(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._event is None:
+            self._event = asyncio.Event()
+        event = self._event
+        try:
+            await asyncio.wait_for(event.wait(), max(timeout, 0.0))
+        except asyncio.TimeoutError:
+            pass

@@ -23,7 +23,7 @@ import numbers
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -67,6 +67,8 @@ class LiveEpisode:
     calls: list[SampleResult] = attrs.field(factory=list)
     next_call: int = 0
     """Index of the next model call of this attempt (seeds the call)."""
+    in_flight: int = 0
+    """Model calls the server is answering for it: a claim is never stale while one runs."""
     future: concurrent.futures.Future[RunResult] = attrs.field(factory=concurrent.futures.Future)
 
 
@@ -147,6 +149,8 @@ class EpisodeBook:
         self._live: dict[str, LiveEpisode] = {}
         self._closed = False
         self._registered = False
+        self.listeners: list[Callable[[], None]] = []
+        """Called (from any thread, without the lock) whenever episodes join the queue or the book closes."""
         self._outstanding = 0
         """Episodes queued or claimed: what the training loop still waits for."""
 
@@ -219,7 +223,12 @@ class EpisodeBook:
             self._queue.extend(queued)
             self._registered = True
             self._outstanding += len(queued)
+        self._notify()
         return futures
+
+    def _notify(self) -> None:
+        for listener in list(self.listeners):
+            listener()
 
     def set_policy_version(self, version: int) -> None:
         with self._lock:
@@ -237,6 +246,7 @@ class EpisodeBook:
                     self.store.finish(episode.episode_id, "dropped", "the training run stopped before it ended")
                     if not episode.future.done():
                         episode.future.set_result(_failed_result(episode.request, "RolloutCancelled: the training run is stopping"))
+        self._notify()
 
     # --- the client side
 
@@ -290,7 +300,14 @@ class EpisodeBook:
                 raise EpisodeError(403, f"this key belongs to episode {episode.episode_id}, not {episode_id}")
             index = episode.next_call
             episode.next_call += 1
+            episode.in_flight += 1
             return episode, episode.attempt, index
+
+    def end_call(self, episode: LiveEpisode) -> None:
+        """A call of `start_call` has been answered (or refused); its episode's silence counts again from now."""
+        with self._lock:
+            episode.in_flight -= 1
+            episode.last_activity = time.monotonic()
 
     def reserve_calls(self, episode: LiveEpisode, attempt: int, count: int) -> int:
         """Reserve ``count - 1`` more call indices after one from `start_call` (for ``n`` > 1); returns the next."""
@@ -355,6 +372,7 @@ class EpisodeBook:
         with self._lock:
             episode = self._claimed(token)
             self._release(episode, f"aborted by its client{': ' + reason if reason else ''}")
+        self._notify()
 
     def can_continue(self, token: str | None) -> tuple[bool, str]:
         """Whether the claim is live and the weights have not moved past the allowed staleness."""
@@ -377,10 +395,16 @@ class EpisodeBook:
         """Put claims with no activity for ``claim_timeout_s`` back in the queue; returns how many."""
         deadline = time.monotonic() - self.claim_timeout_s
         with self._lock:
-            stale = [e for e in self._live.values() if e.status == "claimed" and e.last_activity < deadline]
+            stale = [
+                episode
+                for episode in self._live.values()
+                if episode.status == "claimed" and not episode.in_flight and episode.last_activity < deadline
+            ]
             for episode in stale:
                 self._release(episode, f"no activity for {self.claim_timeout_s:g} s")
-            return len(stale)
+        if stale:
+            self._notify()
+        return len(stale)
 
     def _release(self, episode: LiveEpisode, why: str) -> None:
         episode.attempt += 1

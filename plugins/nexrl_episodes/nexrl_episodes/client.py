@@ -26,6 +26,9 @@ import httpx
 
 log = logging.getLogger("nexrl.episodes.client")
 
+CLAIM_WAIT_S = 10.0
+"""How long one claim request waits on the server for an episode to come (long polling)."""
+
 
 class EpisodeServerError(RuntimeError):
     """The server refused a request; ``status`` is its HTTP status."""
@@ -154,10 +157,12 @@ class EpisodeClient:
         raise AssertionError("unreachable")
 
     def claim(self, timeout_s: float | None = None) -> Episode:
-        """Claim the next episode, waiting for one; `NoEpisodeError` after ``timeout_s``."""
+        """Claim the next episode, waiting for one (the server holds the request until one
+        comes, so waiting costs no polling); `NoEpisodeError` after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            answer = self._post("/claim_episode", {"client_id": self.client_id}, self._api_key)
+            wait = CLAIM_WAIT_S if deadline is None else max(0.0, min(CLAIM_WAIT_S, deadline - time.monotonic()))
+            answer = self._post("/claim_episode", {"client_id": self.client_id, "wait_s": wait}, self._api_key)
             if answer.get("episode_id"):
                 return Episode(
                     episode_id=answer["episode_id"],
@@ -169,10 +174,10 @@ class EpisodeClient:
                     model=answer["model"],
                     client=self,
                 )
-            wait = float(answer.get("retry_after_s", 0.5))
-            if deadline is not None and time.monotonic() + wait > deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise NoEpisodeError(f"no episode to claim within {timeout_s:g} s (engine {answer.get('engine_status')})")
-            time.sleep(wait)
+            if answer.get("engine_status") == "offline":
+                time.sleep(float(answer.get("retry_after_s", 1.0)))
 
     def end(self, episode: Episode, reward: float, metadata: Mapping[str, Any] | None = None) -> bool:
         """Report ``reward``; True when the server already had this episode's end (a repeat)."""

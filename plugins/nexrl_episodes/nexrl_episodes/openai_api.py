@@ -150,12 +150,18 @@ class OpenAIEndpoints:
         @app.post("/episodes/{episode_id}/v1/chat/completions")
         async def chat_completions(episode_id: str, request: Request) -> dict[str, Any]:
             episode, attempt, first = self.book.start_call(bearer(request), episode_id)
-            return await self.chat(episode, attempt, first, await json_object(request))
+            try:
+                return await self.chat(episode, attempt, first, await json_object(request))
+            finally:
+                self.book.end_call(episode)
 
         @app.post("/episodes/{episode_id}/v1/completions")
         async def completions(episode_id: str, request: Request) -> dict[str, Any]:
             episode, attempt, first = self.book.start_call(bearer(request), episode_id)
-            return await self.complete(episode, attempt, first, await json_object(request))
+            try:
+                return await self.complete(episode, attempt, first, await json_object(request))
+            finally:
+                self.book.end_call(episode)
 
     def _options(self, episode: LiveEpisode, body: dict[str, Any]) -> tuple[SamplingOptions, int, int | None]:
         defaults = episode.sampling

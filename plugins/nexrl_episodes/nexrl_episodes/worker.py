@@ -63,7 +63,7 @@ def run_episodes(client: EpisodeClient, function: RolloutFunction, stop: threadi
     """One worker thread: claim, run, end, until ``stop`` is set."""
     while not stop.is_set():
         try:
-            episode = client.claim(timeout_s=1.0)
+            episode = client.claim(timeout_s=2.0)
         except (TimeoutError, ConnectionError, EpisodeServerError) as error:
             if not isinstance(error, TimeoutError):
                 log.warning("cannot claim: %s", error)

@@ -102,3 +102,16 @@ def test_a_restarted_server_reuses_ended_episodes_and_acknowledges_their_repeats
         rerun = client.claim(timeout_s=5)
         assert rerun.api_key.split("-")[2] == "1"  # attempt 1: the dead server's key for it no longer works
     assert second.store.get(ended.episode_id)["end_calls"] == 2
+
+
+def test_a_claim_is_not_stale_while_the_server_answers_its_model_call(make_served: Any) -> None:
+    served = make_served(claim_timeout_s=0.2)
+    served.register(1)
+    with EpisodeClient(served.url) as client:
+        episode = client.claim(timeout_s=5)
+        live, attempt, _ = served.book.start_call(episode.api_key, episode.episode_id)  # a slow model call
+        time.sleep(1.0)
+        assert served.book.requeue_stale() == 0 and episode.can_continue()
+        served.book.end_call(live)
+        time.sleep(0.5)
+        assert not episode.can_continue()
