@@ -107,9 +107,14 @@ def create_app(
             raise EpisodeError(400, f"wait_s must be a number of seconds between 0 and {MAX_CLAIM_WAIT_S:g}, got {wait_s!r}")
         claimed = book.claim(client_id)
         deadline = time.monotonic() + wait_s
+        waited = False
         while claimed is None and book.engine_status != "offline" and time.monotonic() < deadline:
             await waiting.wait(deadline - time.monotonic())
+            waited = True
             claimed = book.claim(client_id)
+        if claimed is not None and waited and await request.is_disconnected():
+            book.return_undelivered(claimed[0])
+            raise EpisodeError(400, "the client hung up while waiting for an episode")
         if claimed is None:
             return {
                 "episode_id": None,

@@ -266,6 +266,19 @@ class EpisodeBook:
                 return episode, self.tokens.issue(episode.episode_id, episode.attempt)
             return None
 
+    def return_undelivered(self, episode: LiveEpisode) -> None:
+        """Put back a claim whose answer could not reach its client (it hung up while waiting):
+        it was never used, so it does not count against ``max_attempts``."""
+        with self._lock:
+            if episode.status != "claimed":
+                return
+            episode.claims -= 1
+            episode.attempt += 1
+            episode.status = "queued"
+            self.store.requeue(episode.episode_id, episode.attempt)
+            self._queue.appendleft(episode.episode_id)
+        self._notify()
+
     def _episode_of(self, token: str | None) -> tuple[LiveEpisode, int]:
         if not token:
             raise EpisodeError(401, "missing episode key: send the api_key a claim returned as 'Authorization: Bearer <key>'")

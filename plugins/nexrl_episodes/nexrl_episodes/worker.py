@@ -28,6 +28,9 @@ log = logging.getLogger("nexrl.episodes.worker")
 
 RolloutFunction = Callable[[Episode], Any]
 
+_STOP_GRACE_S = 5.0
+"""How long a stopping worker lets running episodes finish before it exits."""
+
 
 def load_function(script: str) -> RolloutFunction:
     """The rollout function ``script`` names (see the module docstring)."""
@@ -108,18 +111,20 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     with EpisodeClient(args.url, api_key=args.api_key) as client:
         threads = [
-            threading.Thread(target=run_episodes, args=(client, function, stop), name=f"episode-worker-{index}")
+            threading.Thread(target=run_episodes, args=(client, function, stop), name=f"episode-worker-{index}", daemon=True)
             for index in range(args.concurrency)
         ]
         for thread in threads:
             thread.start()
         try:
-            while any(thread.is_alive() for thread in threads):
-                time.sleep(0.2)
+            while not stop.wait(0.2) and any(thread.is_alive() for thread in threads):
+                pass
         except KeyboardInterrupt:
             stop.set()
+        # Episodes still running are abandoned: the server requeues them after its claim timeout.
+        deadline = time.monotonic() + _STOP_GRACE_S
         for thread in threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
     sys.exit(0)
 
 

