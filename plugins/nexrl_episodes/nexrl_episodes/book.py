@@ -257,12 +257,12 @@ class EpisodeBook:
                 episode = self._live[self._queue.popleft()]
                 if episode.status != "queued":
                     continue
-                now = time.time()
+                # Not written to the store: a restarted server requeues claimed and queued
+                # episodes alike, and the claim's attempt (what its key signs) is already stored.
                 episode.status = "claimed"
                 episode.claims += 1
                 episode.client_id = client_id
                 episode.last_activity = time.monotonic()
-                self.store.claim(episode.episode_id, client_id, now)
                 return episode, self.tokens.issue(episode.episode_id, episode.attempt)
             return None
 
@@ -357,7 +357,8 @@ class EpisodeBook:
             episode = self._claimed(token)
             calls = list(episode.calls)
             if not self.store.end(
-                episode.episode_id, episode.attempt, value, metrics, [_sample_to_json(call) for call in calls], time.time()
+                episode.episode_id, episode.attempt, value, metrics, [_sample_to_json(call) for call in calls], time.time(),
+                episode.client_id,
             ):
                 raise EpisodeError(409, f"episode {episode.episode_id} is not claimed in the store; claim a new episode")
             episode.status = "ended"

@@ -60,7 +60,6 @@ episodes = Table(
     Column("policy_version", Integer, nullable=False),
     Column("client_id", String(200), nullable=True),
     Column("created_at", Float, nullable=False),
-    Column("claimed_at", Float, nullable=True),
     Column("ended_at", Float, nullable=True),
     Column("reward", Float, nullable=True),
     Column("metrics", JSON, nullable=True),
@@ -126,9 +125,16 @@ class EpisodeStore:
         if parsed.get_backend_name() == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         metadata.create_all(self.engine)
+        self._writer = self.engine.connect()
+        """One connection for every write: the book serialises writers, and a pool checkout
+        per commit would cost as much as the commit itself."""
 
     def close(self) -> None:
+        self._writer.close()
         self.engine.dispose()
+
+    def _write(self) -> Any:
+        return self._writer.begin()
 
     # --- the secret keys are signed with, kept so keys survive a server restart
 
@@ -160,30 +166,24 @@ class EpisodeStore:
         """Queue new episodes and put old ones (id, new attempt, policy version) back in the queue, in one transaction."""
         now = time.time()
         values = [{**attrs.asdict(episode), "status": "queued", "attempt": 0, "created_at": now} for episode in new]
-        with self.engine.begin() as conn:
+        with self._write():
+            conn = self._writer
             if values:
                 conn.execute(insert(episodes), values)
             for episode_id, attempt, version in requeue:
                 conn.execute(
                     update(episodes)
                     .where(episodes.c.episode_id == episode_id)
-                    .values(status="queued", attempt=attempt, policy_version=version, client_id=None, claimed_at=None)
+                    .values(status="queued", attempt=attempt, policy_version=version, client_id=None)
                 )
 
-    def claim(self, episode_id: str, client_id: str | None, now: float) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(episodes)
-                .where(episodes.c.episode_id == episode_id)
-                .values(status="claimed", client_id=client_id, claimed_at=now)
-            )
-
     def requeue(self, episode_id: str, attempt: int) -> None:
-        with self.engine.begin() as conn:
+        with self._write():
+            conn = self._writer
             conn.execute(
                 update(episodes)
                 .where(episodes.c.episode_id == episode_id)
-                .values(status="queued", attempt=attempt, client_id=None, claimed_at=None)
+                .values(status="queued", attempt=attempt, client_id=None)
             )
 
     def end(
@@ -194,31 +194,38 @@ class EpisodeStore:
         metrics: dict[str, float],
         calls: list[dict[str, Any]],
         now: float,
+        client_id: str | None = None,
     ) -> bool:
-        """Mark a claimed episode ended with its result; False when it was not claimed at ``attempt``."""
-        with self.engine.begin() as conn:
+        """Mark an episode ended with its result; False when it already ended or moved past ``attempt``.
+
+        Claims are not stored (the book holds them), so the row of a claimed episode still says ``queued``."""
+        with self._write():
+            conn = self._writer
             result = conn.execute(
                 update(episodes)
                 .where(
                     (episodes.c.episode_id == episode_id)
-                    & (episodes.c.status == "claimed")
+                    & (episodes.c.status.in_(("queued", "claimed")))
                     & (episodes.c.attempt == attempt)
                 )
                 .values(
-                    status="ended", reward=reward, metrics=metrics, calls=calls, ended_at=now, end_calls=1
+                    status="ended", reward=reward, metrics=metrics, calls=calls, ended_at=now, end_calls=1,
+                    client_id=client_id,
                 )
             )
             return result.rowcount == 1
 
     def count_duplicate_end(self, episode_id: str) -> None:
-        with self.engine.begin() as conn:
+        with self._write():
+            conn = self._writer
             conn.execute(
                 update(episodes).where(episodes.c.episode_id == episode_id).values(end_calls=episodes.c.end_calls + 1)
             )
 
     def finish(self, episode_id: str, status: str, error: str) -> None:
         """Mark an episode ``failed`` or ``dropped`` with why."""
-        with self.engine.begin() as conn:
+        with self._write():
+            conn = self._writer
             conn.execute(
                 update(episodes)
                 .where(episodes.c.episode_id == episode_id)
@@ -227,7 +234,8 @@ class EpisodeStore:
 
     def drop_unfinished(self) -> int:
         """Mark every queued or claimed episode ``dropped`` (a new server owns none of them); returns how many."""
-        with self.engine.begin() as conn:
+        with self._write():
+            conn = self._writer
             result = conn.execute(
                 update(episodes)
                 .where(episodes.c.status.in_(["queued", "claimed"]))
