@@ -18,6 +18,7 @@ DISTRIBUTIONS = [
     ROOT / "nexrl_fsdp",
     ROOT / "nexrl_tinker",
     ROOT / "nexrl_weaver",
+    ROOT / "plugins" / "nexrl_episodes",
 ]
 
 
@@ -38,6 +39,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
         run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheelhouse, distribution)
     assert sorted(wheel.name.split("-")[0] for wheel in wheelhouse.glob("*.whl")) == [
         "nexrl",
+        "nexrl_episodes",
         "nexrl_fsdp",
         "nexrl_grpo",
         "nexrl_remote_api",
@@ -77,3 +79,8 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
     assert all(row["error"] is None for row in rows.values())
     code = "import torch, weaver, nexrl_weaver.server.app; print(torch.__version__)"
     assert run(venv / "bin" / "python", "-c", code, cwd=tmp_path).strip() == "2.13.0+cpu"
+    run(*install, "nexrl[episodes]==0.1.0", cwd=tmp_path)
+    rows = plugin_rows(venv, tmp_path)
+    assert rows["episodes"]["registers"]["rollout_sources"] == ["episodes"]
+    assert rows["episodes"]["error"] is None
+    run(venv / "bin" / "python", "-c", "from nexrl_episodes import EpisodeClient", cwd=tmp_path)

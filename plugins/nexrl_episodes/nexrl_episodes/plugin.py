@@ -1,0 +1,84 @@
+"""Entry-point module of nexrl-episodes: the ``episodes`` rollout source and its options.
+
+Imports nothing heavy: the server, the store and FastAPI load only when a recipe picks
+``rollout.source.name: episodes``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from nexrl_core.hookspecs import hookimpl
+from nexrl_core.specs import RolloutSourceSpec
+
+
+def _port(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{attribute.name} must be a TCP port between 0 and 65535 (0: any free port), got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class LocalWorkers:
+    """Client processes ``nexrl train`` starts next to the server, for one machine."""
+
+    processes: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """How many worker processes to start (0: none; scripts elsewhere claim the episodes)."""
+    script: str | None = None
+    """What each worker runs per episode: a ``.py`` file (relative to the current
+    directory) or ``package.module:function``; the function takes an `Episode`."""
+    concurrency: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    """Episodes each worker process keeps in flight (one thread each)."""
+
+
+@attrs.frozen(kw_only=True)
+class EpisodesOptions:
+    """``rollout.source.options`` of the ``episodes`` source."""
+
+    host: str = "127.0.0.1"
+    """Interface the episode server binds; open it to other machines deliberately."""
+    port: int = attrs.field(default=0, validator=_port)
+    """TCP port; 0 picks a free one (written to ``<output.dir>/rollout/episode_server.json``)."""
+    public_url: str | None = None
+    """The base URL clients reach the server at, when it differs from ``http://host:port``
+    (a proxy, NAT); used in the ``base_url`` handed out with each claim."""
+    db_url: str | None = None
+    """SQLAlchemy URL of the episode store; null keeps a SQLite file in the run's
+    ``rollout/`` directory, so ``--resume`` finds the episodes that already ended."""
+    api_key: str | None = None
+    """When set, claiming needs ``Authorization: Bearer <api_key>``; null accepts any
+    caller that can reach the server (fine on 127.0.0.1)."""
+    claim_timeout_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    """A claimed episode with no activity (claim, model call, can_continue) for this
+    long goes back to the queue; the stale claimer's key stops working."""
+    max_attempts: int = attrs.field(default=5, validator=attrs.validators.ge(1))
+    """Claims one episode may get (aborts and stale claims included) before its run
+    counts as failed, so a step never waits forever on an episode that kills clients."""
+    local_workers: LocalWorkers = attrs.field(factory=LocalWorkers)
+    """Worker processes started with the run (the quickstart uses them)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.local_workers.processes and not self.local_workers.script:
+            raise ValueError(
+                "local_workers.script must name what the worker processes run (a .py file or module:function) "
+                f"when local_workers.processes={self.local_workers.processes}"
+            )
+
+
+def open_episode_source(setup: object) -> object:
+    """Start the episode server for one run (see `nexrl_episodes.source.EpisodeSource`)."""
+    from nexrl_episodes.source import EpisodeSource
+
+    return EpisodeSource.open(setup)
+
+
+@hookimpl
+def nexrl_rollout_sources() -> list[RolloutSourceSpec]:
+    """The episode server: scripts anywhere claim runs over HTTP."""
+    return [
+        RolloutSourceSpec(
+            name="episodes",
+            factory=open_episode_source,
+            config_class=EpisodesOptions,
+            description="Episode server: scripts on any machine claim runs over HTTP and sample through an OpenAI endpoint",
+        )
+    ]
