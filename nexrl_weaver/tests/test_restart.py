@@ -1,5 +1,5 @@
 """``nexrl serve weaver`` killed with SIGKILL and started again on the same data keeps
-its sessions and ``weaver://`` checkpoints."""
+its sessions and ``weaver://`` checkpoints, with its state on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import weaver
 from weaver.types import ModelInput, SamplingParams
 
 
-def _serve(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
+def _serve(port: int, data_dir: Path, db: str) -> subprocess.Popen[bytes]:
     nexrl = Path(sys.executable).with_name("nexrl")
     process = subprocess.Popen(
-        [str(nexrl), "serve", "weaver", "--port", str(port), "--data-dir", str(data_dir)],
+        [str(nexrl), "serve", "weaver", "--port", str(port), "--data-dir", str(data_dir), "--db", db],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -36,12 +36,12 @@ def _serve(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.slow
-def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path) -> None:
+def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path, sql_url: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    server = _serve(port, tmp_path)
+    server = _serve(port, tmp_path, sql_url)
     try:
         client = weaver.ServiceClient(base_url=url)
         client.connect()
@@ -51,7 +51,7 @@ def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path) -> None:
         os.kill(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
         client._closed = True  # its models died with the server; nothing to terminate
-        server = _serve(port, tmp_path)
+        server = _serve(port, tmp_path, sql_url)
 
         again = weaver.ServiceClient(base_url=url, session_id=session_id)
         again.connect()
