@@ -103,7 +103,7 @@ class WorkerRank:
             {"rank": self.rank, "endpoint": f"tcp://{host}:{port}", "pid": os.getpid(), "host": socket.gethostname()},
         )
         self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "nexrl_fsdp.worker.watchdog", "--pid", str(os.getpid()), "--rank", str(self.rank),
+            [sys.executable, "-m", "nexrl_fsdp.worker.watchdog", "--pid", str(os.getpid()), "--parent", str(os.getppid()), "--rank", str(self.rank),
              "--group-url", f"{self.api}/groups/{self.identifier}", "--interval", str(self.heartbeat_s)],
             stdin=subprocess.DEVNULL,
         )

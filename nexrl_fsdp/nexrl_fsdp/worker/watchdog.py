@@ -3,10 +3,10 @@
 A separate process, not a thread of the rank: a rank blocked in a collective or in a
 long op may not let a Python thread run for minutes, and liveness must not depend on
 it. The watchdog posts a heartbeat every interval while the rank's process exists
-(so a killed rank stops beating at once), and kills the rank when the API server
+(so a killed rank stops beating at once), and kills the rank when its torchrun agent is gone, when the API server
 stops answering or calls the group dead or destroyed, so no rank outlives its run.
 
-``python -m nexrl_fsdp.worker.watchdog --pid PID --rank R --group-url URL --interval S``
+``python -m nexrl_fsdp.worker.watchdog --pid PID --parent PPID --rank R --group-url URL --interval S``
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def watch(pid: int, rank: int, group_url: str, interval: float) -> None:
-    """Beat for ``pid`` until it exits; kill it when its run is gone."""
+def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> None:
+    """Beat for ``pid`` until it exits; kill it when its run is gone (the API server, or
+    ``parent``, the torchrun agent that started it)."""
     last_ok = time.monotonic()
     body = json.dumps({"rank": rank}).encode()
     while _alive(pid):
+        if not _alive(parent):
+            os.kill(pid, signal.SIGKILL)
+            return
         try:
             request = urllib.request.Request(f"{group_url}/heartbeat", data=body, method="POST", headers={"content-type": "application/json"})
             with urllib.request.urlopen(request, timeout=5) as response:
@@ -57,11 +61,12 @@ def watch(pid: int, rank: int, group_url: str, interval: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m nexrl_fsdp.worker.watchdog")
     parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--group-url", required=True)
     parser.add_argument("--interval", type=float, required=True)
     args = parser.parse_args()
-    watch(args.pid, args.rank, args.group_url, args.interval)
+    watch(args.pid, args.parent, args.rank, args.group_url, args.interval)
 
 
 if __name__ == "__main__":
