@@ -15,6 +15,7 @@ _CONTRACTS = {
     "AdvantageEstimatorContract": "nexrl_core.testing.advantage_contract",
     "PolicyLossContract": "nexrl_core.testing.loss_contract",
     "ServiceHolderContract": "nexrl_core.testing.holder_contract",
+    "TransportContract": "nexrl_core.testing.transport_contract",
 }
 
 __all__ = sorted(_CONTRACTS)

@@ -20,7 +20,8 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.types import Trajectory
 from nexrl_fsdp import AdamParams, Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
-from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
+from nexrl_core.testing import TransportContract
+from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
 
 pytestmark = pytest.mark.slow
 
@@ -185,3 +186,18 @@ def test_no_module_of_the_transport_or_the_workers_can_pickle() -> None:
             assert not imported & {"pickle", "cloudpickle", "dill"}, path
             calls = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
             assert not calls & {"send_pyobj", "recv_pyobj", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"}, path
+
+
+class TestDirectZmqTransport(TransportContract):
+    """The conformance kit's transport contract against the module's worker group."""
+
+    @pytest.fixture
+    def transport(self, group: LocalWorkerGroup) -> DirectZmqTransport:
+        return group.transport
+
+
+def test_the_transport_and_the_api_server_are_registered() -> None:
+    from nexrl_core.registry import find_spec
+
+    assert find_spec("transports", "direct-zmq").resolve_factory() is DirectZmqTransport
+    assert find_spec("services", "workers").resolve_factory().__name__ == "WorkersApiServer"

@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
 import zmq
 
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 
 if TYPE_CHECKING:
     from nexrl_core.batch import Batch
@@ -34,21 +34,6 @@ _STATUS_EVERY_S = 1.0
 
 class WorkerGroupError(RuntimeError):
     """The worker group refused an op, failed in it, died, or did not answer in time."""
-
-
-@attrs.frozen(kw_only=True)
-class DirectZmqOptions:
-    """Where the worker group is and how long to wait for it."""
-
-    api_server_url: str
-    identifier: str = "actor"
-    world_size: int = 1
-    connect_timeout_s: float = 120.0
-    """How long `initialize_worker` waits for every rank to report its endpoint."""
-    op_timeout_s: float = 600.0
-    """How long one op may take (ACK plus execution)."""
-    total_timeout_s: float | None = None
-    """A cap on the time of all ops together (None: no cap)."""
 
 
 class DirectZmqTransport:
