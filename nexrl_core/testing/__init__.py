@@ -19,6 +19,7 @@ _CONTRACTS = {
     "PolicyLossContract": "nexrl_core.testing.loss_contract",
     "ServiceHolderContract": "nexrl_core.testing.holder_contract",
     "TrainerContract": "nexrl_core.testing.backend_contract",
+    "TransportContract": "nexrl_core.testing.transport_contract",
 }
 
 __all__ = sorted(_CONTRACTS)

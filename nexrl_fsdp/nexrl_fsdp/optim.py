@@ -43,7 +43,9 @@ class AdamW:
         grads = [p.grad for p in self.parameters if p.grad is not None]
         if not grads:
             return 0.0
-        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        # FSDP2 shards gradients as DTensors: their norm is a DTensor to reduce across ranks.
+        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
 
     def step(self, params: AdamWSettings) -> OptimStepResult:
         """Clip, step and zero the gradients; skip (and zero them) if the norm is not finite."""
@@ -53,7 +55,12 @@ class AdamW:
             return OptimStepResult(norm, params.learning_rate, self.steps, skipped=True, clipped=False)
         clipped = False
         if params.grad_clip_norm > 0 and norm > params.grad_clip_norm:
-            torch.nn.utils.clip_grads_with_norm_(self.parameters, params.grad_clip_norm, torch.tensor(norm))
+            # torch's clip_grads_with_norm_ arithmetic, with the coefficient as a Python
+            # number so sharded (DTensor) gradients scale without a plain-tensor operand.
+            coefficient = float(torch.clamp(params.grad_clip_norm / (torch.tensor(norm) + 1e-6), max=1.0))
+            for parameter in self.parameters:
+                if parameter.grad is not None:
+                    parameter.grad.mul_(coefficient)
             clipped = True
         for group in self.optimizer.param_groups:
             group["lr"] = params.learning_rate

@@ -1,4 +1,5 @@
-"""Entry-point module of nexrl-fsdp: registers the tiny model's demo task and the ``inprocess`` backend.
+"""Entry-point module of nexrl-fsdp: registers the tiny model's demo task, the ``inprocess``
+backend, the ``direct-zmq`` transport and the workers' API server (``nexrl serve workers``).
 
 Imports nothing heavy: the task and the backend are named by strings and loaded when
 chosen; the backend's config class is torch-free.
@@ -7,7 +8,9 @@ chosen; the backend's config class is torch-free.
 from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import BackendSpec, TaskSpec
+from nexrl_core.serving import ServeOptions
+from nexrl_core.specs import BackendSpec, ServiceSpec, TaskSpec, TransportSpec
+from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.inprocess.config import InProcessBackendConfig
 
 
@@ -31,5 +34,31 @@ def nexrl_backends() -> list[BackendSpec]:
             factory="nexrl_fsdp.inprocess.backend:open_inprocess",
             config_class=InProcessBackendConfig,
             description="The nexrl-fsdp engine in the training process (no service): fastest on one machine",
+        )
+    ]
+
+
+@hookimpl
+def nexrl_transports() -> list[TransportSpec]:
+    """Batches straight to FSDP workers under torchrun: JSON headers and raw tensor frames."""
+    return [
+        TransportSpec(
+            name="direct-zmq",
+            factory="nexrl_fsdp.direct_zmq.transport:DirectZmqTransport",
+            config_class=DirectZmqOptions,
+            description="FSDP2 workers under torchrun, driven over ZMQ (data to rank 0, execute via the workers API)",
+        )
+    ]
+
+
+@hookimpl
+def nexrl_services() -> list[ServiceSpec]:
+    """The workers' control plane: groups, endpoints, heartbeats, execute."""
+    return [
+        ServiceSpec(
+            name="workers",
+            factory="nexrl_fsdp.direct_zmq.api_server:WorkersApiServer",
+            config_class=ServeOptions,
+            description="API server of direct-ZMQ worker groups (register, endpoints, heartbeats, execute)",
         )
     ]

@@ -1,0 +1,52 @@
+"""What a transport is: the client that carries a self-hosted trainer's batches to its workers.
+
+A plugin registers one with ``nexrl_transports`` (`nexrl_core.specs.TransportSpec`); the
+factory takes the spec's config and returns an object with these methods.
+`nexrl_core.testing.TransportContract` is the bar every transport meets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from nexrl_core.batch import Batch
+
+
+class Transport(Protocol):
+    """Drives one group of training workers; one op at a time."""
+
+    def initialize_worker(self) -> dict[str, Any]:
+        """Wait until every worker has reported itself; returns what the group reported."""
+        ...
+
+    def init_model(self, model: str, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
+        """Load the model on every worker; returns at least ``vocab_size`` and ``pad_token_id``."""
+        ...
+
+    def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:
+        """Train on ``batch`` with the loss and optimizer in ``options``; returns float metrics."""
+        ...
+
+    def compute_log_prob(self, batch: Batch) -> torch.Tensor:
+        """[B, L] logprob of each token under the policy (0 on padding and first tokens)."""
+        ...
+
+    def compute_ref_log_prob(self, batch: Batch) -> torch.Tensor:
+        """[B, L] logprobs under the frozen reference weights."""
+        ...
+
+    def save_checkpoint(self, path: str) -> str:
+        """Save what resuming needs under ``path``; returns the path `load_checkpoint` takes."""
+        ...
+
+    def load_checkpoint(self, path: str) -> None:
+        """Continue from `save_checkpoint`'s path."""
+        ...
+
+    def destroy(self) -> None:
+        """End the worker group."""
+        ...

@@ -1,0 +1,311 @@
+"""The workers' API server (``nexrl serve workers``): the control plane of direct-ZMQ training.
+
+It knows worker groups by identifier (several at once: a student and a teacher group,
+say). Per group it binds its own ZMQ PUB socket that every rank subscribes to; it
+records each rank's data endpoint, takes heartbeats, and on ``execute`` publishes the
+op id to every rank. Training data never passes through it: the driver sends batches
+to rank 0 directly. A monitor thread publishes a hello on every group's socket (a rank
+waits for one before it reports itself, so no command is published before it
+listens) and marks a group dead when a rank stops beating; every driver waiting on
+that group learns it from the group's info, with the missing ranks named.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import attrs
+import zmq
+from pydantic import BaseModel, Field
+
+from nexrl_core.serving import ServeOptions
+from nexrl_fsdp.direct_zmq.protocol import OPS
+
+__all__ = ["GroupRegistry", "WorkersApiServer"]
+
+logger = logging.getLogger("nexrl_fsdp.workers_api")
+
+ENV_DEAD_AFTER = "NEXRL_WORKER_DEAD_AFTER_S"
+"""Seconds without a heartbeat after which a rank counts as dead (default 15)."""
+_HELLO_EVERY_S = 0.2
+
+
+@attrs.define
+class _Group:
+    identifier: str
+    world_size: int
+    publisher: Any
+    command_endpoint: str
+    endpoints: dict[int, str] = attrs.field(factory=dict)
+    pids: dict[int, int] = attrs.field(factory=dict)
+    beats: dict[int, float] = attrs.field(factory=dict)
+    status: str = "forming"
+    """forming (ranks still reporting) → ready → dead or destroyed."""
+    reason: str = ""
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "identifier": self.identifier,
+            "world_size": self.world_size,
+            "command_endpoint": self.command_endpoint,
+            "endpoints": {str(rank): endpoint for rank, endpoint in sorted(self.endpoints.items())},
+            "pids": {str(rank): pid for rank, pid in sorted(self.pids.items())},
+            "missing_ranks": [rank for rank in range(self.world_size) if rank not in self.endpoints],
+            "status": self.status,
+            "reason": self.reason,
+        }
+
+
+class GroupRegistry:
+    """Worker groups, their command sockets and their liveness; thread-safe."""
+
+    def __init__(self, host: str, dead_after_s: float) -> None:
+        self.host = host
+        self.dead_after_s = dead_after_s
+        self.context = zmq.Context()
+        self.groups: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="nexrl-workers-monitor", daemon=True)
+        self._monitor.start()
+
+    def create(self, identifier: str, world_size: int) -> dict[str, Any]:
+        with self._lock:
+            group = self.groups.get(identifier)
+            if group is not None and group.status in ("forming", "ready"):
+                if group.world_size != world_size:
+                    raise ValueError(f"group {identifier!r} exists with world_size {group.world_size}, not {world_size}")
+                return group.info()
+            if group is not None:
+                group.publisher.close(linger=0)
+            publisher = self.context.socket(zmq.PUB)
+            port = publisher.bind_to_random_port(f"tcp://{self.host}")
+            group = _Group(identifier, world_size, publisher, f"tcp://{self.host}:{port}")
+            self.groups[identifier] = group
+            return group.info()
+
+    def get(self, identifier: str) -> _Group:
+        group = self.groups.get(identifier)
+        if group is None:
+            raise KeyError(f"no worker group {identifier!r}; known: {sorted(self.groups) or 'none'}")
+        return group
+
+    def report(self, identifier: str, rank: int, endpoint: str, pid: int) -> dict[str, Any]:
+        with self._lock:
+            group = self.get(identifier)
+            if not 0 <= rank < group.world_size:
+                raise ValueError(f"rank {rank} is outside world_size {group.world_size} of group {identifier!r}")
+            group.endpoints[rank], group.pids[rank] = endpoint, pid
+            group.beats[rank] = time.monotonic()
+            if len(group.endpoints) == group.world_size and group.status == "forming":
+                group.status = "ready"
+            return group.info()
+
+    def beat(self, identifier: str, rank: int) -> str:
+        with self._lock:
+            group = self.groups.get(identifier)
+            if group is None:
+                return "unknown"
+            if group.status in ("forming", "ready"):
+                group.beats[rank] = time.monotonic()
+            return group.status
+
+    def execute(self, identifier: str, op_id: str, op: str) -> None:
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+        with self._lock:
+            group = self.get(identifier)
+            if group.status != "ready":
+                raise RuntimeError(f"worker group {identifier!r} is {group.status}{': ' + group.reason if group.reason else ''}")
+            self._publish(group, {"kind": "execute", "op_id": op_id, "op": op})
+            if op == "destroy":
+                group.status = "destroyed"
+
+    def remove(self, identifier: str) -> None:
+        with self._lock:
+            group = self.groups.pop(identifier, None)
+            if group is not None:
+                group.publisher.close(linger=0)
+
+    def _publish(self, group: _Group, message: dict[str, Any]) -> None:
+        group.publisher.send_multipart([group.identifier.encode(), json.dumps(message).encode()])
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_HELLO_EVERY_S):
+            now = time.monotonic()
+            with self._lock:
+                for group in self.groups.values():
+                    if group.status not in ("forming", "ready"):
+                        continue
+                    self._publish(group, {"kind": "hello"})
+                    silent = {rank: now - beat for rank, beat in group.beats.items() if now - beat > self.dead_after_s}
+                    if silent:
+                        group.status = "dead"
+                        group.reason = "ranks {} stopped beating (last heartbeat {} ago)".format(
+                            sorted(silent), ", ".join(f"{age:.1f} s" for _, age in sorted(silent.items()))
+                        )
+                        logger.error("worker group %r is dead: %s", group.identifier, group.reason)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._monitor.join(timeout=5)
+        with self._lock:
+            for group in self.groups.values():
+                group.publisher.close(linger=0)
+            self.groups.clear()
+        self.context.term()
+
+
+# Request bodies: pydantic at the HTTP edge only.
+class CreateGroup(BaseModel):
+    identifier: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    world_size: int = Field(ge=1)
+
+class Report(BaseModel):
+    rank: int = Field(ge=0)
+    endpoint: str
+    pid: int
+    host: str = ""
+
+class Beat(BaseModel):
+    rank: int = Field(ge=0)
+
+class Execute(BaseModel):
+    op_id: str = Field(min_length=1)
+    op: str
+
+
+def create_app(registry: GroupRegistry) -> Any:
+    """The FastAPI routes over a registry; bad input is a 4xx naming what is wrong."""
+    from fastapi import FastAPI, HTTPException
+
+    app = FastAPI(title="NexRL workers API")
+
+    def _group(identifier: str) -> Any:
+        try:
+            return registry.get(identifier)
+        except KeyError as error:
+            raise HTTPException(404, str(error.args[0])) from None
+
+    @app.get("/api/v1/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/groups")
+    def create_group(body: CreateGroup) -> dict[str, Any]:
+        try:
+            return registry.create(body.identifier, body.world_size)
+        except ValueError as error:
+            raise HTTPException(409, str(error)) from None
+
+    @app.get("/api/v1/groups/{identifier}")
+    def group_info(identifier: str) -> dict[str, Any]:
+        return _group(identifier).info()
+
+    @app.post("/api/v1/groups/{identifier}/workers")
+    def report(identifier: str, body: Report) -> dict[str, Any]:
+        _group(identifier)
+        try:
+            return registry.report(identifier, body.rank, body.endpoint, body.pid)
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+
+    @app.post("/api/v1/groups/{identifier}/heartbeat")
+    def heartbeat(identifier: str, body: Beat) -> dict[str, str]:
+        return {"status": registry.beat(identifier, body.rank)}
+
+    @app.post("/api/v1/groups/{identifier}/execute")
+    def execute(identifier: str, body: Execute) -> dict[str, str]:
+        _group(identifier)
+        try:
+            registry.execute(identifier, body.op_id, body.op)
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        except RuntimeError as error:
+            raise HTTPException(409, str(error)) from None
+        return {"status": "published"}
+
+    @app.delete("/api/v1/groups/{identifier}")
+    def remove(identifier: str) -> dict[str, str]:
+        _group(identifier)
+        registry.remove(identifier)
+        return {"status": "removed"}
+
+    return app
+
+
+class WorkersApiServer:
+    """The API server as a `nexrl_core.serving.Service`: in a background thread, or in the foreground."""
+
+    def __init__(self, options: ServeOptions | None = None, *, dead_after_s: float | None = None) -> None:
+        self.options = options or ServeOptions()
+        if dead_after_s is None:
+            dead_after_s = float(os.environ.get(ENV_DEAD_AFTER, "15"))
+        self.dead_after_s = dead_after_s
+        self.registry: GroupRegistry | None = None
+        self.base_url: str | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    def _prepare(self) -> Any:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.options.host, self.options.port))
+        except OSError as error:
+            sock.close()
+            raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from error
+        sock.listen(256)
+        self._socket = sock
+        self.base_url = f"http://{self.options.host}:{sock.getsockname()[1]}"
+        self.registry = GroupRegistry(self.options.host, self.dead_after_s)
+        config = uvicorn.Config(create_app(self.registry), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        return self._server
+
+    def start(self) -> str:
+        server = self._prepare()
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [self._socket]}, name="nexrl-workers-api", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the workers API server did not start")
+            time.sleep(0.01)
+        assert self.base_url is not None
+        return self.base_url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
+
+    def serve_forever(self) -> None:
+        server = self._prepare()
+        print(f"NexRL workers API serving at {self.base_url}", file=sys.stderr, flush=True)
+        try:
+            server.run(sockets=[self._socket])
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self._server = None
+            self.stop()

@@ -1,0 +1,22 @@
+"""Options of the ``direct-zmq`` transport; light to import (no torch, no zmq)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["DirectZmqOptions"]
+
+
+@attrs.frozen(kw_only=True)
+class DirectZmqOptions:
+    """Where the worker group is and how long to wait for it."""
+
+    api_server_url: str
+    identifier: str = "actor"
+    world_size: int = 1
+    connect_timeout_s: float = 120.0
+    """How long `initialize_worker` waits for every rank to report its endpoint."""
+    op_timeout_s: float = 600.0
+    """How long one op may take (ACK plus execution)."""
+    total_timeout_s: float | None = None
+    """A cap on the time of all ops together (None: no cap)."""

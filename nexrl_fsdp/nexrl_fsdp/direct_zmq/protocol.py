@@ -1,0 +1,58 @@
+"""What the driver, the API server and the workers agree on: op names, batch fields, env vars.
+
+Light to import (no torch, no zmq), so the API server and configs can use it anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = [
+    "BATCH_OPS",
+    "BATCH_TENSORS",
+    "ENV_COLLECTIVE_TIMEOUT",
+    "ENV_DATA_BASE_PORT",
+    "ENV_HEARTBEAT_INTERVAL",
+    "ENV_WORKER_IP",
+    "OPS",
+    "OPTIONAL_BATCH_TENSORS",
+]
+
+OPS = (
+    "init_model",
+    "update_actor",
+    "compute_log_prob",
+    "compute_ref_log_prob",
+    "get_weights",
+    "save_checkpoint",
+    "load_checkpoint",
+    "barrier",
+    "destroy",
+)
+"""Every op a worker group runs; each is one "execute" broadcast."""
+
+BATCH_OPS = frozenset({"update_actor", "compute_log_prob", "compute_ref_log_prob"})
+"""Ops that carry a batch, scattered by rows over the ranks."""
+
+BATCH_TENSORS: Mapping[str, str] = {
+    "input_ids": "int64",
+    "attention_mask": "int64",
+}
+"""[B, L] tensors every batch op needs, with the dtype each must have."""
+
+OPTIONAL_BATCH_TENSORS: Mapping[str, str] = {
+    "loss_mask": "float32",
+    "old_logprobs": "float32",
+    "advantages": "float32",
+    "ref_logprobs": "float32",
+}
+"""[B, L] tensors a loss may need (``update_actor`` checks the loss's ``requires``)."""
+
+ENV_WORKER_IP = "NEXRL_WORKER_IP"
+"""Address a worker binds its data socket on and reports (default 127.0.0.1; a pod IP on Kubernetes)."""
+ENV_DATA_BASE_PORT = "NEXRL_WORKER_DATA_BASE_PORT"
+"""Rank r binds its data socket on this port + r; unset or 0: a free port each."""
+ENV_HEARTBEAT_INTERVAL = "NEXRL_WORKER_HEARTBEAT_S"
+"""Seconds between a worker's heartbeats (default 5)."""
+ENV_COLLECTIVE_TIMEOUT = "NEXRL_WORKER_COLLECTIVE_TIMEOUT_S"
+"""torch.distributed timeout of the worker group's collectives (default 600)."""

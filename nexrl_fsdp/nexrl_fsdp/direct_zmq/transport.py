@@ -1,0 +1,200 @@
+"""`DirectZmqTransport`: a trainer's client of one worker group (the ``direct-zmq`` transport).
+
+Every op is two phases: the op's header and tensors go straight to rank 0's data socket
+and rank 0 answers ACK (or why it refuses them); then the API server broadcasts
+"execute" and rank 0 sends the result back on the same socket. While it waits, the
+client asks the API server whether the group is still alive, so a dead rank is an
+error naming it within seconds, and every wait has a timeout from the config.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import zmq
+
+from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
+
+if TYPE_CHECKING:
+    from nexrl_core.batch import Batch
+
+__all__ = ["DirectZmqOptions", "DirectZmqTransport", "WorkerGroupError"]
+
+_POLL_S = 0.25
+_STATUS_EVERY_S = 1.0
+
+
+class WorkerGroupError(RuntimeError):
+    """The worker group refused an op, failed in it, died, or did not answer in time."""
+
+
+class DirectZmqTransport:
+    """Drives one worker group; not thread-safe (one op at a time)."""
+
+    def __init__(self, options: DirectZmqOptions) -> None:
+        self.options = options
+        self.api = options.api_server_url.rstrip("/") + "/api/v1"
+        self.context = zmq.Context()
+        self.socket: Any = None
+        self.group_info: dict[str, Any] = {}
+        self._spent_s = 0.0
+
+    # --- HTTP to the API server ---------------------------------------------------------
+
+    def _http(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.api + path,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"content-type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            raise WorkerGroupError(f"workers API {method} {path} answered {error.code}: {error.read().decode(errors='replace')}") from None
+        except OSError as error:
+            raise WorkerGroupError(f"the workers API at {self.options.api_server_url} is unreachable: {error}") from None
+
+    def info(self) -> dict[str, Any]:
+        """The group as the API server sees it (status, endpoints, missing ranks)."""
+        return self._http("GET", f"/groups/{self.options.identifier}")
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def initialize_worker(self) -> dict[str, Any]:
+        """Register the group and wait until every rank has reported its endpoint.
+
+        :raises WorkerGroupError: naming the ranks still missing after ``connect_timeout_s``.
+        """
+        self._http("POST", "/groups", {"identifier": self.options.identifier, "world_size": self.options.world_size})
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        while True:
+            info = self.info()
+            if info["status"] == "ready":
+                break
+            if info["status"] in ("dead", "destroyed"):
+                raise WorkerGroupError(f"worker group {self.options.identifier!r} is {info['status']}: {info['reason']}")
+            if time.monotonic() > deadline:
+                missing = info["missing_ranks"]
+                raise WorkerGroupError(
+                    f"only {self.options.world_size - len(missing)}/{self.options.world_size} workers have reported endpoints "
+                    f"after {self.options.connect_timeout_s:.0f} s: missing rank{'s' if len(missing) > 1 else ''} "
+                    f"{', '.join(map(str, missing))}"
+                )
+            time.sleep(0.1)
+        self.group_info = info
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.SNDBUF, 1 << 23)
+        self.socket.setsockopt(zmq.RCVBUF, 1 << 23)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(info["endpoints"]["0"])
+        return info
+
+    def init_model(self, model: str, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
+        """Load (and shard) the model on every rank; returns its vocab size and pad id."""
+        return self._call("init_model", {"model": model, "dtype": dtype, "seed": seed}).header
+
+    def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:
+        """Train on ``batch`` (needs ``loss_mask`` and what the loss needs); returns metrics."""
+        reply = self._call("update_actor", dict(options), self._batch_tensors(batch))
+        return {key: float(value) for key, value in reply.header["metrics"].items()}
+
+    def compute_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
+        """[B, L] logprobs of the current policy (0 on padding and each row's first token)."""
+        return self._log_probs("compute_log_prob", batch, micro_batch_rows)
+
+    def compute_ref_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
+        """[B, L] logprobs of the frozen reference (the base weights)."""
+        return self._log_probs("compute_ref_log_prob", batch, micro_batch_rows)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the policy, whole, by name (for a sampler)."""
+        return self._call("get_weights", {}).tensors
+
+    def save_checkpoint(self, path: str) -> str:
+        """Sharded model and optimizer state (torch.distributed.checkpoint) under ``path``."""
+        return str(self._call("save_checkpoint", {"path": str(path)}).header["path"])
+
+    def load_checkpoint(self, path: str) -> None:
+        self._call("load_checkpoint", {"path": str(path)})
+
+    def barrier(self) -> None:
+        self._call("barrier", {})
+
+    def destroy(self) -> None:
+        """End the worker group (every rank exits) and forget it on the API server."""
+        try:
+            self._call("destroy", {})
+        finally:
+            try:
+                self._http("DELETE", f"/groups/{self.options.identifier}")
+            except WorkerGroupError:
+                pass
+
+    def close(self) -> None:
+        """Release this client's sockets (the workers keep running)."""
+        if self.socket is not None:
+            self.socket.close(linger=0)
+            self.socket = None
+        self.context.term()
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _batch_tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
+        padded = batch.pad_to_world_size(self.options.world_size)
+        return dict(padded.tensors)
+
+    def _log_probs(self, op: str, batch: Batch, micro_batch_rows: int) -> torch.Tensor:
+        reply = self._call(op, {"micro_batch_rows": micro_batch_rows}, self._batch_tensors(batch))
+        return reply.tensors["log_probs"][: batch.batch_size].clone()
+
+    def _call(self, op: str, options: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None) -> wire.Message:
+        if self.socket is None:
+            raise WorkerGroupError("the transport is not connected; call initialize_worker first")
+        started = time.monotonic()
+        limit = self.options.op_timeout_s
+        if self.options.total_timeout_s is not None:
+            limit = min(limit, self.options.total_timeout_s - self._spent_s)
+            if limit <= 0:
+                raise WorkerGroupError(f"the transport's total timeout of {self.options.total_timeout_s:.0f} s is spent")
+        deadline = started + limit
+        op_id = uuid.uuid4().hex
+        try:
+            wire.send(self.socket, {"op": op, "op_id": op_id, "options": dict(options)}, tensors)
+            ack = self._await(op, op_id, deadline, "to acknowledge its data")
+            if ack.header.get("kind") == "refused":
+                raise WorkerGroupError(ack.header["error"])
+            self._http("POST", f"/groups/{self.options.identifier}/execute", {"op_id": op_id, "op": op})
+            reply = self._await(op, op_id, deadline, "to finish")
+            if reply.header.get("kind") == "error":
+                raise WorkerGroupError(reply.header["error"])
+            return reply
+        finally:
+            self._spent_s += time.monotonic() - started
+
+    def _await(self, op: str, op_id: str, deadline: float, what: str) -> wire.Message:
+        """The next message for ``op_id``; checks the group's liveness while waiting."""
+        next_check = time.monotonic() + _STATUS_EVERY_S
+        while True:
+            if self.socket.poll(int(_POLL_S * 1000)):
+                _, message = wire.recv(self.socket)
+                if message.header.get("op_id") == op_id:
+                    return message
+                continue  # a late answer to an op that timed out earlier
+            now = time.monotonic()
+            if now > deadline:
+                raise WorkerGroupError(f"worker group {self.options.identifier!r} did not answer {op} {what} within the op timeout")
+            if now >= next_check:
+                next_check = now + _STATUS_EVERY_S
+                info = self.info()
+                if info["status"] in ("dead", "destroyed"):
+                    raise WorkerGroupError(f"worker group {self.options.identifier!r} is {info['status']} during {op}: {info['reason']}")

@@ -1,0 +1,28 @@
+"""``torchrun --nproc_per_node=N -m nexrl_fsdp.worker --api-server-url URL --identifier NAME``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before torch loads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m nexrl_fsdp.worker", description="One rank of a NexRL FSDP worker group (run it under torchrun).")
+    parser.add_argument("--api-server-url", required=True, help="base URL of `nexrl serve workers`, e.g. http://127.0.0.1:8100")
+    parser.add_argument("--identifier", required=True, help="the worker group's name (a driver names the same)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nexrl_fsdp.worker.runtime import WorkerRank
+
+    rank = WorkerRank(args.api_server_url, args.identifier)
+    try:
+        rank.start()
+        rank.serve()
+    finally:
+        rank.close()
+
+
+if __name__ == "__main__":
+    main()

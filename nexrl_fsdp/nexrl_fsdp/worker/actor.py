@@ -1,0 +1,262 @@
+"""One rank's share of the policy: the model sharded with FSDP2, its optimizer and its ops.
+
+The math is the engine's: datums from `rows`, `loss_fns.collate` / `target_logprobs` /
+`policy_loss_inputs`, the registered loss built by `loss_fns.build_loss_fn`, and the
+engine's `AdamW` (clipping, the skip on a non-finite norm). What is added is the data
+parallelism: every rank runs the same passes on its rows, and the loss is a sum over
+tokens (``token-sum``) or that sum over the mini-batch's trained tokens on all ranks
+(``token-mean``), so two ranks reach the weights one process reaches on the whole batch.
+FSDP averages gradients over ranks; the loss is multiplied by the world size to undo it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_fsdp.engine import _MetricSum
+from nexrl_fsdp.loading import load_model, load_tokenizer, resolve_model_dir, torch_dtype
+from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, collate, policy_loss_inputs, target_logprobs
+from nexrl_fsdp.optim import AdamW
+from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
+
+__all__ = ["ActorOptions", "FsdpActor", "ModelOptions"]
+
+logger = logging.getLogger(__name__)
+
+_SUMMED_AGGREGATIONS = ("token-sum", "token-mean")
+_STEP_FILE = "nexrl_actor.json"
+
+
+@attrs.frozen(kw_only=True)
+class ModelOptions:
+    """What ``init_model`` loads."""
+
+    model: str = "nexrl-tiny"
+    """A shipped model name or a local HF directory (the same on every node)."""
+    dtype: str = "float32"
+    seed: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class ActorOptions:
+    """How ``update_actor`` trains on a batch."""
+
+    loss_fn: str = "importance_sampling"
+    """Registered policy loss."""
+    loss_fn_config: dict[str, Any] = attrs.field(factory=dict)
+    """Its options; ``agg_mode`` may be ``token-sum`` (default) or ``token-mean``."""
+    optimizer: AdamWSettings = attrs.field(factory=AdamWSettings)
+    ppo_epochs: int = 1
+    """Passes over the batch."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: each rank's rows split into this many equal parts."""
+    micro_batch_rows: int = 8
+    """Rows per forward/backward on a rank (gradients accumulate over a mini-batch)."""
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> ActorOptions:
+        values = dict(values)
+        known = {field.name for field in attrs.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise BatchError(f"unknown update_actor options {unknown}; valid: {', '.join(sorted(known))}")
+        if "optimizer" in values:
+            values["optimizer"] = AdamWSettings(**values["optimizer"])
+        options = cls(**values)
+        for name in ("ppo_epochs", "mini_batches", "micro_batch_rows"):
+            value = getattr(options, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BatchError(f"update_actor option {name} must be an integer >= 1, got {value!r}")
+        return options
+
+
+def _shard(model: torch.nn.Module, mesh: Any) -> None:
+    """FSDP2: each decoder layer its own unit, the rest (embeddings, tied head) the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+class FsdpActor:
+    """The policy (and, once asked for, a frozen reference) on this rank."""
+
+    def __init__(self, options: ModelOptions, mesh: Any, device: torch.device) -> None:
+        self.options = options
+        self.mesh = mesh
+        self.device = device
+        self.world_size = dist.get_world_size()
+        self.model_dir = resolve_model_dir(options.model)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        torch.manual_seed(options.seed)
+        self.model = self._load()
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+        self.optimizer = AdamW([(name, p) for name, p in self.model.named_parameters() if p.requires_grad])
+        self._reference: torch.nn.Module | None = None
+        self._losses: dict[str, tuple[LossFn, str]] = {}
+
+    def _load(self) -> torch.nn.Module:
+        model = load_model(self.model_dir, torch_dtype(self.options.dtype), device=self.device)
+        _shard(model, self.mesh)
+        return model
+
+    # --- checks --------------------------------------------------------------------------
+
+    def loss(self, options: ActorOptions) -> tuple[LossFn, str]:
+        """The built loss (summing over tokens) and the aggregation the options asked for."""
+        config = dict(options.loss_fn_config)
+        aggregation = str(config.pop("agg_mode", "token-sum"))
+        if aggregation not in _SUMMED_AGGREGATIONS:
+            raise BatchError(
+                f"agg_mode {aggregation!r} is not supported by the self-hosted workers; use one of "
+                f"{', '.join(_SUMMED_AGGREGATIONS)} (they stay exact when rows are split over ranks)"
+            )
+        key = json.dumps([options.loss_fn, config], sort_keys=True, default=str)
+        if key not in self._losses:
+            self._losses[key] = (build_loss_fn(options.loss_fn, config), aggregation)
+        return self._losses[key]
+
+    def needed_tensors(self, op: str, options: ActorOptions | None) -> set[str]:
+        """The batch tensors ``op`` needs beyond input_ids and attention_mask."""
+        if op != "update_actor" or options is None:
+            return set()
+        loss, _ = self.loss(options)
+        return {"loss_mask"} | {name for name in ("old_logprobs", "advantages", "ref_logprobs") if name in loss.requires}
+
+    # --- ops ---------------------------------------------------------------------------------
+
+    def log_probs(self, shard: Mapping[str, torch.Tensor], reference: bool, micro_batch_rows: int) -> torch.Tensor:
+        """[rows, L] logprob of each token given the ones before it (0 on padding and first tokens)."""
+        model = self._reference_model() if reference else self.model
+        datums, columns = row_datums(shard, self.pad_id)
+        values: list[torch.Tensor] = []
+        with torch.no_grad():
+            for start in range(0, len(datums), micro_batch_rows):
+                chunk = datums[start : start + micro_batch_rows]
+                logprobs, _ = target_logprobs(model, collate(chunk, self.pad_id, self.device))
+                values.extend(logprobs.detach().to("cpu"))
+        return scatter_back(values, columns, tuple(shard["input_ids"].shape))
+
+    def update(self, shard: Mapping[str, torch.Tensor], options: ActorOptions) -> dict[str, float]:
+        """PPO epochs x mini-batches of optimizer steps; returns metrics reduced over ranks."""
+        loss, aggregation = self.loss(options)
+        datums, _ = row_datums(shard, self.pad_id)
+        rows = len(datums)
+        if options.mini_batches > rows:
+            raise BatchError(f"mini_batches={options.mini_batches} is more than the {rows} rows each rank holds")
+        bounds = [rows * part // options.mini_batches for part in range(options.mini_batches + 1)]
+        metrics = _MetricSum(frozenset({"loss", "entropy"}))
+        steps: list[dict[str, float]] = []
+        self.model.train(False)
+        for _ in range(options.ppo_epochs):
+            for first, last in zip(bounds, bounds[1:]):
+                mini = datums[first:last]
+                local_tokens = float(sum(sum(d.values["mask"]) for d in mini))
+                total_tokens = self._all_sum(local_tokens)
+                scale = float(self.world_size)
+                if aggregation == "token-mean":
+                    scale /= max(total_tokens, 1.0)
+                for start in range(0, len(mini), options.micro_batch_rows):
+                    chunk = mini[start : start + options.micro_batch_rows]
+                    batch = collate(chunk, self.pad_id, self.device)
+                    logprobs, entropy = target_logprobs(self.model, batch, with_entropy=loss.needs_entropy)
+                    result = loss.loss(policy_loss_inputs(batch, logprobs, entropy))
+                    (result.loss * scale).backward()
+                    metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))
+                step = self.optimizer.step(options.optimizer)
+                steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped)})
+        return self._reduced(metrics, steps, options)
+
+    def _reduced(self, metrics: _MetricSum, steps: list[dict[str, float]], options: ActorOptions) -> dict[str, float]:
+        """Sums and token-weighted means over every rank's micro-batches (the engine's
+        ``name:reduction`` keys), plus the optimizer's numbers."""
+        names = sorted(metrics.values)
+        values = torch.tensor([metrics.values[name] for name in names], dtype=torch.float64)
+        weights = torch.tensor([metrics.weights.get(name, 0.0) for name in names], dtype=torch.float64)
+        sums = [i for i, name in enumerate(names) if not (name.endswith(":min") or name.endswith(":max"))]
+        reduced = values.clone()
+        if sums:
+            part = torch.stack([values[sums], weights[sums]])
+            dist.all_reduce(part)
+            reduced[sums] = part[0]
+            weights[sums] = part[1]
+        for suffix, op in ((":min", dist.ReduceOp.MIN), (":max", dist.ReduceOp.MAX)):
+            picked = [i for i, name in enumerate(names) if name.endswith(suffix)]
+            if picked:
+                part = values[picked].clone()
+                dist.all_reduce(part, op=op)
+                reduced[picked] = part
+        out: dict[str, float] = {}
+        for i, name in enumerate(names):
+            out[name] = float(reduced[i] / weights[i]) if name.endswith(":mean") and weights[i] > 0 else float(reduced[i])
+        out["actor/optimizer_steps"] = float(len(steps))
+        out["actor/grad_norm"] = steps[-1]["grad_norm"]
+        out["actor/skipped_steps"] = sum(s["skipped"] for s in steps)
+        out["actor/clipped_steps"] = sum(s["clipped"] for s in steps)
+        out["actor/lr"] = float(options.optimizer.learning_rate)
+        return out
+
+    def _all_sum(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return float(tensor[0])
+
+    def _reference_model(self) -> torch.nn.Module:
+        """The base weights, frozen; loaded (and sharded) the first time a reference is asked for."""
+        if self._reference is None:
+            self._reference = self._load()
+            self._reference.requires_grad_(False)
+        return self._reference
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter, gathered whole (every rank takes part; rank 0 sends them)."""
+        with torch.no_grad():
+            return {name: _full(p.detach()).to("cpu") for name, p in self.model.named_parameters()}
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        """Sharded model and optimizer state with torch.distributed.checkpoint, plus the step count."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+        if dist.get_rank() == 0:
+            (path / _STEP_FILE).write_text(json.dumps({"steps": self.optimizer.steps, "model": self.options.model}))
+        dist.barrier()
+
+    def load(self, path: Path) -> None:
+        """Restore what `save` wrote (same model, any matching world size)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        record_path = path / _STEP_FILE
+        if not record_path.is_file():
+            raise BatchError(f"{str(path)!r} is not a worker checkpoint: {_STEP_FILE} is missing")
+        record = json.loads(record_path.read_text())
+        if record.get("model") != self.options.model:
+            raise BatchError(f"checkpoint {str(path)!r} was saved from model {record.get('model')!r}; the workers run {self.options.model!r}")
+        self.optimizer.zero_grad()
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(self.model, self.optimizer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.optimizer.steps = int(record["steps"])

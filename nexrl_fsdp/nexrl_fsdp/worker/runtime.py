@@ -1,0 +1,272 @@
+"""A worker rank's life: register, beat, wait for "execute", run the op with the other ranks.
+
+Rank 0 owns the data socket the driver talks to (a ROUTER): a driver sends an op's
+header and tensors there, rank 0 checks them and answers ACK (or the reason it refuses
+them, so a malformed batch never reaches the other ranks). The driver then asks the API
+server to broadcast "execute"; every rank gets it on its command subscription, rank 0
+broadcasts the op's header over torch.distributed and scatters the batch by rows, every
+rank runs the op, and rank 0 sends the result back on the data socket. Nothing is
+pickled: headers are JSON (as uint8 tensors between ranks), tensors are raw frames.
+
+A watchdog process (`watchdog`) beats for the rank and ends it when the API server is
+gone or calls the group dead, so no worker outlives its run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import traceback
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.protocol import (
+    BATCH_OPS,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_DATA_BASE_PORT,
+    ENV_HEARTBEAT_INTERVAL,
+    ENV_WORKER_IP,
+    OPS,
+)
+from nexrl_fsdp.worker.actor import ActorOptions, FsdpActor, ModelOptions
+from nexrl_fsdp.worker.rows import BatchError, check_batch
+
+__all__ = ["WorkerRank"]
+
+logger = logging.getLogger("nexrl_fsdp.worker")
+
+_ERROR_BYTES = 8192
+"""Most bytes of a rank's traceback that travel to rank 0."""
+
+
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST", headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class WorkerRank:
+    """One rank of a worker group under torchrun."""
+
+    def __init__(self, api_server_url: str, identifier: str) -> None:
+        self.api = api_server_url.rstrip("/") + "/api/v1"
+        self.identifier = identifier
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.heartbeat_s = float(os.environ.get(ENV_HEARTBEAT_INTERVAL, "5"))
+        self.context = zmq.Context()
+        self.actor: FsdpActor | None = None
+        self.pending: dict[str, tuple[bytes, wire.Message]] = {}
+        self.watchdog: subprocess.Popen[bytes] | None = None
+
+    # --- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        use_cuda = torch.cuda.is_available()
+        timeout = timedelta(seconds=float(os.environ.get(ENV_COLLECTIVE_TIMEOUT, "600")))
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        group = _http(f"{self.api}/groups", {"identifier": self.identifier, "world_size": self.world_size})
+        self.commands = self.context.socket(zmq.SUB)
+        self.commands.setsockopt(zmq.SUBSCRIBE, self.identifier.encode())
+        self.commands.connect(group["command_endpoint"])
+        self.commands.recv_multipart()  # the server's periodic hello: the subscription is live
+        self.data = self.context.socket(zmq.ROUTER)
+        self.data.setsockopt(zmq.RCVBUF, 1 << 23)
+        self.data.setsockopt(zmq.SNDBUF, 1 << 23)
+        host = os.environ.get(ENV_WORKER_IP, "127.0.0.1")
+        base = int(os.environ.get(ENV_DATA_BASE_PORT, "0") or 0)
+        if base:
+            self.data.bind(f"tcp://{host}:{base + self.rank}")
+            port = base + self.rank
+        else:
+            port = self.data.bind_to_random_port(f"tcp://{host}")
+        _http(
+            f"{self.api}/groups/{self.identifier}/workers",
+            {"rank": self.rank, "endpoint": f"tcp://{host}:{port}", "pid": os.getpid(), "host": socket.gethostname()},
+        )
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "nexrl_fsdp.worker.watchdog", "--pid", str(os.getpid()), "--parent", str(os.getppid()), "--rank", str(self.rank),
+             "--group-url", f"{self.api}/groups/{self.identifier}", "--interval", str(self.heartbeat_s)],
+            stdin=subprocess.DEVNULL,
+        )
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.commands, zmq.POLLIN)
+        if self.rank == 0:
+            poller.register(self.data, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll(1000))
+            if self.rank == 0 and self.data in ready:
+                self._receive_data()
+            if self.commands in ready:
+                _, body = self.commands.recv_multipart()
+                command = json.loads(body)
+                if command.get("kind") != "execute":
+                    continue
+                if self._execute(command) == "destroy":
+                    return
+
+    def _receive_data(self) -> None:
+        """Store an op's data by op id and ACK it, or answer why it is refused."""
+        try:
+            prefix, message = wire.recv(self.data, prefix_frames=1)
+        except wire.WireError as error:
+            logger.warning("rank 0: refused a malformed message: %s", error)
+            return
+        identity, header = prefix[0], message.header
+        op_id = str(header.get("op_id", ""))
+        try:
+            self._check(header, message.tensors)
+        except (BatchError, ValueError, TypeError) as error:
+            wire.send(self.data, {"kind": "refused", "op_id": op_id, "error": f"{header.get('op')} refused: {error}"}, prefix=[identity])
+            return
+        self.pending[op_id] = (identity, message)
+        wire.send(self.data, {"kind": "ack", "op_id": op_id}, prefix=[identity])
+
+    def _check(self, header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        op = header.get("op")
+        if op not in OPS:
+            raise BatchError(f"unknown op {op!r}; the workers run {', '.join(OPS)}")
+        if not header.get("op_id"):
+            raise BatchError("the message has no op_id")
+        if op in BATCH_OPS or op in ("get_weights", "save_checkpoint", "load_checkpoint"):
+            if self.actor is None:
+                raise BatchError("the model is not initialised; call init_model first")
+        if op in BATCH_OPS:
+            options = ActorOptions.from_json(header.get("options", {})) if op == "update_actor" else None
+            check_batch(tensors, self.actor.needed_tensors(op, options), self.world_size, self.actor.vocab_size)
+        if op == "init_model":
+            ModelOptions(**header.get("options", {}))
+
+    def _execute(self, command: dict[str, Any]) -> str:
+        """Run one op on every rank; rank 0 replies. Returns the op's name."""
+        header, tensors, identity = self._share_header(command)
+        op = header.get("op", "skip")
+        error: str | None = None
+        result: tuple[dict[str, Any], dict[str, torch.Tensor]] = ({}, {})
+        try:
+            shard = self._scatter(header, tensors) if op in BATCH_OPS else {}
+            result = self._run(op, header, shard)
+        except Exception:  # noqa: BLE001 - every rank's failure is reported to the driver
+            error = traceback.format_exc()
+            logger.error("rank %d: %s failed:\n%s", self.rank, op, error)
+        failures = self._gather_errors(error)
+        if self.rank == 0 and identity is not None:
+            reply: dict[str, Any] = {"kind": "result", "op_id": header["op_id"]}
+            if failures:
+                rank, text = failures[0]
+                reply = {"kind": "error", "op_id": header["op_id"], "error": f"rank {rank} raised during {op}: {text}"}
+                wire.send(self.data, reply, prefix=[identity])
+            else:
+                wire.send(self.data, {**reply, **result[0]}, result[1], prefix=[identity])
+        if op == "destroy":
+            dist.destroy_process_group()
+        return op
+
+    def _share_header(self, command: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor], bytes | None]:
+        """Rank 0 picks the stored data of the command's op id and broadcasts its header."""
+        header: dict[str, Any] = {"op": "skip"}
+        tensors: dict[str, torch.Tensor] = {}
+        identity = None
+        if self.rank == 0:
+            stored = self.pending.pop(str(command.get("op_id")), None)
+            if stored is not None:
+                identity, message = stored
+                tensors = message.tensors
+                header = {**message.header, "shapes": {name: list(t.shape) for name, t in tensors.items()},
+                          "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()}}
+        encoded = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8) if self.rank == 0 else None
+        length = torch.tensor([encoded.numel() if encoded is not None else 0], dtype=torch.int64)
+        dist.broadcast(length, 0)
+        buffer = encoded if encoded is not None else torch.empty(int(length[0]), dtype=torch.uint8)
+        dist.broadcast(buffer, 0)
+        return json.loads(bytes(buffer.numpy())), tensors, identity
+
+    def _scatter(self, header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each rank's rows of every tensor (rank 0 splits; B divides by the world size)."""
+        from nexrl_fsdp.direct_zmq.wire import DTYPES
+
+        shard = {}
+        for name, shape in header["shapes"].items():
+            rows = shape[0] // self.world_size
+            out = torch.empty([rows, *shape[1:]], dtype=DTYPES[header["dtypes"][name]])
+            pieces = list(tensors[name].clone().chunk(self.world_size)) if self.rank == 0 else None
+            dist.scatter(out, pieces, src=0)
+            shard[name] = out
+        return shard
+
+    def _gather_errors(self, error: str | None) -> list[tuple[int, str]]:
+        """Every rank's traceback (empty when all succeeded), on every rank."""
+        flag = torch.tensor([1 if error else 0], dtype=torch.int64)
+        dist.all_reduce(flag)
+        if int(flag[0]) == 0:
+            return []
+        text = (error or "").encode()[-_ERROR_BYTES:]
+        mine = torch.zeros(_ERROR_BYTES + 8, dtype=torch.uint8)
+        mine[:8] = torch.tensor([len(text)], dtype=torch.int64).view(torch.uint8)
+        mine[8 : 8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else mine[8:8]
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine)
+        failures = []
+        for rank, row in enumerate(everyone):
+            size = int(row[:8].view(torch.int64)[0])
+            if size:
+                failures.append((rank, bytes(row[8 : 8 + size].numpy()).decode(errors="replace")))
+        return failures
+
+    def _run(self, op: str, header: dict[str, Any], shard: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        options = header.get("options", {})
+        if op == "init_model":
+            self.actor = FsdpActor(ModelOptions(**options), self.mesh, self.device)
+            return {"world_size": self.world_size, "vocab_size": self.actor.vocab_size, "pad_token_id": self.actor.pad_id}, {}
+        actor = self.actor
+        if op == "update_actor":
+            return {"metrics": actor.update(shard, ActorOptions.from_json(options))}, {}
+        if op in ("compute_log_prob", "compute_ref_log_prob"):
+            rows = int(options.get("micro_batch_rows", 8))
+            local = actor.log_probs(shard, reference=op == "compute_ref_log_prob", micro_batch_rows=rows)
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)] if self.rank == 0 else None
+            dist.gather(local, gathered, dst=0)
+            return {}, ({"log_probs": torch.cat(gathered)} if gathered is not None else {})
+        if op == "get_weights":
+            weights = actor.full_weights()
+            return {}, (weights if self.rank == 0 else {})
+        if op == "save_checkpoint":
+            path = Path(options["path"])
+            path.mkdir(parents=True, exist_ok=True)
+            actor.save(path)
+            return {"path": str(path)}, {}
+        if op == "load_checkpoint":
+            actor.load(Path(options["path"]))
+            return {"path": options["path"]}, {}
+        if op in ("barrier", "destroy", "skip"):
+            dist.barrier()
+            return {}, {}
+        raise BatchError(f"unknown op {op!r}")
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.terminate()
+            self.watchdog.wait()
+        self.context.destroy(linger=0)

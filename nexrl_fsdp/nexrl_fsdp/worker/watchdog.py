@@ -1,0 +1,73 @@
+"""A rank's watchdog process: beats for the rank while it lives, ends it when the run is gone.
+
+A separate process, not a thread of the rank: a rank blocked in a collective or in a
+long op may not let a Python thread run for minutes, and liveness must not depend on
+it. The watchdog posts a heartbeat every interval while the rank's process exists
+(so a killed rank stops beating at once), and kills the rank when its torchrun agent is gone, when the API server
+stops answering or calls the group dead or destroyed, so no rank outlives its run.
+
+``python -m nexrl_fsdp.worker.watchdog --pid PID --parent PPID --rank R --group-url URL --interval S``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+_SERVER_GONE_AFTER_S = 30.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> None:
+    """Beat for ``pid`` until it exits; kill it when its run is gone (the API server, or
+    ``parent``, the torchrun agent that started it)."""
+    last_ok = time.monotonic()
+    body = json.dumps({"rank": rank}).encode()
+    while _alive(pid):
+        if not _alive(parent):
+            os.kill(pid, signal.SIGKILL)
+            return
+        try:
+            request = urllib.request.Request(f"{group_url}/heartbeat", data=body, method="POST", headers={"content-type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                status = json.loads(response.read()).get("status")
+            last_ok = time.monotonic()
+            if status in ("dead", "destroyed", "unknown"):
+                time.sleep(2 * interval)  # a destroyed group's ranks are exiting on their own
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+                return
+        except (OSError, ValueError):
+            if time.monotonic() - last_ok > max(_SERVER_GONE_AFTER_S, 3 * interval):
+                os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(interval)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m nexrl_fsdp.worker.watchdog")
+    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--group-url", required=True)
+    parser.add_argument("--interval", type=float, required=True)
+    args = parser.parse_args()
+    watch(args.pid, args.parent, args.rank, args.group_url, args.interval)
+
+
+if __name__ == "__main__":
+    main()

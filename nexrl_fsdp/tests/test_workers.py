@@ -1,0 +1,203 @@
+"""FSDP workers under real torchrun (2 gloo ranks), driven over direct ZMQ, against the single-process engine.
+
+One worker group serves the whole module; tests run in file order (the update test
+trains it once, later tests compare against an engine trained the same way).
+"""
+
+from __future__ import annotations
+
+import ast
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import zmq
+
+from nexrl_core.batch import Batch
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.types import Trajectory
+from nexrl_fsdp import Datum, Engine
+from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_core.testing import TransportContract
+from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
+
+pytestmark = pytest.mark.slow
+
+PACKAGES = [Path(__file__).parents[1] / "nexrl_fsdp" / name for name in ("direct_zmq", "worker")]
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkerGroup]:
+    workers = LocalWorkerGroup(
+        2, tmp_path_factory.mktemp("workers") / "workers.log", heartbeat_s=0.5, dead_after_s=5, op_timeout_s=120,
+        extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"},
+    )
+    try:
+        workers.transport.init_model("nexrl-tiny", dtype="float32", seed=0)
+        yield workers
+    finally:
+        workers.stop()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
+
+
+def _trajectories() -> list[Trajectory]:
+    """Five runs (odd, so one padding row goes to rank 1) of different lengths and advantages."""
+    generator = torch.Generator().manual_seed(0)
+    runs = []
+    for index in range(5):
+        prompt = torch.randint(1, 1000, (3 + index % 2,), generator=generator).tolist()
+        response = torch.randint(1, 1000, (2 + index,), generator=generator).tolist()
+        logprobs = [0.0] * len(prompt) + (-torch.rand(len(response), generator=generator) * 3).tolist()
+        runs.append(
+            Trajectory(
+                tokens=prompt + response,
+                loss_mask=[0] * len(prompt) + [1] * len(response),
+                logprobs=logprobs,
+                reward=float(index % 2),
+                group_id="g",
+                run_id=index,
+                task_id="t",
+            )
+        )
+    return runs
+
+
+ADVANTAGES = [0.7, -1.2, 0.4, 1.5, -0.3]
+
+
+def _batch() -> Batch:
+    batch = Batch.from_trajectories(_trajectories(), pad_token_id=0)
+    batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.tensor(ADVANTAGES)[:, None]
+    return batch
+
+
+def _datums() -> list[Datum]:
+    datums = []
+    for trajectory, advantage in zip(_trajectories(), ADVANTAGES):
+        tokens, mask = trajectory.tokens, trajectory.loss_mask
+        datums.append(
+            Datum(
+                input_tokens=tokens[:-1],
+                loss_fn_inputs={
+                    "target_tokens": tokens[1:],
+                    "logprobs": trajectory.logprobs[1:],
+                    "advantages": [advantage * m for m in mask[1:]],
+                    "mask": [float(m) for m in mask[1:]],
+                },
+            )
+        )
+    return datums
+
+
+def _engine_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
+    """The engine's teacher-forced logprobs laid out like the batch."""
+    rows = engine.compute_logprobs([t.tokens for t in _trajectories()])
+    out = torch.zeros_like(batch.tensors["loss_mask"])
+    for row, values in enumerate(rows):
+        columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()
+        out[row, columns[1:]] = torch.tensor(values[1:], dtype=torch.float32)
+    return out
+
+
+OPTIMIZER = AdamWSettings(learning_rate=1e-3, weight_decay=0.01, grad_clip_norm=1.0)
+
+
+def test_compute_log_prob_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
+    batch = _batch()
+    got = group.transport.compute_log_prob(batch, micro_batch_rows=2)
+    assert got.shape == batch.tensors["input_ids"].shape
+    torch.testing.assert_close(got, _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
+
+
+def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup, engine: Engine) -> None:
+    metrics = group.transport.update_actor(
+        _batch(), {"loss_fn": "importance_sampling", "optimizer": OPTIMIZER.to_json(), "micro_batch_rows": 2}
+    )
+    reference = engine.forward_backward(_datums(), "importance_sampling")
+    step = engine.optim_step(OPTIMIZER)
+    assert metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], abs=1e-5)
+    assert metrics["actor/grad_norm"] == pytest.approx(step.grad_norm, rel=1e-5)
+    assert metrics["actor/lr"] == OPTIMIZER.learning_rate
+    weights = group.transport.get_weights()
+    own = dict(engine.model.named_parameters())
+    assert set(weights) == set(own)
+    worst = max(float((weights[name] - own[name].detach()).abs().max()) for name in own)
+    assert worst < 1e-5
+
+
+def test_compute_log_prob_after_a_step_still_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
+    batch = _batch()
+    torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
+
+
+def test_reference_log_probs_are_the_base_weights(group: LocalWorkerGroup) -> None:
+    batch = _batch()
+    base = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
+    torch.testing.assert_close(group.transport.compute_ref_log_prob(batch), _engine_log_probs(base, batch), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("damage", "complaint"),
+    [
+        (lambda b: b.tensors.__setitem__("input_ids", b.tensors["input_ids"].float()), "'input_ids' has dtype float32; it must be int64"),
+        (lambda b: b.tensors.pop("advantages"), r"lacks tensors \['advantages'\]"),
+        (lambda b: b.tensors.__setitem__("loss_mask", b.tensors["loss_mask"][:, :-1].contiguous()), "'loss_mask' has shape"),
+    ],
+)
+def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: LocalWorkerGroup, damage, complaint: str) -> None:
+    batch = _batch()
+    damage(batch)
+    with pytest.raises(WorkerGroupError, match=complaint):
+        group.transport.update_actor(batch, {"loss_fn": "importance_sampling"})
+    group.transport.barrier()
+    assert group.transport.compute_log_prob(_batch()).shape == _batch().tensors["input_ids"].shape
+
+
+def test_bad_update_options_are_refused_by_name(group: LocalWorkerGroup) -> None:
+    with pytest.raises(WorkerGroupError, match="agg_mode 'seq-mean-token-mean' is not supported"):
+        group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-mean"}})
+    with pytest.raises(WorkerGroupError, match="unknown update_actor options"):
+        group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
+
+
+def test_no_pickle_on_the_driver_side(group: LocalWorkerGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pickle was used")
+
+    for name in ("dumps", "loads", "dump", "load", "Pickler", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    for name in ("send_pyobj", "recv_pyobj"):
+        monkeypatch.setattr(zmq.Socket, name, refuse)
+    assert group.transport.compute_log_prob(_batch()).shape[0] == 5
+
+
+def test_no_module_of_the_transport_or_the_workers_can_pickle() -> None:
+    for package in PACKAGES:
+        for path in package.glob("*.py"):
+            tree = ast.parse(path.read_text())
+            imported = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+            imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+            assert not imported & {"pickle", "cloudpickle", "dill"}, path
+            calls = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+            assert not calls & {"send_pyobj", "recv_pyobj", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"}, path
+
+
+class TestDirectZmqTransport(TransportContract):
+    """The conformance kit's transport contract against the module's worker group."""
+
+    @pytest.fixture
+    def transport(self, group: LocalWorkerGroup) -> DirectZmqTransport:
+        return group.transport
+
+
+def test_the_transport_and_the_api_server_are_registered() -> None:
+    from nexrl_core.registry import find_spec
+
+    assert find_spec("transports", "direct-zmq").resolve_factory() is DirectZmqTransport
+    assert find_spec("services", "workers").resolve_factory().__name__ == "WorkersApiServer"

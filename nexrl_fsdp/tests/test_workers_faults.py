@@ -1,0 +1,89 @@
+"""Worker groups that stop: resume from a sharded checkpoint after killing everything, and a
+rank killed during update_actor (a clear error within the timeout, nothing left running)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nexrl_core.batch import Batch
+from nexrl_core.types import Trajectory
+from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
+
+pytestmark = pytest.mark.slow
+
+OPTIONS = {"loss_fn": "importance_sampling", "optimizer": {"learning_rate": 1e-3}, "micro_batch_rows": 4}
+
+
+def _batch(seed: int, rows: int = 4) -> Batch:
+    generator = torch.Generator().manual_seed(seed)
+    runs = []
+    for index in range(rows):
+        tokens = torch.randint(1, 1000, (8,), generator=generator).tolist()
+        runs.append(Trajectory(tokens=tokens, loss_mask=[0] * 3 + [1] * 5, logprobs=[0.0] * 3 + [-2.0] * 5,
+                               reward=0.0, group_id="g", run_id=index, task_id="t"))
+    batch = Batch.from_trajectories(runs, pad_token_id=0)
+    batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.linspace(-1, 1, rows)[:, None]
+    return batch
+
+
+def _group(tmp_path: Path, name: str) -> LocalWorkerGroup:
+    group = LocalWorkerGroup(2, tmp_path / f"{name}.log", heartbeat_s=0.5, dead_after_s=3, op_timeout_s=120,
+                             extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"})
+    group.transport.init_model("nexrl-tiny")
+    return group
+
+
+def _gone(pids: list[int], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_save_kill_load_continue_gives_the_same_next_step(tmp_path: Path) -> None:
+    first = _group(tmp_path, "first")
+    try:
+        first.transport.update_actor(_batch(1), OPTIONS)
+        first.transport.save_checkpoint(str(tmp_path / "ckpt"))
+        uninterrupted = first.transport.update_actor(_batch(2), OPTIONS)
+        pids = [first.process.pid, *first.rank_pids().values()]
+        for pid in pids:  # everything, without a goodbye
+            os.kill(pid, signal.SIGKILL)
+        first.process.wait()
+    finally:
+        first.stop()
+    assert _gone(pids, 10)
+    second = _group(tmp_path, "second")
+    try:
+        second.transport.load_checkpoint(str(tmp_path / "ckpt"))
+        resumed = second.transport.update_actor(_batch(2), OPTIONS)
+    finally:
+        second.stop()
+    assert resumed["loss:sum"] == pytest.approx(uninterrupted["loss:sum"], abs=1e-6)
+    assert resumed["actor/grad_norm"] == pytest.approx(uninterrupted["actor/grad_norm"], rel=1e-6)
+
+
+def test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs(tmp_path: Path) -> None:
+    group = _group(tmp_path, "killed")
+    try:
+        pids = group.rank_pids()
+        killer = threading.Timer(1.0, os.kill, args=(pids[1], signal.SIGKILL))
+        killer.start()
+        started = time.monotonic()
+        with pytest.raises(WorkerGroupError, match=r"worker group 'actor' is dead during update_actor: ranks \[.*1.*\] stopped beating"):
+            group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 500})
+        assert time.monotonic() - started < 30
+        torchrun = group.process.pid
+    finally:
+        group.stop()
+    assert _gone([*pids.values(), torchrun], 20)
