@@ -42,7 +42,7 @@ from nexrl_fsdp.loading import (
     resolve_model_dir,
     torch_dtype,
 )
-from nexrl_fsdp.lora import apply_training_mode, merged_copy
+from nexrl_fsdp.lora import apply_training_mode, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
     CheckedDatum,
     LossFn,
@@ -479,8 +479,7 @@ class Engine:
                 model = self.model
             else:
                 model = merged_copy(self._peft)
-                # The base weights (tied embeddings included) stay the base model's: only adapters go here.
-                self._peft.save_pretrained(str(path / ADAPTER_DIR), save_embedding_layers=False)
+                save_adapter(self._peft, path / ADAPTER_DIR)
             model.save_pretrained(str(path))
             self.tokenizer.save_pretrained(str(path))
         return path
