@@ -106,9 +106,9 @@ def backends_own_logprobs(run: Run, backend: Any, sequences: list[list[int]]) ->
             return [list(future.result())[1:] for future in futures]
         finally:
             service.close("success").result()
-    last = max(load_run_state(run.out_dir).checkpoint_paths())  # type: ignore[union-attr]
-    assert last == STEPS
-    backend.load_checkpoint(load_run_state(run.out_dir).checkpoint_paths()[last])  # type: ignore[union-attr]
+    checkpoints = load_run_state(run.out_dir).checkpoint_paths()  # type: ignore[union-attr]
+    assert max(checkpoints) == STEPS
+    backend.load_checkpoint(checkpoints[STEPS])  # the engine holder's sampler now has the final weights
     rows = backend.holder.sampler.compute_logprobs(sequences)
     return [list(row[1:]) for row in rows]
 
