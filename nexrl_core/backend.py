@@ -9,7 +9,8 @@ a directory the component may keep files in.
 
 A backend owns the model: it gives rollouts a `ChatModel` to sample from, trains on a
 step's trajectories, publishes the new weights to sampling, saves and restores what
-``--resume`` needs, and releases everything on `Backend.close`. A rollout source turns
+``--resume`` needs, writes the policy out as a plain Hugging Face directory (the run's
+``final_model``, and ``nexrl export``), and releases everything on `Backend.close`. A rollout source turns
 a step's run requests into trajectories with rewards, sampling through that
 `ChatModel`.
 """
@@ -54,6 +55,19 @@ class Backend(Protocol):
 
     def load_checkpoint(self, path: str) -> None:
         """Continue from a checkpoint of `save_checkpoint`, sampling included."""
+        ...
+
+    def export_model(self, directory: Path) -> Path:
+        """Write the weights sampling uses (those of the last `sync_weights` or
+        `load_checkpoint`) into ``directory`` as a plain Hugging Face model directory:
+        weights, ``config.json``, tokenizer and chat template, so that
+        ``transformers.AutoModelForCausalLM.from_pretrained(directory)`` loads it. LoRA
+        adapters are merged into the base weights, and the adapter is also kept in PEFT
+        layout in ``directory / "adapter"``. Returns ``directory``.
+
+        :raises nexrl_core.model_export.ModelExportError: naming the backend, when it
+            cannot export (the loop reports it; the run's checkpoints stay intact).
+        """
         ...
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import click
 
 from nexrl_core import __version__
 from nexrl_core.commands.config import config
+from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
 from nexrl_core.registry import RegistryError, find_spec, get_registry
 from nexrl_core.serving import ServeOptions
@@ -82,6 +83,7 @@ def serve(name: str, host: str, port: int, db: str | None, model: str, api_key: 
 
 
 cli.add_command(config)
+cli.add_command(export)
 cli.add_command(train)
 
 

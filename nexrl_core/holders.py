@@ -8,6 +8,7 @@ the trainer last published. A holder must survive being pickled into another pro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, Union
 
 import attrs
@@ -85,6 +86,17 @@ class ServiceHolder(ChatModel, Protocol):
 
     def load_checkpoint(self, path: str) -> None:
         """Continue training from a checkpoint saved by `save_checkpoint` (weights and optimizer)."""
+        ...
+
+    def export_model(self, directory: Path) -> Path:
+        """Write the weights of the last `update_sampling_weights` into ``directory`` as
+        a plain Hugging Face model directory (see `nexrl_core.backend.Backend.export_model`:
+        weights, config, tokenizer, chat template; LoRA merged, the adapter also in PEFT
+        layout in ``directory / "adapter"``), through the backend's own download API
+        where it is a remote service. Returns ``directory``.
+
+        :raises nexrl_core.model_export.ModelExportError: when the backend cannot.
+        """
         ...
 
     def close(self) -> None:

@@ -13,7 +13,9 @@ steps and after the last one. A checkpoint (``schedule.checkpoint_every``) saves
 backend's state (weights, optimizer, trainer state) and then, atomically, the small run
 state (step, data position, pending batches, metrics so far); ``--resume`` continues
 from it with the same results as an uninterrupted run, wall-clock metrics (``time/*``,
-``perf/*``) aside.
+``perf/*``) aside. After the last step the backend writes the policy sampling used last
+to ``<output.dir>/final_model``, a plain Hugging Face directory; a backend that cannot
+is reported and the run still ends as done.
 
 Where the model runs and where runs happen are plugins: the loop opens the registered
 backend ``backend.name`` and the rollout source ``rollout.source.name``, and closes
@@ -37,6 +39,7 @@ from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
 from nexrl_core.data import DataLoader, TaskData, resolve_task
 from nexrl_core.longlived import freeze_long_lived_objects
+from nexrl_core.model_export import FINAL_MODEL_DIR, ModelExportError, export_into
 from nexrl_core.metrics import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -69,7 +72,16 @@ BACKEND_DIR = "backend"
 ROLLOUT_DIR = "rollout"
 RESUMABLE_CHANGES = ("schedule.", "output.")
 """Recipe keys a resumed run may change (e.g. more steps); anything else must match."""
-RUN_FILES = (METRICS_FILE, RUN_STATE_FILE, CONFIG_FILE, REWARD_CURVE_FILE, TENSORBOARD_DIR, BACKEND_DIR, ROLLOUT_DIR)
+RUN_FILES = (
+    METRICS_FILE,
+    RUN_STATE_FILE,
+    CONFIG_FILE,
+    REWARD_CURVE_FILE,
+    TENSORBOARD_DIR,
+    BACKEND_DIR,
+    ROLLOUT_DIR,
+    FINAL_MODEL_DIR,
+)
 """What a run writes in its output directory; ``--overwrite`` removes exactly these."""
 
 
@@ -93,6 +105,10 @@ class RunSummary:
     steps: int
     last_row: dict[str, Any] | None
     checkpoint_step: int | None
+    final_model: Path | None = None
+    """The final policy as a Hugging Face directory, or None when it was not written."""
+    final_model_error: str | None = None
+    """Why the final policy was not written (the checkpoints are intact)."""
 
 
 # --- building the pieces ---------------------------------------------------------------------------
@@ -188,6 +204,7 @@ class TrainingLoop:
         self.checkpoint_step: int | None = state.step if state else None
         self.total_errors = state.total_agent_errors if state else 0
         self.pending: dict[int, PendingBatch] = {}
+        self.checkpoints: dict[int, str] = state.checkpoint_paths() if state else {}
         self._frozen = False
         if state:
             for data in state.pending:
@@ -235,6 +252,7 @@ class TrainingLoop:
 
     def checkpoint(self, step: int) -> None:
         path = self.backend.save_checkpoint(f"step_{step:06d}")
+        self.checkpoints[step] = str(path)
         pending = [self.pending[key].result().to_json() for key in sorted(self.pending)]
         state = RunState(
             step=step,
@@ -246,6 +264,7 @@ class TrainingLoop:
             metrics=self.metrics.rows,
             pending=pending,
             config=dump_config(self.config),
+            checkpoints=[{"step": done, "path": where} for done, where in sorted(self.checkpoints.items())],
         )
         save_run_state(self.out_dir, state)
         self.checkpoint_step = step
@@ -296,6 +315,25 @@ class TrainingLoop:
             self.display.step_done(row, step_seconds)
             if self._checkpoint_due(step):
                 self.checkpoint(step)
+
+
+def write_final_model(backend: Backend, out_dir: Path) -> tuple[Path | None, str | None]:
+    """Export the policy sampling used last to ``<out_dir>/final_model``; returns the
+    directory, or None and the reason when the backend could not write it. A failed
+    export does not fail the run: training is done and its checkpoints are intact."""
+    target = out_dir / FINAL_MODEL_DIR
+    try:
+        written = export_into(backend, target)
+    except ModelExportError as error:
+        reason = str(error)
+    except Exception as error:  # the run is done; report, keep the checkpoints
+        logger.exception("exporting the final model failed")
+        reason = f"{type(error).__name__}: {error}"
+    else:
+        logger.info("final model: %s", written)
+        return written, None
+    logger.error("the final model was not written: %s", reason)
+    return None, reason
 
 
 def _check_resumable(state: RunState, config: TrainConfig) -> None:
@@ -358,6 +396,7 @@ def run_training(
             steps=state.step,
             last_row=state.metrics[-1] if state.metrics else None,
             checkpoint_step=state.step,
+            final_model=out_dir / FINAL_MODEL_DIR if (out_dir / FINAL_MODEL_DIR).is_dir() else None,
         )
 
     backend: Backend | None = None
@@ -365,6 +404,8 @@ def run_training(
     metrics: MetricsLog | None = None
     display: ProgressDisplay | None = None
     loop: TrainingLoop | None = None
+    final_model: Path | None = None
+    final_model_error: str | None = None
     try:
         backend = open_backend(config, options["backend"], out_dir)
         if state is not None:
@@ -384,6 +425,7 @@ def run_training(
             state=state,
         )
         loop.run()
+        final_model, final_model_error = write_final_model(backend, out_dir)
     except KeyboardInterrupt:
         checkpoint_step = loop.checkpoint_step if loop else (state.step if state else None)
         raise TrainingInterrupted(out_dir, checkpoint_step) from None
@@ -408,6 +450,8 @@ def run_training(
         steps=loop.step if loop else 0,
         last_row=rows[-1] if rows else None,
         checkpoint_step=loop.checkpoint_step if loop else None,
+        final_model=final_model,
+        final_model_error=final_model_error,
     )
 
 

@@ -46,7 +46,16 @@ class RunState:
     """Rolled-out batches not yet trained on (only with ``rollout.max_staleness`` > 0)."""
     config: dict[str, Any] = attrs.field(factory=dict)
     """The recipe the run was started with."""
+    checkpoints: list[dict[str, Any]] = attrs.field(factory=list)
+    """Every checkpoint of the run so far, oldest first, as ``{"step", "path"}``, so
+    ``nexrl export`` can write the model of any of them."""
     version: int = RUN_STATE_VERSION
+
+    def checkpoint_paths(self) -> dict[int, str]:
+        """Step → what ``load_checkpoint`` takes, for every checkpoint of the run."""
+        paths = {int(entry["step"]): str(entry["path"]) for entry in self.checkpoints}
+        paths.setdefault(self.step, self.checkpoint_path)
+        return dict(sorted(paths.items()))
 
 
 def save_run_state(out_dir: Path, state: RunState) -> Path:

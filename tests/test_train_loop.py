@@ -56,6 +56,8 @@ def render(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = 
 
 INTERRUPT: dict[str, Any] = {"at_train_call": None}
 """Set to n to raise KeyboardInterrupt inside the n-th holder.train call (Ctrl-C)."""
+EXPORT: dict[str, Any] = {"error": None}
+"""Set to a message to make the holder's export_model raise it."""
 HOLDERS: list[SkillHolder] = []
 SERVICES: list[FakeService] = []
 
@@ -159,6 +161,14 @@ class SkillHolder:
         data = json.loads(Path(path).read_text())
         self.skill, self.version = data["skill"], data["version"]
 
+    def export_model(self, directory: Path) -> Path:
+        """The sampling skill as the "weights" of an HF-shaped directory."""
+        if EXPORT["error"]:
+            raise RuntimeError(EXPORT["error"])
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps({"skill": self.sampling_skill, "version": self.version}))
+        return directory
+
     def close(self) -> None:
         self.closed = True
 
@@ -243,6 +253,7 @@ def fake_backend() -> Iterator[None]:
     HOLDERS.clear()
     SERVICES.clear()
     INTERRUPT.update(at_train_call=None, at_position=None, delay=0.0, sigterm_at_train_call=None)
+    EXPORT["error"] = None
     FAIL_ON["positions"] = set()
     yield
     reset_registry()
@@ -635,3 +646,104 @@ def test_the_live_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str
     run_training(recipe(tmp_path, "schedule.steps=2"), progress_bar=True)
     out = capsys.readouterr().out
     assert "step 2/2" in out and "reward" in out and "ETA" in out
+
+
+# --- the trained model as an output ------------------------------------------------------------------
+
+
+def exported(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "config.json").read_text())
+
+
+def test_a_run_ends_with_the_final_model_of_the_last_sync(tmp_path: Path) -> None:
+    summary = run_training(recipe(tmp_path, "schedule.steps=3"), progress_bar=False)
+    (holder,) = HOLDERS
+    final = tmp_path / "run" / "final_model"
+    assert summary.final_model == final and summary.final_model_error is None
+    assert exported(final) == {"skill": holder.sampling_skill, "version": 3}
+    assert holder.sampling_skill == holder.skill != SkillHolderConfig.initial_skill
+    assert sorted(path.name for path in (tmp_path / "run").iterdir() if "final_model" in path.name) == ["final_model"]
+    state = load_run_state(tmp_path / "run")
+    assert state is not None and list(state.checkpoint_paths()) == [2, 3]
+
+
+def test_a_failed_export_is_reported_and_the_run_still_counts_as_done(tmp_path: Path) -> None:
+    EXPORT["error"] = "disk full"
+    summary = run_training(recipe(tmp_path, "schedule.steps=2"), progress_bar=False)
+    assert summary.steps == 2 and summary.final_model is None
+    assert summary.final_model_error == "backend 'remote_api' failed to export the model: RuntimeError: disk full"
+    assert not list((tmp_path / "run").glob("final_model*"))
+    assert load_run_state(tmp_path / "run").step == 2  # type: ignore[union-attr]
+    assert HOLDERS[0].closed and SERVICES[0].stopped
+
+
+def test_a_holder_without_export_is_named_in_the_error(tmp_path: Path) -> None:
+    from nexrl_core.model_export import ModelExportError
+    from nexrl_remote_api.holder_backend import HolderBackend
+
+    class Holder:
+        def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
+            return {}
+
+    trainer = type("T", (), {"train_step": TrainStepConfig()})()
+    backend = HolderBackend(Holder(), trainer, name="acme", work_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ModelExportError, match="backend 'acme' cannot export the model: its service holder Holder has no export_model"):
+        backend.export_model(tmp_path / "out")
+
+
+def test_overwrite_removes_the_previous_final_model(tmp_path: Path) -> None:
+    config = recipe(tmp_path, "schedule.steps=1")
+    run_training(config, progress_bar=False)
+    EXPORT["error"] = "no export this time"
+    run_training(config, overwrite=True, progress_bar=False)
+    assert not (tmp_path / "run" / "final_model").exists()
+
+
+def test_cli_train_prints_the_final_model_or_why_not(tmp_path: Path) -> None:
+    args = [
+        "train", "task.name=fake_addition", "model.name=skill", "backend.options.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}", f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        "schedule.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "task.val_size=2",
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert f"final model:  {tmp_path / 'out' / 'final_model'}  (a Hugging Face directory" in result.output
+    EXPORT["error"] = "disk full"
+    result = CliRunner().invoke(cli, [*args, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert "final model:  not written: backend 'remote_api' failed to export the model: RuntimeError: disk full" in result.output
+    assert f"try: nexrl export {tmp_path / 'out'}" in result.output
+
+
+def test_nexrl_export_writes_the_model_of_any_checkpoint(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "schedule.steps=4"), progress_bar=False)
+    run_dir = tmp_path / "run"
+    skills = {}
+    for step, path in load_run_state(run_dir).checkpoint_paths().items():  # type: ignore[union-attr]
+        skills[step] = json.loads(Path(path).read_text())["holder"]
+    result = CliRunner().invoke(cli, ["export", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == str(run_dir / "export_step_4")
+    assert exported(run_dir / "export_step_4")["skill"] == exported(run_dir / "final_model")["skill"]
+    result = CliRunner().invoke(cli, ["export", str(run_dir), "--step", "2", "--out", str(tmp_path / "two")])
+    assert result.exit_code == 0, result.output
+    assert exported(tmp_path / "two")["skill"] == json.loads(Path(skills[2]).read_text())["skill"]
+    assert exported(tmp_path / "two")["skill"] != exported(run_dir / "final_model")["skill"]
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "message"),
+    [
+        ("missing", [], "does not exist; pass the output.dir of a `nexrl train` run"),
+        ("empty", [], "is not a run directory: it has no config.yaml"),
+        ("no_checkpoint", [], "has no checkpoint (run_state.json is missing)"),
+        ("run", ["--step", "3"], "has no checkpoint of step 3; steps with a checkpoint: 2, 4"),
+    ],
+)
+def test_nexrl_export_says_what_is_missing(tmp_path: Path, where: str, args: list[str], message: str) -> None:
+    run_training(recipe(tmp_path, "schedule.steps=4"), progress_bar=False)
+    run_training(recipe(tmp_path, "schedule.steps=1", "schedule.checkpoint_every=0", name="no_checkpoint"), progress_bar=False)
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / where), *args])
+    assert result.exit_code == 1
+    assert message in result.output

@@ -29,7 +29,8 @@ def quickstart_recipe(stack: ExitStack) -> Path:
     return stack.enter_context(as_file(files("nexrl_core").joinpath("recipes", QUICKSTART)))
 
 
-def _configure_logging() -> None:
+def configure_logging() -> None:
+    """NexRL's progress messages on stderr; other libraries' warnings only."""
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -68,7 +69,8 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
 
     Each KEY=VALUE overrides one recipe value by its dotted path, e.g.
     rollout.group_size=4 or schedule.steps=10; VALUE is YAML. Results go to output.dir:
-    metrics.jsonl, TensorBoard files, reward_curve.png and checkpoints. Ctrl-C (or SIGTERM)
+    metrics.jsonl, TensorBoard files, reward_curve.png, checkpoints and final_model (the
+    trained policy as a Hugging Face directory). Ctrl-C (or SIGTERM)
     stops cleanly and keeps the last checkpoint; --resume continues from it.
     """
     from nexrl_core.loop import TrainingInterrupted, row_summary, run_training
@@ -86,7 +88,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
             ctx.exit(USAGE_ERROR_EXIT_CODE)
         if path is None:
             click.echo(f"no recipe given: running the built-in quickstart ({QUICKSTART}) into {config.output.dir}")
-        _configure_logging()
+        configure_logging()
         stack.enter_context(_sigterm_as_interrupt())
         try:
             summary = run_training(
@@ -117,6 +119,13 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
         click.echo(f"reward curve: {summary.reward_curve}")
     if summary.tensorboard_dir is not None:
         click.echo(f"tensorboard:  {tensorboard_command(summary.tensorboard_dir)}")
+    if summary.final_model is not None:
+        click.echo(f"final model:  {summary.final_model}  (a Hugging Face directory: AutoModelForCausalLM.from_pretrained)")
+    elif summary.final_model_error is not None:
+        click.echo(
+            f"final model:  not written: {summary.final_model_error}\n"
+            f"              the checkpoints are intact; try: nexrl export {summary.output_dir}"
+        )
 
 
 def tensorboard_command(log_dir: Path) -> str:

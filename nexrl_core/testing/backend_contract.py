@@ -4,8 +4,9 @@
 Subclass `BackendContract` and override ``backend`` with an opened backend; subclass
 `TrainerContract` and override ``trainer`` and ``holder`` (a holder at any weights).
 The checks are what the loop relies on: sampling with aligned logprobs, a training step
-that returns float metrics, weights that reach sampling only on sync, and a checkpoint
-that brings sampling back to the weights it saved. Training data are real samples of
+that returns float metrics, weights that reach sampling only on sync, a checkpoint
+that brings sampling back to the weights it saved, and an export that plain
+transformers loads and that scores a sample as sampling did. Training data are real samples of
 the backend's own model.
 """
 
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from nexrl_core.backend import Backend
 from nexrl_core.holders import ServiceHolder
+from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import probe_sample, sampled_group
 from nexrl_core.trainer import Trainer
 
@@ -60,6 +63,17 @@ class BackendContract:
         restored = probe_sample(backend.chat_model())
         assert restored.response_tokens == saved.response_tokens
         assert restored.response_logprobs == pytest.approx(saved.response_logprobs, abs=1e-4)
+
+    def test_export_model_writes_what_sampling_uses(self, backend: Backend, tmp_path: Path) -> None:
+        sample = probe_sample(backend.chat_model())
+        directory = backend.export_model(tmp_path / "model")
+        model, tokenizer = load_exported(directory)
+        assert tokenizer.chat_template, "the export must carry the chat template"
+        prompt, response = list(sample.prompt_tokens), list(sample.response_tokens)
+        exported = sequence_logprobs(model, prompt + response)[len(prompt) - 1 :]
+        assert exported == pytest.approx(sample.response_logprobs, abs=1e-4), (
+            "the exported model must be the one sampling uses"
+        )
 
 
 class TrainerContract:

@@ -5,7 +5,8 @@ connected to a running backend (the local Tinker service, say). The checks are w
 training loop relies on: chat templates render to text or token ids (never a dict),
 samples carry aligned tokens and logprobs, tool calls come back in OpenAI format,
 training returns float metrics and moves the model while reference logprobs stay at the
-base weights, the default step is honoured, and a pickled holder reconnects.
+base weights, the default step is honoured, a pickled holder reconnects, and the
+exported model is a plain HF directory that scores a sample as sampling did.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import json
 import math
 import pickle
+from pathlib import Path
 
 import pytest
 
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import ServiceHolder, TrainStepConfig
+from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.types import RemoteDatum, SampleResult
 
 MESSAGES = [{"role": "user", "content": "12+7="}]
@@ -107,3 +110,12 @@ class ServiceHolderContract:
         for call in result.tool_calls:
             assert call["type"] == "function"
             json.loads(call["function"]["arguments"])
+
+    def test_export_model_writes_the_sampling_weights(self, holder: ServiceHolder, tmp_path: Path) -> None:
+        holder.update_sampling_weights()
+        sample = holder.sample_from_messages(MESSAGES, SamplingOptions(max_tokens=6, seed=8))
+        model, tokenizer = load_exported(holder.export_model(tmp_path / "model"))
+        assert tokenizer.chat_template, "the export must carry the chat template"
+        prompt, response = list(sample.prompt_tokens), list(sample.response_tokens)
+        exported = sequence_logprobs(model, prompt + response)[len(prompt) - 1 :]
+        assert exported == pytest.approx(sample.response_logprobs, abs=1e-4), "the export must be the sampling weights"

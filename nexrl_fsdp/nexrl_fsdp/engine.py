@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import torch
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.model_export import ADAPTER_DIR
 
 from nexrl_fsdp import checkpoint as ckpt
 from nexrl_fsdp.config import EngineConfig
@@ -41,7 +42,7 @@ from nexrl_fsdp.loading import (
     resolve_model_dir,
     torch_dtype,
 )
-from nexrl_fsdp.lora import apply_training_mode, merged_copy
+from nexrl_fsdp.lora import apply_training_mode, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
     CheckedDatum,
     LossFn,
@@ -467,8 +468,10 @@ class Engine:
         return manifest
 
     def export_hf(self, path: str | Path) -> Path:
-        """Write merged weights (LoRA folded into the base) and the tokenizer as an HF
-        directory, loadable by ``Engine(model=path)`` or any transformers code."""
+        """Write merged weights (LoRA folded into the base), the tokenizer and its chat
+        template as an HF directory, loadable by ``Engine(model=path)`` or any
+        transformers code. For LoRA the adapter itself is also written, in PEFT layout,
+        to ``path / ADAPTER_DIR`` (``PeftModel.from_pretrained(base, that)``)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         with self._lock, quiet_progress():
@@ -476,6 +479,7 @@ class Engine:
                 model = self.model
             else:
                 model = merged_copy(self._peft)
+                save_adapter(self._peft, path / ADAPTER_DIR)
             model.save_pretrained(str(path))
             self.tokenizer.save_pretrained(str(path))
         return path

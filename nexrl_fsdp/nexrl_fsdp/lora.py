@@ -7,13 +7,23 @@ for any architecture whose projections use the usual names (Qwen, Llama, Mistral
 from __future__ import annotations
 
 import copy
+import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 from nexrl_core.config.lora import LoraSettings
 
-__all__ = ["ATTN_MODULES", "MLP_MODULES", "UNEMBED_MODULES", "apply_training_mode", "lora_target_modules", "merged_copy"]
+__all__ = [
+    "ATTN_MODULES",
+    "MLP_MODULES",
+    "UNEMBED_MODULES",
+    "apply_training_mode",
+    "lora_target_modules",
+    "merged_copy",
+    "save_adapter",
+]
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj_attn")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "fc1", "fc2", "c_fc")
@@ -104,3 +114,18 @@ def merged_copy(peft_model: Any) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
         return clone.merge_and_unload()
+
+
+def save_adapter(peft_model: Any, directory: Path) -> None:
+    """Write the adapters in PEFT layout (``PeftModel.from_pretrained(base, directory)``).
+
+    Only the adapters: the base weights, tied embeddings included, stay the base
+    model's. peft writes ``target_modules`` from a set, in an order that changes from
+    process to process; it is sorted here so that the same weights give the same files.
+    """
+    peft_model.save_pretrained(str(directory), save_embedding_layers=False)
+    config_path = directory / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))

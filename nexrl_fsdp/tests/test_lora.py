@@ -111,6 +111,25 @@ def test_merged_export_matches(tmp_path: Path, train_unembed: bool) -> None:
     _step(engine, 1)
 
 
+def test_export_keeps_the_adapter_in_peft_layout(tmp_path: Path) -> None:
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    engine = Engine(model="nexrl-tiny", seed=1, lora={"rank": 4})
+    _step(engine, 3)
+    adapter = engine.export_hf(tmp_path / "export") / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["target_modules"] == sorted(config["target_modules"])  # same weights, same files
+    base = AutoModelForCausalLM.from_pretrained(str(engine.model_dir))
+    with torch.no_grad():
+        logits = PeftModel.from_pretrained(base, str(adapter)).eval()(PROBE).logits
+    torch.testing.assert_close(logits, _logits(engine), rtol=0, atol=1e-4)
+    full = Engine(model="nexrl-tiny")
+    assert not (full.export_hf(tmp_path / "no-adapter") / "adapter").exists()
+
+
 def test_lora_in_bf16_trains_and_samples() -> None:
     engine = Engine(model="nexrl-tiny", dtype="bfloat16", lora={"rank": 4}, seed=1)
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters() if p.requires_grad}

@@ -9,9 +9,11 @@ the weights the trainer last published.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from nexrl_core.chat_holder import TemplateChat
@@ -19,6 +21,7 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.config.lora import DEFAULT_ALPHA
 from nexrl_core.holders import TrainStepConfig
+from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
 
@@ -33,6 +36,8 @@ CLIPPED_LOSSES = frozenset({"ppo", "cispo"})
 """Tinker losses that take ``clip_low_threshold`` / ``clip_high_threshold`` (ratio bounds)."""
 HOSTED_AGGREGATION = "token-sum"
 """Hosted Tinker's losses are sums over tokens."""
+DOWNLOAD_TIMEOUT_S = 300.0
+"""Per file of an exported model, for the signed-URL downloads."""
 NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
 """Answered by NexRL's local service only: it computes every registered loss with all
 its options (``loss_fn_config`` carries them, strings in the SDK's v2 map)."""
@@ -61,6 +66,9 @@ class TinkerServiceHolder:
         self._tokenizer: Any = None
         self._renderer: Any = None
         self._saves = 0
+        self._samples_trained_weights = sampling_path is None
+        """Whether sampling uses the training client's current weights (what an export
+        writes): true after publishing them, false after a step or a load."""
         self._reference: Any = None
         self._nexrl_service: bool | None = None
         self._chat = TemplateChat(self.tokenizer, self._chat_renderer)
@@ -207,6 +215,7 @@ class TinkerServiceHolder:
         loss_fn_config = dict(config.loss_fn_config) if self.is_nexrl_service() else _hosted_loss_config(config)
         adam = tinker.types.AdamParams(**config.optimizer.to_json())
         training = self._training_client()
+        self._samples_trained_weights = False
 
         def step() -> dict[str, float]:
             backward = training.forward_backward(data, config.loss_fn, loss_fn_config or None)
@@ -288,6 +297,9 @@ class TinkerServiceHolder:
                 self._saves += 1
                 training = self._training_client()
                 weight_path = self._retry("save sampler weights", lambda: training.save_weights_for_sampler(name).result().path)
+                self._samples_trained_weights = True
+            else:
+                self._samples_trained_weights = False
             assert weight_path is not None
             self._sampling = self._service_client().create_sampling_client(model_path=weight_path).result()
             self._sampling_path = weight_path
@@ -299,10 +311,52 @@ class TinkerServiceHolder:
 
     def load_checkpoint(self, path: str) -> None:
         with self._lock:
+            self._samples_trained_weights = False
             self._training = self._retry(
                 "load a checkpoint",
                 lambda: self._service_client().create_training_client_from_state_with_optimizer(path).result(),
             )
+
+    def export_model(self, directory: Path) -> Path:
+        """Download the weights sampling uses through Tinker's own API: the training
+        client saves them as external weights (``save_weights_external``), the REST
+        client signs one URL per file (``get_external_weights_urls``), each file is
+        fetched with a plain GET, and the export is deleted from the service again. A
+        tokenizer the service leaves out comes from this holder's tokenizer.
+
+        :raises ModelExportError: when sampling does not use the training weights (a
+            step since the last `update_sampling_weights`), or the download fails or
+            is not a full HF model.
+        """
+        import tinker
+
+        directory = Path(directory)
+        with self._lock:
+            if not self._samples_trained_weights:
+                raise ModelExportError(
+                    "sampling does not use the training weights (they changed since the last update_sampling_weights, "
+                    "or sampling was pointed elsewhere); call update_sampling_weights() first"
+                )
+            training = self._training_client()
+            name = f"nexrl_export_{secrets.token_hex(4)}"
+            export_path = self._retry("export the weights", lambda: training.save_weights_external(name).result().path)
+        rest = tinker.RestClient(base_url=self.config.base_url, api_key=self.config.api_key)
+        try:
+            signed = self._retry("sign download URLs", lambda: rest.get_external_weights_urls(export_path).result())
+            _download_files(signed.urls, directory, export_path)
+        finally:
+            try:
+                rest.delete_checkpoint_from_tinker_path(export_path).result()
+            except Exception as exc:  # the download is what matters; the export expires with its service
+                logger.warning("could not delete the temporary export %s from the service: %s", export_path, exc)
+        if not (directory / HF_CONFIG_FILE).is_file():
+            raise ModelExportError(
+                f"the service's export {export_path} has no {HF_CONFIG_FILE} (files: {', '.join(sorted(signed.urls))}), "
+                f"so it is not a full Hugging Face model"
+            )
+        if not (directory / "tokenizer_config.json").is_file():
+            self.tokenizer().save_pretrained(str(directory))
+        return directory
 
     def close(self) -> None:
         with self._lock:
@@ -310,6 +364,29 @@ class TinkerServiceHolder:
             self._training = self._sampling = self._reference = None
         if service is not None:
             service.close("success").result()
+
+
+def _download_files(urls: dict[str, str], directory: Path, export_path: str) -> None:
+    """Fetch each signed URL to its relative path below ``directory``."""
+    import httpx
+
+    if not urls:
+        raise ModelExportError(f"the service's export {export_path} has no files")
+    root = directory.resolve()
+    for relative, url in sorted(urls.items()):
+        target = (root / relative).resolve()
+        if not target.is_relative_to(root):
+            raise ModelExportError(f"the service's export {export_path} names a file outside its directory: {relative!r}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with httpx.stream("GET", url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            if response.status_code != 200:
+                response.read()
+                raise ModelExportError(
+                    f"downloading {relative} of {export_path} failed: HTTP {response.status_code}: {response.text[:300]}"
+                )
+            with target.open("wb") as file:
+                for chunk in response.iter_bytes():
+                    file.write(chunk)
 
 
 def _tensor(values: Sequence[float] | Sequence[int], dtype: str) -> Any:

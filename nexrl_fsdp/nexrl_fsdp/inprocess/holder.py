@@ -8,6 +8,7 @@ process, each with its own weights:
 * the sampler, a second engine that sampling uses. ``update_sampling_weights`` copies
   the trained weights into it in memory, so rollouts keep sampling from the weights
   they were given while the next step trains (bounded staleness needs exactly that);
+  ``export_model`` writes its weights;
 * the reference for a KL penalty: for LoRA the training engine with its adapters
   switched off, for full fine-tuning a frozen engine of the base weights, loaded from
   the model directory on first use (so it is right after a resume too).
@@ -230,6 +231,11 @@ class EngineHolder:
 
     def load_checkpoint(self, path: str) -> None:
         self.compute.call(lambda: self.engine.load_state(path))
+
+    def export_model(self, directory: Path) -> Path:
+        """The sampler's weights (those of the last `update_sampling_weights`) as an HF
+        directory: `Engine.export_hf`, LoRA merged and the adapter beside."""
+        return self.compute.call(lambda: self.sampler.export_hf(directory))
 
     def close(self) -> None:
         self.compute.close()

@@ -14,6 +14,8 @@ its wire: routes, codec and id formats. Everything else is here, one job per mod
   number missing past the gap timeout) and FIFO sampling lanes that batch.
 * `engines`: `EnginePool`, which `nexrl_fsdp.Engine` serves which model or weights.
 * `files`: `CheckpointFiles`, the checkpoint directories under the data directory.
+* `downloads`: `SignedDownloads`, expiring signed URLs for a checkpoint's files and the
+  route that serves them without an API key.
 * `auth`: `Authenticator`, API keys (constant-time compare, key -> owner hash, an
   optional key prefix the protocol requires).
 * `errors`: `ApiError` (a refused request, 4xx) and `RequestFailed` (a failed future).

@@ -1,7 +1,7 @@
 """Where weights live under the data directory, and how they are deleted safely.
 
-``runs/<model>/<kind>/<name>.<hex>/`` holds named checkpoints (``training`` state or
-``sampler`` exports, an HF directory) and ``runs/<model>/ephemeral/<sampler>/`` the
+``runs/<model>/<kind>/<name>.<hex>/`` holds named checkpoints (``training`` state,
+``sampler`` exports or ``external`` exports to download, both HF directories) and ``runs/<model>/ephemeral/<sampler>/`` the
 snapshots behind samplers made straight from a training model. Every save writes a
 fresh directory, so an engine cached for an older directory can never serve
 overwritten weights. Directory names come from `safe_dirname`, so any id or name a
@@ -21,8 +21,9 @@ __all__ = ["CHECKPOINT_KINDS", "CheckpointFiles", "safe_dirname"]
 
 log = logging.getLogger("nexrl_fsdp.runtime")
 
-CHECKPOINT_KINDS = ("training", "sampler")
-"""``training``: engine state to resume from; ``sampler``: exported weights to sample from."""
+CHECKPOINT_KINDS = ("training", "sampler", "external")
+"""``training``: engine state to resume from; ``sampler``: exported weights to sample from;
+``external``: the model to download (merged HF directory, LoRA adapter beside)."""
 
 
 def safe_dirname(text: str) -> str:

@@ -70,7 +70,7 @@ class SamplingOps:
         """The weights behind the caller's checkpoint ``path``."""
         checkpoint = self.state.own_checkpoint(owner, path)
         source = self.training.source_of(checkpoint)
-        if checkpoint.kind == "sampler":
+        if checkpoint.kind in ("sampler", "external"):  # both are HF directories
             ref = WeightsRef("hf", checkpoint.storage_dir)
         else:
             ref = WeightsRef("state", checkpoint.storage_dir, training_spec_of(source))

@@ -76,6 +76,8 @@ class ServerSettings:
     """Ephemeral sampler snapshots kept on disk per training model."""
     max_body_bytes: int = 512 * 1024 * 1024
     """Largest accepted request body after decompression."""
+    download_url_ttl_s: float = 3600.0
+    """How long a signed download URL of a checkpoint's file stays valid."""
 
     @property
     def database_url(self) -> str:

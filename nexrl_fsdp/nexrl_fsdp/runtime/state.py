@@ -1,7 +1,7 @@
 """`ServiceState`: the one object that holds a local service's state, shared by every route.
 
 It wires the store, the futures book, the scheduler, the engine pool, the checkpoint
-files and the janitor together, and checks ownership: every lookup of a session,
+files, their signed downloads and the janitor together, and checks ownership: every lookup of a session,
 model, sampler or checkpoint takes the caller's owner id and answers 404 for an
 unknown id, 403 for another tenant's, so a tenant stays inside its own resources
 whatever protocol it speaks.
@@ -13,6 +13,7 @@ import logging
 import time
 from pathlib import Path
 
+from nexrl_fsdp.runtime.downloads import SignedDownloads
 from nexrl_fsdp.runtime.engines import BaseModelInfo, EnginePool
 from nexrl_fsdp.runtime.errors import BadRequest, Forbidden, Gone, NotFound
 from nexrl_fsdp.runtime.files import CheckpointFiles
@@ -63,6 +64,7 @@ class ServiceState:
         )
         self.engines = EnginePool(self.base, settings.sampler_cache_size)
         self.files = CheckpointFiles(settings.data_dir / "runs")
+        self.downloads = SignedDownloads(self.files.root, settings.download_url_ttl_s)
         self.janitor = Janitor(self)
         self.started_at = time.time()
 

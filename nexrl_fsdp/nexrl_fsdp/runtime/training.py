@@ -8,7 +8,8 @@ with a reason instead of a failed future; a refused request still consumes its
 ``seq_id``, otherwise every later request of that client would wait for it.
 
 The rest are the engine calls that the protocol's jobs make on a compute thread
-(forward/backward, optimizer step, save, export, load, ephemeral snapshot) and the
+(forward/backward, optimizer step, save, export for sampling or download, load,
+ephemeral snapshot) and the
 bookkeeping that goes with them (checkpoint rows, the model's last state). Protocols
 decode requests into engine records before and encode results after.
 
@@ -318,6 +319,22 @@ class TrainingOps:
         # The sampler the client creates next gets these weights from memory.
         self.state.engines.adopt_sampler(WeightsRef("hf", str(directory)), engine.export_sampler(directory))
         self._register_checkpoint(model, "sampler", name, path, directory, ttl_seconds, user_metadata, False)
+
+    def export_external(
+        self,
+        model: ModelRow,
+        name: str,
+        path: str,
+        ttl_seconds: int | None,
+        user_metadata: dict[str, Any] | None,
+    ) -> int:
+        """Export the weights as the downloadable HF directory of checkpoint ``path``
+        (`Engine.export_hf`: LoRA merged, the adapter beside); returns its size in bytes."""
+        engine = self.engine_for(model.model_id)
+        directory = self.state.files.new_checkpoint_dir(model.model_id, "external", name)
+        engine.export_hf(directory)
+        self._register_checkpoint(model, "external", name, path, directory, ttl_seconds, user_metadata, False)
+        return self.state.files.size_of(directory)
 
     def _register_checkpoint(
         self,

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from nexrl_fsdp.runtime.auth import Authenticator
+from nexrl_fsdp.runtime.downloads import add_download_route
 from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
 from nexrl_fsdp.runtime.state import ServiceState
 from nexrl_tinker.server.codec import (
@@ -39,6 +40,7 @@ from nexrl_tinker.server.schemas import (
     RetrieveFutureBody,
     SampleBody,
     SaveWeightsBody,
+    SaveWeightsExternalBody,
     SaveWeightsForSamplerBody,
 )
 from nexrl_tinker.server.sessions import SessionService
@@ -232,6 +234,10 @@ def create_app(state: ServiceState) -> FastAPI:
     def save_weights_for_sampler(body: SaveWeightsForSamplerBody, who: str = Depends(owner)) -> dict[str, Any]:
         return training.save_weights_for_sampler(who, body)
 
+    @app.post("/api/v1/save_weights_external")
+    def save_weights_external(body: SaveWeightsExternalBody, who: str = Depends(owner)) -> dict[str, Any]:
+        return training.save_weights_external(who, body)
+
     @app.post("/api/v1/load_weights")
     def load_weights(body: LoadWeightsBody, who: str = Depends(owner)) -> dict[str, Any]:
         return training.load_weights(who, body)
@@ -287,6 +293,12 @@ def create_app(state: ServiceState) -> FastAPI:
     def list_checkpoints(training_run_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return runs.checkpoints(who, training_run_id)
 
+    @app.get("/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
+    def external_weights_urls(
+        training_run_id: str, checkpoint_id: str, request: Request, who: str = Depends(owner)
+    ) -> dict[str, Any]:
+        return runs.external_weights_urls(who, training_run_id, checkpoint_id, str(request.base_url))
+
     @app.delete("/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}")
     def delete_checkpoint(training_run_id: str, checkpoint_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return runs.delete_checkpoint(who, training_run_id, checkpoint_id)
@@ -300,5 +312,8 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/api/v1/weights_info")
     def weights_info(body: dict[str, Any], who: str = Depends(owner)) -> dict[str, Any]:
         return runs.weights_info(who, body.get("tinker_path"))
+
+    # Signed downloads of external weights: no API key, the URL's signature is the credential.
+    add_download_route(app, state.downloads)
 
     return app

@@ -6,8 +6,8 @@
 * sampler ids: ``{session_id}_{seq}_{8 hex}``;
 * request ids: opaque strings (the SDK validates them as strings, not ints), made by
   the runtime's `new_request_id`;
-* checkpoint paths: ``tinker://{model_id}/{weights|sampler_weights}/{name}``, exactly
-  three ``/``-separated segments after the scheme.
+* checkpoint paths: ``tinker://{model_id}/{weights|sampler_weights|external_weights}/{name}``,
+  exactly three ``/``-separated segments after the scheme.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 SCHEME = "tinker://"
-CHECKPOINT_SEGMENTS = {"weights": "training", "sampler_weights": "sampler"}
+CHECKPOINT_SEGMENTS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 """Path segment → the SDK's ``CheckpointType``."""
 SEGMENT_OF_KIND = {kind: segment for segment, kind in CHECKPOINT_SEGMENTS.items()}
 _NAME_RE = re.compile(r"^[^/\\\x00-\x1f]{1,200}$")

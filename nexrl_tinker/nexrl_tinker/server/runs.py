@@ -2,6 +2,9 @@
 
 The cookbook reads ``GET training_runs/{id}`` on resume (``user_metadata.renderer_name``)
 and deletes rolling checkpoints with ``DELETE training_runs/{id}/checkpoints/{kind}/{name}``.
+``external_weights_urls`` signs one URL per file of an exported model, served by this
+service (the runtime's `SignedDownloads`), which ``tinker checkpoint download`` and
+NexRL's holder fetch with a plain GET.
 """
 
 from __future__ import annotations
@@ -92,6 +95,19 @@ class RunService:
         self.state.store.delete_checkpoint(path)
         self.state.forget_checkpoint_files(row)
         return {"deleted": path}
+
+    def external_weights_urls(self, owner: str, training_run_id: str, checkpoint_id: str, base_url: str) -> dict[str, Any]:
+        """Signed download URLs, one per file, of the caller's external-weights checkpoint."""
+        model = self.state.own_model(owner, training_run_id)
+        parsed = parse_tinker_path(f"tinker://{model.model_id}/{checkpoint_id}")
+        if parsed.kind != "external":
+            raise BadRequest(
+                f"only external weights can be downloaded, not {parsed.path!r}; export them with "
+                f"save_weights_external (tinker://<run>/external_weights/<name>)"
+            )
+        checkpoint = self.state.own_checkpoint(owner, parsed.path)
+        signed = self.state.downloads.sign(checkpoint.storage_dir, base_url)
+        return {"urls": signed.urls, "expires": _iso(signed.expires_at)}
 
     def weights_info(self, owner: str, tinker_path: str) -> dict[str, Any]:
         if not isinstance(tinker_path, str):

@@ -29,6 +29,7 @@ __all__ = [
     "SampleBody",
     "SamplingParamsBody",
     "SaveWeightsBody",
+    "SaveWeightsExternalBody",
     "SaveWeightsForSamplerBody",
 ]
 
@@ -132,6 +133,14 @@ class SaveWeightsForSamplerBody(Body):
     seq_id: int | None = Field(default=None, ge=0)
     ttl_seconds: int | None = Field(default=None, ge=1)
     user_metadata: dict[str, Any] | None = None
+
+
+class SaveWeightsExternalBody(Body):
+    model_id: str
+    path: str
+    seq_id: int | None = Field(default=None, ge=0)
+    ttl_seconds: int | None = Field(default=None, ge=1)
+    age_encryption_recipients: list[str] | None = None
 
 
 class LoadWeightsBody(Body):

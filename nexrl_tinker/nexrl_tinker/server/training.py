@@ -1,4 +1,4 @@
-"""Training routes' work: create_model, forward_backward, optim_step, save/load weights.
+"""Training routes' work: create_model, forward_backward, optim_step, save/load/export weights.
 
 The Tinker side of training: turning the SDK's bodies and datums into engine records
 (``[T, K]`` target tokens become K datums), model ids and ``tinker://`` paths, and
@@ -41,6 +41,7 @@ from nexrl_tinker.server.schemas import (
     LoadWeightsBody,
     OptimStepBody,
     SaveWeightsBody,
+    SaveWeightsExternalBody,
     SaveWeightsForSamplerBody,
 )
 
@@ -289,6 +290,28 @@ class TrainingService:
             return run_ephemeral
 
         return self._submit(owner, model, body.seq_id, "SaveWeightsForSampler", prepare)
+
+    def save_weights_external(self, owner: str, body: SaveWeightsExternalBody) -> dict[str, Any]:
+        """The model as a downloadable HF directory, ``tinker://<run>/external_weights/<name>``
+        (fetch its files through ``external_weights_urls``)."""
+        model = self.ops.usable_model(owner, body.model_id)
+
+        def prepare() -> Callable[[], Outcome]:
+            if body.age_encryption_recipients:
+                raise BadRequest(
+                    "age_encryption_recipients: this server cannot encrypt exports; leave them out (the files are "
+                    "served to this API key only, over signed URLs)"
+                )
+            name = check_checkpoint_name(body.path)
+            path = checkpoint_path(model.model_id, "external", name)
+
+            def run() -> Outcome:
+                size = self.ops.export_external(model, name, path, body.ttl_seconds, None)
+                return Outcome.json({"path": path, "size_bytes": size, "type": "save_weights_external"})
+
+            return run
+
+        return self._submit(owner, model, body.seq_id, "SaveWeightsExternal", prepare)
 
     def load_weights(self, owner: str, body: LoadWeightsBody) -> dict[str, Any]:
         parsed = parse_tinker_path(body.path)

@@ -3,7 +3,9 @@
 The holder samples for rollouts and trains; the trainer turns trajectories into the
 holder's training calls. A checkpoint is a small JSON file in the backend's work
 directory that names the holder's checkpoint and holds the trainer's state (an
-adaptive KL coefficient, say), so ``--resume`` restores both.
+adaptive KL coefficient, say), so ``--resume`` restores both. Exporting the model is
+the holder's `ServiceHolder.export_model`; whatever stops it is reported as a
+`ModelExportError` that names this backend.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from nexrl_core.backend import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
 from nexrl_core.holders import ServiceHolder
+from nexrl_core.model_export import ModelExportError
 from nexrl_core.trainer import Trainer
 from nexrl_core.types import Trajectory
 
@@ -103,6 +106,22 @@ class HolderBackend:
         self.holder.load_checkpoint(record["holder"])
         self.holder.update_sampling_weights()
         self.trainer.load_state(record["trainer"])
+
+    def export_model(self, directory: Path) -> Path:
+        export = getattr(self.holder, "export_model", None)
+        if export is None:
+            raise ModelExportError(
+                f"backend {self.name!r} cannot export the model: its service holder {type(self.holder).__name__} "
+                "has no export_model"
+            )
+        try:
+            return Path(export(Path(directory)))
+        except ModelExportError as error:
+            raise ModelExportError(f"backend {self.name!r} cannot export the model: {error}") from error
+        except Exception as error:
+            raise ModelExportError(
+                f"backend {self.name!r} failed to export the model: {type(error).__name__}: {error}"
+            ) from error
 
     def close(self) -> None:
         try:
