@@ -18,6 +18,7 @@ _CONTRACTS = {
     "LossOptionContract": "nexrl_core.testing.loss_option_contract",
     "PolicyLossContract": "nexrl_core.testing.loss_contract",
     "ServiceHolderContract": "nexrl_core.testing.holder_contract",
+    "ToolCallContract": "nexrl_core.testing.toolcall_contract",
     "TrainerContract": "nexrl_core.testing.backend_contract",
     "TransportContract": "nexrl_core.testing.transport_contract",
 }
