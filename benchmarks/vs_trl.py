@@ -70,8 +70,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import nexrl_fsdp  # noqa: E402, F401
 
 MODEL_NAME = "nexrl-tiny"
-NEXRL_SIDES = ("remote_api", "inprocess")
-"""NexRL's backends, each run through the quickstart recipe with ``backend.name`` set."""
+NEXRL_SIDES = ("remote_api", "inprocess", "self-hosted")
+"""NexRL's backends, each run through the quickstart recipe with ``backend.name`` set.
+``self-hosted`` (2 torchrun workers) saves sharded worker checkpoints, not an engine
+checkpoint, so the report gives its s/step and in-loop reward but no final evaluation."""
 SIDES = (*NEXRL_SIDES, "trl")
 SPEED_TARGET = 1.0
 """NexRL s/step must be at most this multiple of TRL's."""

@@ -11,6 +11,7 @@ import datetime
 import json
 import logging
 import math
+import numbers
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +40,23 @@ def clean_row(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
             value = None
         row[key] = value
     return row
+
+
+def readable_train_metrics(values: Mapping[str, Any], prefix: str = "train/") -> dict[str, float]:
+    """A training call's real-number metrics under ``prefix``, plus plain names for the
+    Tinker-style ``name:reduction`` keys every NexRL trainer reports: ``x:mean`` is also
+    ``x``, and ``loss:sum`` over ``num_tokens:sum`` is ``loss`` (per token)."""
+    out: dict[str, float] = {}
+    for key, value in (values or {}).items():
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[key if key.startswith(prefix) else f"{prefix}{key}"] = float(value)
+    for key, value in list(out.items()):
+        if key.endswith(":mean") and key[: -len(":mean")] not in out:
+            out[key[: -len(":mean")]] = value
+    tokens = out.get(f"{prefix}num_tokens:sum")
+    if f"{prefix}loss" not in out and f"{prefix}loss:sum" in out and tokens:
+        out[f"{prefix}loss"] = out[f"{prefix}loss:sum"] / tokens
+    return out
 
 
 def write_atomic(path: Path, text: str) -> None:

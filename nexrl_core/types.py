@@ -84,6 +84,19 @@ class Trajectory:
         _check_equal_lengths(self, ("tokens", "loss_mask", "logprobs"))
 
 
+def _run_key(run_id: Any) -> tuple[int, Any]:
+    return (0, run_id) if isinstance(run_id, int) else (1, str(run_id))
+
+
+def sort_trajectories(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """A fixed order whatever order rollouts finished in: by group, run, then position in the
+    run, so a step trains on the same rows in the same order on every backend and on resume."""
+    return sorted(
+        trajectories,
+        key=lambda t: (t.group_id, _run_key(t.run_id), t.extra.get("trajectory_index", 0), t.task_id),
+    )
+
+
 @attrs.frozen(kw_only=True)
 class RemoteDatum:
     """One training example in the shape remote training APIs (Tinker, Weaver) consume.

@@ -1,5 +1,5 @@
 """Entry-point module of nexrl-fsdp: registers the tiny model's demo task, the ``inprocess``
-backend, the ``direct-zmq`` transport and the workers' API server (``nexrl serve workers``).
+and ``self-hosted`` backends, the ``direct-zmq`` transport and the workers' API server (``nexrl serve workers``).
 
 Imports nothing heavy: the task and the backend are named by strings and loaded when
 chosen; the backend's config class is torch-free.
@@ -12,6 +12,7 @@ from nexrl_core.serving import ServeOptions
 from nexrl_core.specs import BackendSpec, ServiceSpec, TaskSpec, TransportSpec
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.inprocess.config import InProcessBackendConfig
+from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 
 
 @hookimpl
@@ -27,14 +28,20 @@ def nexrl_tasks() -> list[TaskSpec]:
 
 @hookimpl
 def nexrl_backends() -> list[BackendSpec]:
-    """The engine inside the training process: no service, no HTTP."""
+    """The engine inside the training process (no service, no HTTP), and self-hosted FSDP workers."""
     return [
         BackendSpec(
             name="inprocess",
             factory="nexrl_fsdp.inprocess.backend:open_inprocess",
             config_class=InProcessBackendConfig,
             description="The nexrl-fsdp engine in the training process (no service): fastest on one machine",
-        )
+        ),
+        BackendSpec(
+            name="self-hosted",
+            factory="nexrl_fsdp.selfhosted.backend:open_self_hosted",
+            config_class=SelfHostedBackendConfig,
+            description="FSDP2 workers under torchrun driven over direct ZMQ, an in-process sampler fed their weights",
+        ),
     ]
 
 

@@ -22,6 +22,7 @@ import zmq
 
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
+from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
 
 if TYPE_CHECKING:
     from nexrl_core.batch import Batch
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["DirectZmqOptions", "DirectZmqTransport", "WorkerGroupError"]
 
 _POLL_S = 0.25
+WORKER_TENSORS = frozenset(BATCH_TENSORS) | frozenset(OPTIONAL_BATCH_TENSORS)
 _STATUS_EVERY_S = 1.0
 
 
@@ -150,8 +152,10 @@ class DirectZmqTransport:
     # --- internals ------------------------------------------------------------------------
 
     def _batch_tensors(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The tensors the workers read (an algorithm's bookkeeping, such as rewards or
+        returns, stays here), with rows appended so they divide over the ranks."""
         padded = batch.pad_to_world_size(self.options.world_size)
-        return dict(padded.tensors)
+        return {name: tensor for name, tensor in padded.tensors.items() if name in WORKER_TENSORS}
 
     def _log_probs(self, op: str, batch: Batch, micro_batch_rows: int) -> torch.Tensor:
         reply = self._call(op, {"micro_batch_rows": micro_batch_rows}, self._batch_tensors(batch))

@@ -8,13 +8,11 @@ go to ``<output.dir>/backend/engine``, next to the backend's own records, so
 
 from __future__ import annotations
 
-import torch
-
 from nexrl_core.backend import BackendSetup
 from nexrl_core.config.errors import ConfigError
 from nexrl_fsdp.inprocess.config import EngineHolderConfig, InProcessBackendConfig
 from nexrl_fsdp.inprocess.holder import EngineHolder
-from nexrl_fsdp.loading import resolve_model_dir
+from nexrl_fsdp.recipe_checks import check_device, check_model_name
 from nexrl_remote_api.holder_backend import HolderBackend, build_trainer
 
 __all__ = ["ENGINE_DIR", "open_inprocess"]
@@ -23,24 +21,9 @@ ENGINE_DIR = "engine"
 """Where, under the backend's work directory, the engine's checkpoints go."""
 
 
-def _check_device(device: str) -> None:
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise ConfigError([f"backend.options.device: {device!r} is not a torch device: {error}"]) from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError([f"backend.options.device: {device!r} asks for CUDA, which this machine does not have; use cpu"])
-
-
 def _open_holder(setup: BackendSetup, options: InProcessBackendConfig) -> EngineHolder:
-    name = setup.recipe.model.name
-    if name is None:
-        raise ConfigError(["model.name: not set; name the model to train (nexrl-tiny, or a local Hugging Face directory)"])
-    try:
-        resolve_model_dir(name)
-    except ValueError as error:
-        raise ConfigError([f"model.name: {error}"]) from None
-    _check_device(options.device)
+    name = check_model_name(setup.recipe)
+    check_device(options.device, "backend.options.device")
     config = EngineHolderConfig(model=setup.recipe.model, seed=setup.recipe.seed, engine=options.engine_options())
     try:
         return EngineHolder(config, setup.work_dir / ENGINE_DIR)

@@ -12,13 +12,27 @@ from nexrl_core.config.checks import Check, non_empty, non_negative, positive
 from nexrl_core.holders import HolderTarget
 from nexrl_fsdp.config import EngineConfig
 
-__all__ = ["EngineHolderConfig", "EngineOptions", "InProcessBackendConfig"]
+__all__ = ["BatchedSamplingOptions", "EngineHolderConfig", "EngineOptions", "InProcessBackendConfig"]
 
 positive_int = Check("must be an integer > 0", lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0)
 
 
 @attrs.frozen(kw_only=True)
-class EngineOptions:
+class BatchedSamplingOptions:
+    """How a compute thread batches the rollouts' concurrent sample requests."""
+
+    sample_linger_s: float = attrs.field(default=0.008, validator=non_negative)
+    """While rollouts send sample requests in bursts, the compute thread waits until
+    none has arrived for this long before it samples them as one batch; 0 never waits.
+    A rollout that samples one request at a time never waits."""
+    sample_linger_max_s: float = attrs.field(default=0.1, validator=non_negative)
+    """The longest the compute thread waits for a burst to end."""
+    max_batch_rows: int = attrs.field(default=256, validator=positive_int)
+    """Most samples one batched engine call draws; a larger burst takes several calls."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineOptions(BatchedSamplingOptions):
     """How the engine runs in the training process, beyond what the recipe's ``model`` says."""
 
     device: str = attrs.field(default="cpu", validator=non_empty)
@@ -29,14 +43,6 @@ class EngineOptions:
     share_prefixes: bool = True
     """Run the prompt a GRPO group shares once per training pass instead of once per
     run; the result equals the plain pass up to float rounding."""
-    sample_linger_s: float = attrs.field(default=0.008, validator=non_negative)
-    """While rollouts send sample requests in bursts, the compute thread waits until
-    none has arrived for this long before it samples them as one batch; 0 never waits.
-    A rollout that samples one request at a time never waits."""
-    sample_linger_max_s: float = attrs.field(default=0.1, validator=non_negative)
-    """The longest the compute thread waits for a burst to end."""
-    max_batch_rows: int = attrs.field(default=256, validator=positive_int)
-    """Most samples one batched engine call draws; a larger burst takes several calls."""
 
 
 @attrs.frozen(kw_only=True)

@@ -14,8 +14,8 @@ process, each with its own weights:
   the model directory on first use (so it is right after a resume too).
 
 Every torch call runs on one `ComputeThread`, which batches the rollouts' concurrent
-sample requests into few engine calls. Chat templates, default stops and replies are
-`TemplateChat`'s, shared with the Tinker holder.
+sample requests into few engine calls; the chat half (`EngineChat`: templates, stops,
+replies from `TemplateChat`) is shared with the self-hosted backend's sampler.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ from typing import Any
 
 import torch
 
-from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_fsdp.engine import Engine
-from nexrl_fsdp.inprocess.compute import ComputeThread, SampleRequest, plan_calls
+from nexrl_fsdp.inprocess.chat import EngineChat
 from nexrl_fsdp.inprocess.config import EngineHolderConfig
 from nexrl_fsdp.loss_fns import build_loss_fn
-from nexrl_fsdp.types import Datum, SampledSequence, SamplingParams
+from nexrl_fsdp.types import Datum
 
 __all__ = ["EngineHolder", "engine_datum"]
 
@@ -101,14 +100,8 @@ class EngineHolder:
         """(sampler parameter, training parameter) pairs that publishing copies: every
         weight for full fine-tuning, the adapters for LoRA (the base is the same)."""
         self._version = 0
-        self._chat = TemplateChat(lambda: self.engine.tokenizer)
-        options = config.engine
-        self.compute = ComputeThread(
-            self._sample_many,
-            linger_s=options.sample_linger_s,
-            linger_max_s=options.sample_linger_max_s,
-            max_batch_rows=options.max_batch_rows,
-        )
+        self._sampling = EngineChat(self.sampler, config.engine)
+        self.compute = self._sampling.compute
         """The one thread every torch call of this holder runs on."""
 
     def __getstate__(self) -> Any:
@@ -126,19 +119,10 @@ class EngineHolder:
         add_generation_prompt: bool = True,
         tokenize: bool = False,
     ) -> str | list[int]:
-        return self._chat.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
+        return self._sampling.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
 
     def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
-        prompt = [int(token) for token in prompt_tokens]
-        params = SamplingParams(
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            top_k=options.top_k,
-            stop=options.stop if options.stop is not None else self._chat.default_stop(),
-        )
-        sequence = self.compute.sample(prompt, params, options.seed)
-        return self._chat.sample_result(prompt, sequence.tokens, sequence.logprobs, sequence.stop_reason)
+        return self._sampling.sample_from_prompt(prompt_tokens, options)
 
     def sample_from_messages(
         self,
@@ -146,18 +130,7 @@ class EngineHolder:
         options: SamplingOptions,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> SampleResult:
-        return self.sample_from_prompt(self._chat.prompt_tokens(messages, tools), options)
-
-    def _sample_many(self, requests: Sequence[SampleRequest]) -> list[SampledSequence]:
-        """One sample per request from the sampler's weights (runs on the compute thread)."""
-        samples: list[SampledSequence | None] = [None] * len(requests)
-        for call in plan_calls(requests):
-            results = self.sampler.sample(call.prompts, call.params, num_samples=call.counts, seeds=call.seeds)
-            for members, result in zip(call.members, results, strict=True):
-                for index, sequence in zip(members, result.sequences, strict=True):
-                    samples[index] = sequence
-        assert all(sample is not None for sample in samples)
-        return samples  # type: ignore[return-value]
+        return self._sampling.sample_from_messages(messages, options, tools)
 
     # --- training ------------------------------------------------------------------------------
 

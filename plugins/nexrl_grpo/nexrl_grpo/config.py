@@ -14,6 +14,9 @@ from typing import Any, Callable, TypeVar
 
 import attrs
 
+from nexrl_core.self_hosted import UpdateSettings
+from nexrl_remote_api.trainer import RemoteApiTrainerConfig
+
 E = TypeVar("E", bound=enum.Enum)
 
 
@@ -207,3 +210,19 @@ class GspoLossConfig:
     """Divisor of ``seq-mean-token-sum-norm``; null uses the batch's column count T."""
     entropy_coeff: float = _entropy_coeff_field()
     """Weight of the entropy bonus subtracted from the loss; 0 disables it."""
+
+
+# --- trainers ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SelfHostedGrpoConfig(RemoteApiTrainerConfig):
+    """The recipe's ``algorithm`` (estimator, loss, KL, AdamW: read by
+    `RemoteApiTrainerConfig.from_recipe`) plus how the self-hosted workers update."""
+
+    update: UpdateSettings = attrs.field(factory=UpdateSettings)
+    """PPO epochs, mini-batches and micro-batch rows (``backend.options.update``)."""
+    recompute_old_logprobs: bool = True
+    """Recompute the behaviour policy's logprobs on the workers before the update, so
+    the importance ratio compares the trained weights with themselves rather than with
+    the sampler's numerics (``backend.options.recompute_old_logprobs``)."""

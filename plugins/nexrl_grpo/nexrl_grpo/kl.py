@@ -21,6 +21,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
+    "KLInReward",
     "build_kl_controller",
     "kl_penalty",
 ]
@@ -110,3 +111,45 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLPenal
         return 0.5 * log_ratio.square()
     k = (-log_ratio).clamp(-_EXP_INPUT_LIMIT, _EXP_INPUT_LIMIT)
     return (torch.exp(k) - k - 1.0).clamp(-_LOW_VAR_KL_LIMIT, _LOW_VAR_KL_LIMIT)
+
+
+class KLInReward:
+    """``algorithm.kl`` applied in the reward, shared by the GRPO trainers of every backend.
+
+    Per trained token ``reward -= coef * penalty(logprobs, ref_logprobs)``, with ``coef``
+    the controller's value before this step; the controller then moves it by the KL just
+    measured (per trained token, before the coefficient), which `apply` reports as
+    ``kl/mean`` beside ``kl/coef``.
+    """
+
+    def __init__(self, settings: KLSettings) -> None:
+        self.settings = settings
+        self.controller = build_kl_controller(settings)
+
+    def apply(
+        self,
+        token_rewards: torch.Tensor,
+        logprobs: torch.Tensor,
+        ref_logprobs: torch.Tensor,
+        loss_mask: torch.Tensor,
+        rows: int,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The shaped [B, T] rewards and the step's KL metrics; all inputs share one
+        column layout. ``rows`` is how many real rows the step trained (the adaptive
+        controller's ``n_steps``)."""
+        mask = loss_mask.to(torch.float64)
+        kl = kl_penalty(logprobs.to(torch.float64), ref_logprobs.to(torch.float64), self.settings.penalty) * mask
+        coef = self.controller.value
+        shaped = token_rewards - (coef * kl).to(token_rewards.dtype)
+        tokens = float(mask.sum())
+        kl_mean = float(kl.sum()) / tokens if tokens else 0.0
+        self.controller.update(kl_mean, n_steps=rows)
+        return shaped, {"kl/mean": kl_mean, "kl/coef": coef}
+
+    def state(self) -> dict[str, float]:
+        """The coefficient, which ``--resume`` must restore (the adaptive one moves)."""
+        return {"kl_coef": self.controller.value}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if "kl_coef" in state:
+            self.controller.value = float(state["kl_coef"])

@@ -20,10 +20,13 @@ from nexrl_grpo.config import (
     PPOLossConfig,
     ReinforcePlusPlusConfig,
     RlooConfig,
+    SelfHostedGrpoConfig,
 )
+from nexrl_core.self_hosted import TRANSPORT_TRAINER
 from nexrl_remote_api.trainer import RemoteApiTrainerConfig
 
 _GROUP_RELATIVE = frozenset({"group_relative"})
+_TRANSPORT = frozenset({TRANSPORT_TRAINER})
 
 
 @hookimpl
@@ -99,12 +102,21 @@ def nexrl_policy_losses() -> list[PolicyLossSpec]:
 
 @hookimpl
 def nexrl_trainers() -> list[TrainerSpec]:
-    """The GRPO trainers; the remote-API one builds its config from the recipe's ``algorithm``."""
+    """The GRPO trainers; both build their config from the recipe's ``algorithm``. The
+    self-hosted one has capability ``transport``: it trains through a transport's workers,
+    not a service holder."""
     return [
         TrainerSpec(
             name="remote_api_grpo",
             factory="nexrl_grpo.trainers:RemoteApiGrpoTrainer",
             config_class=RemoteApiTrainerConfig,
             description="GRPO on a remote training API (Tinker, Weaver, local services): datums + AdamW step",
+        ),
+        TrainerSpec(
+            name="self_hosted_grpo",
+            factory="nexrl_grpo.trainers:SelfHostedGrpoTrainer",
+            config_class=SelfHostedGrpoConfig,
+            description="GRPO on self-hosted FSDP workers: a padded Batch, advantages here, the update on the workers",
+            capabilities=_TRANSPORT,
         ),
     ]

@@ -1,4 +1,10 @@
-"""``remote_api_grpo``: the remote-API trainer with GRPO's group bookkeeping and KL in the reward.
+"""The GRPO trainers: ``remote_api_grpo`` on a service holder, ``self_hosted_grpo`` on FSDP workers.
+
+Both share GRPO's group bookkeeping (`group_metrics`), KL in the reward
+(`nexrl_grpo.kl.KLInReward`) and the registry's advantage estimators; they differ in
+where the numbers live (per-trajectory lists for datums, a padded `Batch` for workers).
+
+``remote_api_grpo``: the remote-API trainer with GRPO's group bookkeeping and KL in the reward.
 
 Advantages come from the recipe's estimator (``grpo`` by default) through the registry;
 this flavour adds the numbers that tell whether GRPO has anything to learn from: how
@@ -21,9 +27,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from nexrl_core.holders import ServiceHolder
+from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
 from nexrl_core.types import Trajectory
-from nexrl_grpo.kl import build_kl_controller, kl_penalty
+from nexrl_grpo.config import SelfHostedGrpoConfig
+from nexrl_grpo.kl import KLInReward
 from nexrl_remote_api.trainer import RemoteApiTrainer, RemoteApiTrainerConfig
 
 if TYPE_CHECKING:
@@ -31,11 +41,27 @@ if TYPE_CHECKING:
 
     from nexrl_core.batch import Batch
 
-__all__ = ["RemoteApiGrpoTrainer", "RemoteApiTrainerConfig"]
+__all__ = ["RemoteApiGrpoTrainer", "RemoteApiTrainerConfig", "SelfHostedGrpoConfig", "SelfHostedGrpoTrainer"]
 
 
 def _first_trained(trajectory: Trajectory) -> int:
     return next((i for i, flag in enumerate(trajectory.loss_mask) if flag == 1), len(trajectory.tokens))
+
+
+def group_metrics(group_ids: Sequence[Any], run_ids: Sequence[Any], rewards: Sequence[float]) -> dict[str, float]:
+    """Whether GRPO has anything to learn from: how many groups, which fraction scored the
+    same in every run (advantage 0, nothing learnt), and how many had a single run."""
+    by_group: dict[Any, dict[Any, float]] = defaultdict(dict)
+    for group, run, reward in zip(group_ids, run_ids, rewards):
+        by_group[group][run] = reward
+    groups = list(by_group.values())
+    uniform = sum(1 for runs in groups if len(set(runs.values())) <= 1)
+    single = sum(1 for runs in groups if len(runs) == 1)
+    return {
+        "grpo/groups": float(len(groups)),
+        "grpo/uniform_reward_fraction": uniform / len(groups) if groups else 0.0,
+        "grpo/single_run_groups": float(single),
+    }
 
 
 class RemoteApiGrpoTrainer(RemoteApiTrainer):
@@ -45,53 +71,101 @@ class RemoteApiGrpoTrainer(RemoteApiTrainer):
 
     def __init__(self, config: RemoteApiTrainerConfig | None = None) -> None:
         super().__init__(config)
-        self.kl_controller = build_kl_controller(self.config.kl) if self.config.kl.coef > 0 else None
+        self.kl_in_reward = KLInReward(self.config.kl) if self.config.kl.coef > 0 else None
 
     def shape_rewards(
         self, holder: ServiceHolder, trajectories: Sequence[Trajectory], batch: Batch, token_rewards: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        if self.kl_controller is None:
+        if self.kl_in_reward is None:
             return token_rewards, {}
         import torch
 
         references = holder.reference_logprobs([trajectory.tokens for trajectory in trajectories])
-        shaped = token_rewards.clone()
-        coef = self.kl_controller.value
-        total, tokens = 0.0, 0
+        logprobs = torch.zeros(token_rewards.shape, dtype=torch.float64)
+        ref_logprobs = torch.zeros_like(logprobs)
         for row, (trajectory, reference) in enumerate(zip(trajectories, references)):
-            mask = torch.tensor(trajectory.loss_mask, dtype=torch.float64)
-            kl = kl_penalty(
-                torch.tensor(trajectory.logprobs, dtype=torch.float64),
-                torch.tensor(reference, dtype=torch.float64),
-                self.config.kl.penalty,
-            ) * mask
             offset = batch.prompt_length - _first_trained(trajectory)
             columns = slice(offset, offset + len(trajectory.tokens))
-            shaped[row, columns] -= (coef * kl).to(shaped.dtype)
-            total += float(kl.sum())
-            tokens += int(mask.sum())
-        kl_mean = total / tokens if tokens else 0.0
-        self.kl_controller.update(kl_mean, n_steps=len(trajectories))
-        return shaped, {"kl/mean": kl_mean, "kl/coef": coef}
+            logprobs[row, columns] = torch.tensor(trajectory.logprobs, dtype=torch.float64)
+            ref_logprobs[row, columns] = torch.tensor(reference, dtype=torch.float64)
+        return self.kl_in_reward.apply(token_rewards, logprobs, ref_logprobs, batch.tensors["loss_mask"], len(trajectories))
 
     def extra_metrics(
         self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
     ) -> dict[str, float]:
-        rewards: dict[str, dict[object, float]] = defaultdict(dict)
-        for trajectory in trajectories:
-            rewards[trajectory.group_id][trajectory.run_id] = trajectory.reward
-        groups = list(rewards.values())
-        uniform = sum(1 for runs in groups if len(set(runs.values())) <= 1)
-        single = sum(1 for runs in groups if len(runs) == 1)
-        return {
-            "grpo/groups": float(len(groups)),
-            "grpo/uniform_reward_fraction": uniform / len(groups) if groups else 0.0,
-            "grpo/single_run_groups": float(single),
-        }
+        return group_metrics(
+            [t.group_id for t in trajectories], [t.run_id for t in trajectories], [t.reward for t in trajectories]
+        )
 
     def state(self) -> dict[str, Any]:
-        return {"kl_coef": self.kl_controller.value} if self.kl_controller is not None else {}
+        return self.kl_in_reward.state() if self.kl_in_reward is not None else {}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if self.kl_controller is not None and "kl_coef" in state:
-            self.kl_controller.value = float(state["kl_coef"])
+        if self.kl_in_reward is not None:
+            self.kl_in_reward.load_state(state)
+
+
+class SelfHostedGrpoTrainer(SelfHostedTrainer):
+    """GRPO on self-hosted workers: `_prepare_batch` is the algorithm.
+
+    Redundant padding removed; old logprobs recomputed through the transport (optional);
+    the outcome reward as token-level scores on each row's last trained token; with
+    ``algorithm.kl.coef > 0`` KL in the reward against ``compute_ref_log_prob`` with the
+    fixed or adaptive controller; advantages from the registry's estimator; data metrics.
+    """
+
+    supports_kl = True
+
+    def __init__(self, config: SelfHostedGrpoConfig | None = None) -> None:
+        super().__init__(config if config is not None else SelfHostedGrpoConfig())
+        from nexrl_core.registry import get_advantage_estimator
+
+        self.kl_in_reward = KLInReward(self.config.kl) if self.config.kl.coef > 0 else None
+        self.estimator = get_advantage_estimator(self.config.advantage.name, self.config.advantage_options)
+
+    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        batch = batch.remove_redundant_left_padding().remove_redundant_right_padding()
+        tensors = dict(batch.tensors)
+        loss_mask = tensors["loss_mask"]
+        valid = tensors["valid_rows"]
+        metrics: dict[str, float] = {}
+        if self.config.recompute_old_logprobs:
+            recomputed = self.transport.compute_log_prob(batch)
+            trained = loss_mask > 0
+            if trained.any():
+                metrics["actor/old_logprob_abs_diff"] = float((recomputed - tensors["old_logprobs"])[trained].abs().mean())
+            tensors["old_logprobs"] = recomputed * loss_mask
+        inputs = attrs.evolve(batch, tensors=tensors).to_advantage_inputs()
+        tensors["token_level_scores"] = inputs.token_rewards
+        token_rewards = inputs.token_rewards
+        if self.kl_in_reward is not None:
+            tensors["ref_logprobs"] = self.transport.compute_ref_log_prob(batch) * loss_mask
+            token_rewards, kl_metrics = self.kl_in_reward.apply(
+                token_rewards, tensors["old_logprobs"], tensors["ref_logprobs"], loss_mask, int(valid.sum())
+            )
+            metrics.update(kl_metrics)
+        tensors["token_level_rewards"] = token_rewards
+        batch = attrs.evolve(batch, tensors=tensors)
+        output = self.estimator(attrs.evolve(batch.to_advantage_inputs(), token_rewards=token_rewards))
+        tensors["advantages"] = (output.advantages.detach().to("cpu").float() * loss_mask).contiguous()
+        tensors["returns"] = output.returns.detach().to("cpu").float()
+        batch = attrs.evolve(batch, tensors=tensors)
+        metrics.update({key: float(value) for key, value in output.metrics.items()})
+        rows = [row for row, flag in enumerate(valid.tolist()) if flag]
+        metrics.update(
+            group_metrics(
+                [batch.non_tensors["group_ids"][row] for row in rows],
+                [batch.non_tensors["run_ids"][row] for row in rows],
+                tensors["rewards"][rows].tolist(),
+            )
+        )
+        metrics["grpo/zero_advantage_rows"] = float((tensors["advantages"][valid] == 0).all(dim=1).sum())
+        metrics.update(batch_data_metrics(batch))
+        return batch, metrics
+
+    def state(self) -> dict[str, Any]:
+        return self.kl_in_reward.state() if self.kl_in_reward is not None else {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if self.kl_in_reward is not None:
+            self.kl_in_reward.load_state(state)

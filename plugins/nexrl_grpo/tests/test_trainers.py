@@ -15,8 +15,8 @@ from nexrl_grpo.trainers import RemoteApiGrpoTrainer
 from nexrl_core import hookspecs
 from nexrl_core.config import load_config
 from nexrl_core.holders import TrainStepConfig
-from nexrl_remote_api.trainer import RemoteApiTrainerConfig, sort_trajectories
-from nexrl_core.types import RemoteDatum, Trajectory
+from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
+from nexrl_remote_api.trainer import RemoteApiTrainerConfig
 
 
 def trainer_specs() -> list:

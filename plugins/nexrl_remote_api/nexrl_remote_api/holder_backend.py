@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from nexrl_core.backend import ChatModel
 from nexrl_core.config.errors import ConfigError
@@ -32,20 +34,45 @@ OPTION_PATHS = {"loss_fn_config.": "algorithm.loss.options.", "optimizer.": "alg
 """Where each `ServiceHolder.refused_options` key sits in a recipe."""
 
 
-def build_trainer(recipe: TrainConfig, name: str, key: str) -> Trainer:
+def build_trainer(
+    recipe: TrainConfig,
+    name: str,
+    key: str,
+    *,
+    through_transport: bool = False,
+    settings: Mapping[str, tuple[str, Any]] | None = None,
+) -> Any:
     """The registered trainer ``name``, configured from the recipe.
 
-    :raises ConfigError: naming ``key`` for an unknown trainer or bad settings.
+    :param through_transport: whether the backend drives workers through a transport
+        (it needs a trainer with capability ``transport``) or a service holder (one without).
+    :param settings: trainer config field -> (recipe key, value) the backend sets; a
+        value other than None for a field the trainer's config lacks is refused by key.
+    :raises ConfigError: naming ``key`` for an unknown or unfit trainer or bad settings.
     """
     from nexrl_core.registry import UnknownComponentError, find_spec
+    from nexrl_core.self_hosted import TRANSPORT_TRAINER
 
     try:
         spec = find_spec("trainers", name)
     except UnknownComponentError as error:
         raise ConfigError([f"{key}: {error}"]) from None
+    if (TRANSPORT_TRAINER in spec.capabilities) != through_transport:
+        needs = (
+            "a trainer with capability 'transport' (self_hosted_grpo)" if through_transport else "a trainer that drives a service holder (remote_api_grpo)"
+        )
+        raise ConfigError([f"{key}: trainer {name!r} does not fit this backend, which needs {needs}"])
     from_recipe = getattr(spec.config_class, "from_recipe", None)
     trainer_config = from_recipe(recipe) if callable(from_recipe) else spec.config_class()
-    return spec.build(trainer_config)
+    fields = attrs.fields_dict(type(trainer_config)) if attrs.has(type(trainer_config)) else {}
+    changes = {}
+    for field, (path, value) in (settings or {}).items():
+        if field in fields:
+            if value is not None:
+                changes[field] = value
+        elif value is not None:
+            raise ConfigError([f"{path}: trainer {name!r} has no setting {field!r}; remove it or pick another trainer"])
+    return spec.build(attrs.evolve(trainer_config, **changes) if changes else trainer_config)
 
 
 def recipe_path(key: str) -> str:

@@ -17,8 +17,7 @@ computed. This module imports torch only where advantages are computed.
 from __future__ import annotations
 
 import enum
-import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -27,7 +26,8 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import ComponentChoice, KLSettings, TrainConfig
 from nexrl_core.holders import LossOptionValue, ServiceHolder, TrainStepConfig
-from nexrl_core.types import RemoteDatum, Trajectory
+from nexrl_core.metrics import readable_train_metrics
+from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
 
 if TYPE_CHECKING:
     import torch
@@ -94,18 +94,6 @@ class RemoteApiTrainerConfig:
             ),
             kl=algorithm.kl,
         )
-
-
-def _run_key(run_id: Any) -> tuple[int, Any]:
-    return (0, run_id) if isinstance(run_id, int) else (1, str(run_id))
-
-
-def sort_trajectories(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
-    """A fixed order whatever order rollouts finished in: by group, run, then position in the run."""
-    return sorted(
-        trajectories,
-        key=lambda t: (t.group_id, _run_key(t.run_id), t.extra.get("trajectory_index", 0), t.task_id),
-    )
 
 
 class RemoteApiTrainer:
@@ -201,7 +189,7 @@ class RemoteApiTrainer:
         metrics["datums/trained_tokens"] = float(sum(sum(datum.loss_mask) for datum in datums))
         if datums:
             result = holder.train(datums, self.train_step)
-            metrics.update(_readable(_prefixed("train/", result)))
+            metrics.update(readable_train_metrics(result))
             self._changed = True
         return metrics
 
@@ -218,23 +206,3 @@ class RemoteApiTrainer:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what `state` returned."""
 
-
-def _prefixed(prefix: str, values: Mapping[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in (values or {}).items():
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            out[key if key.startswith(prefix) else f"{prefix}{key}"] = float(value)
-    return out
-
-
-def _readable(metrics: dict[str, float]) -> dict[str, float]:
-    """Add plain names for metrics a Tinker-style backend reports as ``name:reduction``:
-    ``x:mean`` is also ``x``, and ``loss:sum`` over ``num_tokens:sum`` is ``loss`` (per token)."""
-    out = dict(metrics)
-    for key, value in metrics.items():
-        if key.endswith(":mean") and key[: -len(":mean")] not in out:
-            out[key[: -len(":mean")]] = value
-    tokens = metrics.get("train/num_tokens:sum")
-    if "train/loss" not in out and "train/loss:sum" in metrics and tokens:
-        out["train/loss"] = metrics["train/loss:sum"] / tokens
-    return out

@@ -1,0 +1,6 @@
+"""The ``self-hosted`` backend: FSDP workers under torchrun driven over direct ZMQ, and an
+in-process sampler whose weights come from the workers after each step.
+
+`config` is light (no torch) so the plugin can register the backend and recipes can be
+checked anywhere; `backend` loads torch and is imported only when a recipe picks it.
+"""

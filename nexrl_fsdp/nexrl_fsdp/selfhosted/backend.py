@@ -1,0 +1,241 @@
+"""``open_self_hosted``: FSDP workers trained by a `SelfHostedTrainer`, sampled through an in-process engine.
+
+Opening the backend checks every recipe option the workers cannot honour (and refuses
+it by key) before anything starts, then starts the workers' API server and ``torchrun``
+on 127.0.0.1 (`LocalWorkerGroup`), or connects to a group started elsewhere
+(``backend.options.workers_url``), loads the model on every rank, and loads a sampling
+engine in this process. After each step `sync_weights` gathers the policy on rank 0
+(``get_weights``: raw tensor frames, no pickle) and copies it into the sampler in place,
+so the next rollouts see the newest weights; rollouts of a later step may keep sampling
+while the workers train (``rollout.max_staleness``). `close` destroys the group and
+stops torchrun's whole session; the ranks also end themselves when this process dies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from nexrl_core.backend import BackendSetup
+from nexrl_core.chat_model import ChatModel
+from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.schema import TrainConfig
+from nexrl_core.holders import TrainStepConfig
+from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
+from nexrl_core.types import Trajectory
+from nexrl_fsdp.config import EngineConfig
+from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
+from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport
+from nexrl_fsdp.engine import Engine
+from nexrl_fsdp.inprocess.chat import EngineChat
+from nexrl_fsdp.loss_fns import build_loss_fn
+from nexrl_fsdp.recipe_checks import check_device, check_model_name
+from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
+from nexrl_remote_api.holder_backend import build_trainer
+
+__all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+WORKERS_LOG = "workers.log"
+WORKER_AGGREGATIONS = ("token-sum", "token-mean")
+"""Loss aggregations that stay exact when a batch's rows are split over ranks."""
+WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
+
+
+def refused_options(recipe: TrainConfig, train_step: TrainStepConfig) -> list[str]:
+    """What the workers cannot honour of the recipe and the trainer's step, as
+    ``key: why`` lines (empty when everything runs)."""
+    problems = []
+    if recipe.model.lora.is_lora:
+        problems.append(
+            "model.lora.rank: the self-hosted workers train every weight (FSDP2 full fine-tuning); "
+            "set 0, or use backend inprocess or remote_api for LoRA"
+        )
+    config = dict(train_step.loss_fn_config)
+    aggregation = str(config.get("agg_mode", "token-sum"))
+    if aggregation not in WORKER_AGGREGATIONS:
+        problems.append(
+            f"algorithm.loss.options.agg_mode: {aggregation!r} is not supported by the self-hosted workers; use "
+            f"{' or '.join(WORKER_AGGREGATIONS)} (they stay exact when rows are split over ranks)"
+        )
+        return problems
+    try:
+        loss = build_loss_fn(train_step.loss_fn, config)
+    except ValueError as error:
+        return [*problems, f"algorithm.loss: {error}"]
+    missing = sorted(loss.requires - WORKER_LOSS_INPUTS)
+    if missing:
+        problems.append(f"algorithm.loss.name: loss {train_step.loss_fn!r} needs {', '.join(missing)}, which the workers do not compute")
+    return problems
+
+
+class SelfHostedBackend:
+    """A worker group trained by a `SelfHostedTrainer`, and the sampler rollouts use."""
+
+    def __init__(
+        self,
+        trainer: SelfHostedTrainer,
+        transport: DirectZmqTransport,
+        chat: EngineChat,
+        *,
+        work_dir: Path,
+        group: LocalWorkerGroup | None,
+    ) -> None:
+        self.trainer = trainer
+        self.transport = transport
+        self.chat = chat
+        self.work_dir = work_dir
+        self.group = group
+        self._version = 0
+        self._closed = False
+
+    def chat_model(self) -> ChatModel:
+        return self.chat
+
+    def train(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+        return self.trainer.train(trajectories, step)
+
+    def sync_weights(self, step: int) -> str | None:
+        """Copy the workers' weights into the sampler, if an update changed them."""
+        if not self.trainer.trained_since_publish:
+            return None
+        return self.publish()
+
+    def publish(self) -> str:
+        """Gather the policy on rank 0 and load it into the sampler in place."""
+        weights = self.trainer.transport.get_weights()
+        self.chat.compute.call(lambda: _load_in_place(self.chat.sampler.model, weights))
+        self.trainer.trained_since_publish = False
+        self._version += 1
+        return f"self-hosted://{self.transport.options.identifier}/weights/{self._version:06d}"
+
+    def save_checkpoint(self, name: str) -> str:
+        """Start a background save of the workers and the trainer's state; returns its directory."""
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            raise ValueError(f"a checkpoint name must be a plain file name, got {name!r}")
+        return str(self.trainer.save_checkpoint(self.work_dir / CHECKPOINT_DIR / name))
+
+    def load_checkpoint(self, path: str) -> None:
+        self.trainer.load_checkpoint(Path(path))
+        self.publish()
+
+    def close(self) -> None:
+        """Let a running save finish, then stop the sampler, the workers and the API server."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.trainer.close()
+        except Exception:  # noqa: BLE001 - the workers must still be stopped
+            logger.exception("the last background checkpoint failed")
+        finally:
+            self.chat.close()
+            if self.group is not None:
+                self.group.stop()
+            else:
+                try:
+                    self.transport.destroy()
+                finally:
+                    self.transport.close()
+
+
+def _load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    parameters = dict(model.named_parameters())
+    if set(parameters) != set(weights):
+        missing, extra = sorted(set(parameters) - set(weights)), sorted(set(weights) - set(parameters))
+        raise RuntimeError(f"the workers' weights do not match the sampler's model: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.copy_(weights[name])
+
+
+def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedTrainer:
+    """Every refusal before anything starts; returns the configured trainer."""
+    check_model_name(setup.recipe)
+    check_device(options.sampler.device, "backend.options.sampler.device")
+    trainer = build_trainer(
+        setup.recipe,
+        options.trainer,
+        "backend.options.trainer",
+        through_transport=True,
+        settings={
+            "update": ("backend.options.update", options.update if options.update != UpdateSettings() else None),
+            "recompute_old_logprobs": ("backend.options.recompute_old_logprobs", options.recompute_old_logprobs),
+        },
+    )
+    problems = refused_options(setup.recipe, trainer.train_step)
+    if setup.recipe.algorithm.kl.coef > 0 and not trainer.supports_kl:
+        problems.append(f"algorithm.kl.coef: trainer {options.trainer!r} applies no KL penalty; set it to 0 or use self_hosted_grpo")
+    if problems:
+        trainer.close()
+        raise ConfigError(problems)
+    return trainer
+
+
+def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[DirectZmqTransport, LocalWorkerGroup | None]:
+    if options.workers_url is None:
+        group = LocalWorkerGroup(
+            options.world_size,
+            setup.work_dir / WORKERS_LOG,
+            identifier=options.identifier,
+            heartbeat_s=options.heartbeat_s,
+            dead_after_s=options.dead_after_s,
+            connect_timeout_s=options.connect_timeout_s,
+            op_timeout_s=options.op_timeout_s,
+        )
+        return group.transport, group
+    transport = DirectZmqTransport(
+        DirectZmqOptions(
+            api_server_url=options.workers_url,
+            identifier=options.identifier,
+            world_size=options.world_size,
+            connect_timeout_s=options.connect_timeout_s,
+            op_timeout_s=options.op_timeout_s,
+        )
+    )
+    try:
+        transport.initialize_worker()
+    except BaseException:
+        transport.close()
+        raise
+    return transport, None
+
+
+def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
+    """Open the ``self-hosted`` backend for one run.
+
+    :raises ConfigError: naming the recipe key of anything the workers cannot honour,
+        before any process starts.
+    """
+    options: SelfHostedBackendConfig = setup.options
+    trainer = _check(setup, options)
+    recipe = setup.recipe
+    setup.work_dir.mkdir(parents=True, exist_ok=True)
+    transport, group = _connect(setup, options)
+    chat: EngineChat | None = None
+    try:
+        engine_config = EngineConfig(
+            model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=options.sampler.device
+        )
+        info = transport.init_model(engine_config.model, dtype=engine_config.dtype, seed=recipe.seed)
+        trainer.bind(transport, world_size=options.world_size, pad_token_id=int(info["pad_token_id"]))
+        sampler = Engine(engine_config)
+        chat = EngineChat(sampler, options.sampler, name="nexrl-self-hosted-sampler")
+        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group)
+        backend.publish()
+        return backend
+    except BaseException:
+        if chat is not None:
+            chat.close()
+        trainer.close()
+        if group is not None:
+            group.stop()
+        else:
+            transport.close()
+        raise

@@ -1,0 +1,49 @@
+"""Options of the ``self-hosted`` backend; light to import (no torch)."""
+
+from __future__ import annotations
+
+import attrs
+
+from nexrl_core.config.checks import non_empty, optional_non_empty, positive
+from nexrl_core.self_hosted import UpdateSettings
+from nexrl_fsdp.inprocess.config import BatchedSamplingOptions, positive_int
+
+__all__ = ["SamplerOptions", "SelfHostedBackendConfig"]
+
+
+@attrs.frozen(kw_only=True)
+class SamplerOptions(BatchedSamplingOptions):
+    """The in-process sampling engine rollouts sample from."""
+
+    device: str = attrs.field(default="cpu", validator=non_empty)
+    """torch device of the sampler: ``cpu``, ``cuda``, ``cuda:1``, ..."""
+
+
+@attrs.frozen(kw_only=True)
+class SelfHostedBackendConfig:
+    """``backend.options`` of the ``self-hosted`` backend."""
+
+    world_size: int = attrs.field(default=2, validator=positive_int)
+    """Worker ranks. With ``workers_url`` null the run starts ``torchrun
+    --nproc_per_node=world_size`` on this machine (gloo on CPU, NCCL on GPUs)."""
+    workers_url: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """URL of a workers API server (``nexrl serve workers``) whose ``world_size`` ranks
+    were started elsewhere (several machines, Kubernetes); null starts both here."""
+    identifier: str = attrs.field(default="actor", validator=non_empty)
+    """The worker group's name on the API server (``--identifier`` of the workers)."""
+    trainer: str = attrs.field(default="self_hosted_grpo", validator=non_empty)
+    """Registered trainer with capability ``transport``."""
+    update: UpdateSettings = attrs.field(factory=UpdateSettings)
+    """PPO epochs, mini-batches and micro-batch rows of each update on the workers."""
+    recompute_old_logprobs: bool | None = None
+    """Recompute the behaviour logprobs on the workers before each update; null keeps
+    the trainer's default (``self_hosted_grpo``: true)."""
+    sampler: SamplerOptions = attrs.field(factory=SamplerOptions)
+    connect_timeout_s: float = attrs.field(default=180.0, validator=positive)
+    """How long to wait for every rank to report itself."""
+    op_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    """How long one op on the workers may take."""
+    heartbeat_s: float = attrs.field(default=5.0, validator=positive)
+    """How often each local rank beats (``workers_url`` null)."""
+    dead_after_s: float = attrs.field(default=15.0, validator=positive)
+    """A local group whose ranks stop beating this long is dead, and the run stops."""
