@@ -125,6 +125,10 @@ class SelfHostedBackend:
         self.trainer.load_checkpoint(Path(path))
         self.publish()
 
+    def export_model(self, directory: Path) -> Path:
+        """The sampler's weights (the workers' policy as of the last sync) as an HF directory."""
+        return self.chat.compute.call(lambda: self.chat.sampler.export_hf(directory))
+
     def close(self) -> None:
         """Let a running save finish, then stop the sampler, the workers and the API server."""
         if self._closed:
