@@ -59,7 +59,7 @@ def kill_after_checkpoint(out_dir: Path, backend: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["remote_api", "inprocess"])
+@pytest.mark.parametrize("backend", ["remote_api", "inprocess", "self-hosted"])
 def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, backend: str) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     subprocess.run(command(straight, backend), check=True, capture_output=True, timeout=600)

@@ -116,10 +116,14 @@ class SelfHostedBackend:
         return f"self-hosted://{self.transport.options.identifier}/weights/{self._version:06d}"
 
     def save_checkpoint(self, name: str) -> str:
-        """Start a background save of the workers and the trainer's state; returns its directory."""
+        """Save the workers and the trainer's state; returns its directory once the save is
+        complete, because the loop records it in the run state next and ``--resume`` after
+        a crash must find a checkpoint that loads."""
         if not name or name in (".", "..") or "/" in name or "\\" in name:
             raise ValueError(f"a checkpoint name must be a plain file name, got {name!r}")
-        return str(self.trainer.save_checkpoint(self.work_dir / CHECKPOINT_DIR / name))
+        directory = self.trainer.save_checkpoint(self.work_dir / CHECKPOINT_DIR / name)
+        self.trainer.wait_for_checkpoint()
+        return str(directory)
 
     def load_checkpoint(self, path: str) -> None:
         self.trainer.load_checkpoint(Path(path))
