@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from nexrl_core.chat_holder import TemplateChat
@@ -26,6 +27,7 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.config.lora import DEFAULT_ALPHA
 from nexrl_core.holders import TrainStepConfig
+from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_weaver.holder_config import WeaverHolderConfig
 
@@ -42,6 +44,9 @@ HOSTED_AGGREGATION = "token-sum"
 """Hosted Weaver follows the Tinker design: a loss is a sum over tokens."""
 NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
 """Answered by NexRL's local service only: it computes every registered loss with all its options."""
+EXPORT_TTL_S = 3600
+"""How long the service keeps an export: the holder downloads it at once, and the Weaver
+API has no call to delete one."""
 API_KEY_ENV = "WEAVER_API_KEY"
 BASE_URL_ENV = "WEAVER_BASE_URL"
 
@@ -64,6 +69,9 @@ class WeaverServiceHolder:
         self._tokenizer: Any = None
         self._saves = 0
         self._nexrl_service: bool | None = None
+        self._samples_trained_weights = sampling_path is None
+        """Whether sampling uses the training model's current weights, which is what an
+        export of the current weights writes."""
         self._chat = TemplateChat(self.tokenizer)
         self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
 
@@ -166,10 +174,13 @@ class WeaverServiceHolder:
 
     def _wait(self, what: str, submit: Callable[[], Any]) -> Any:
         """Submit an operation (``wait=False``) and wait for its response, at most
-        ``operation_timeout_s``; transient failures of the submission are retried."""
+        ``operation_timeout_s``; transient failures of the submission are retried. A
+        submission that answers with its finished result (no operation handle) returns it."""
 
         def run() -> Any:
             handle = submit()
+            if not hasattr(handle, "done"):
+                return handle
             deadline = time.monotonic() + self.config.operation_timeout_s
             delay = 0.002
             while not handle.done():
@@ -250,6 +261,8 @@ class WeaverServiceHolder:
         loss_fn_config = dict(config.loss_fn_config) if self.is_nexrl_service() else _hosted_loss_config(config)
         adam = AdamParams(**config.optimizer.to_json())
         training = self._training_client()
+        with self._lock:
+            self._samples_trained_weights = False
         backward = self._wait(
             "run forward_backward",
             lambda: training.forward_backward(data, config.loss_fn, loss_fn_config=loss_fn_config or None, wait=False),
@@ -324,6 +337,7 @@ class WeaverServiceHolder:
 
     def update_sampling_weights(self, weight_path: str | None = None) -> str:
         with self._lock:
+            trains_here = weight_path is None
             if weight_path is None:
                 name = f"sampler_{self._saves:06d}"
                 self._saves += 1
@@ -332,6 +346,7 @@ class WeaverServiceHolder:
                 weight_path = str((response or {}).get("model_path") or (response or {}).get("path") or "")
                 if not weight_path:
                     raise RuntimeError(f"the Weaver service saved sampler weights but named no path: {response!r:.300}")
+            self._samples_trained_weights = trains_here
             path = weight_path
             model_id = self._training.model_id if self._training is not None else None
             self._sampling = self._retry(
@@ -355,7 +370,52 @@ class WeaverServiceHolder:
 
     def load_checkpoint(self, path: str) -> None:
         training = self._training_client()
+        with self._lock:
+            self._samples_trained_weights = False
         self._wait("load a checkpoint", lambda: training.load_state_with_optimizer(path, wait=False))
+
+    def export_model(self, directory: Path) -> Path:
+        """Download the weights sampling uses through Weaver's own API: the training
+        client exports its current weights (``export_weights``, LoRA merged into the base
+        with ``merge_adapter``, which the local service writes with the adapter beside it
+        under ``adapter/``) and the service client fetches every file of the artifact
+        over its presigned URLs (``download_weights``, which checks each file's sha256).
+        A tokenizer the service leaves out comes from this holder's tokenizer.
+
+        :raises ModelExportError: when sampling does not use the training weights (a
+            step since the last `update_sampling_weights`), or the download is not a
+            full HF model.
+        """
+        from weaver.types import WeightsArtifact
+
+        directory = Path(directory)
+        merge = self.config.model.lora.is_lora
+        with self._lock:
+            if not self._samples_trained_weights:
+                raise ModelExportError(
+                    "sampling does not use the training weights (they changed since the last update_sampling_weights, "
+                    "or sampling was pointed at other weights); call update_sampling_weights() first"
+                )
+            training = self._training_client()
+            answer = self._wait(
+                "export the weights",
+                lambda: training.export_weights(merge_adapter=merge, ttl_seconds=EXPORT_TTL_S, wait=False),
+            )
+        artifact = answer if isinstance(answer, WeightsArtifact) else WeightsArtifact.from_payload(answer or {})
+        if artifact.kind != "hf_model" or artifact.status not in (None, "completed"):
+            raise ModelExportError(
+                f"the Weaver service exported a {artifact.kind!r} artifact with status {artifact.status!r} "
+                f"(error: {artifact.error}); a model export needs a completed 'hf_model'"
+            )
+        service = self._service_client()
+        self._retry("download the exported weights", lambda: service.download_weights(artifact, directory))
+        if not (directory / HF_CONFIG_FILE).is_file():
+            raise ModelExportError(
+                f"the Weaver service's artifact {artifact.id} has no {HF_CONFIG_FILE}, so it is not a full Hugging Face model"
+            )
+        if not (directory / "tokenizer_config.json").is_file():
+            self.tokenizer().save_pretrained(str(directory))
+        return directory
 
     def close(self) -> None:
         with self._lock:

@@ -12,8 +12,10 @@ from nexrl_weaver.testing import TEST_API_KEY
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.holders import TrainStepConfig
+from nexrl_core.model_export import ModelExportError
 from nexrl_core.testing import ServiceHolderContract
 from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract
+from nexrl_core.types import RemoteDatum
 from nexrl_grpo.option_cases import LOSS_OPTION_CASES
 
 TINY = ModelConfig(name="nexrl-tiny")
@@ -112,3 +114,23 @@ def test_local_service_honours_every_loss_option(keyed_base_url: str) -> None:
     holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
     step = TrainStepConfig(loss_fn="ppo", loss_fn_config={"clip_low": 0.1, "agg_mode": "token-mean", "entropy_coeff": 0.01})
     assert holder.is_nexrl_service() and holder.refused_options(step) == {}
+
+
+def test_export_is_refused_while_sampling_lags_the_training_weights(keyed_base_url: str, tmp_path) -> None:
+    """A step after the last update_sampling_weights: exporting the current weights would
+    not be what sampling uses, so the holder refuses until sampling catches up."""
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
+    try:
+        holder.update_sampling_weights()
+        tokens = [1, 5, 9, 14, 20]
+        datum = RemoteDatum(
+            input_tokens=tokens[:-1], target_tokens=tokens[1:], sampling_logprobs=[0.0] * 4, advantages=[0.0] * 4, loss_mask=[1.0] * 4
+        )
+        holder.train([datum], TrainStepConfig(loss_fn="cross_entropy"))
+        with pytest.raises(ModelExportError, match="call update_sampling_weights"):
+            holder.export_model(tmp_path / "stale")
+        assert not (tmp_path / "stale").exists()
+        holder.update_sampling_weights()
+        assert (holder.export_model(tmp_path / "fresh") / "config.json").is_file()
+    finally:
+        holder.close()

@@ -6,7 +6,8 @@ uvicorn service). Modules, one job each: `ids` (ids and ``weaver://`` paths),
 `errors` (Weaver's JSON error bodies), `tensors` (JSON tensors, the ``http-binary``
 multipart packs and result packs), `operations` (the operation envelope and how a
 finished operation is stored), `training`, `sampling` and `sessions` (the SDK's
-bodies in, runtime operations, the SDK's shapes out), `app` (routes) and `service`
+bodies in, runtime operations, the SDK's shapes out), `artifacts` (HF exports and their
+signed downloads), `app` (routes) and `service`
 (the `WeaverService` that names the protocol). Requires the ``server`` extra.
 """
 

@@ -24,9 +24,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexrl_fsdp.runtime.auth import Authenticator
+from nexrl_fsdp.runtime.downloads import add_download_route
 from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
 from nexrl_fsdp.runtime.state import ServiceState
 from nexrl_weaver.server import operations
+from nexrl_weaver.server.artifacts import CHECKPOINT_EXPORT_REFUSAL, WeaverArtifacts
 from nexrl_weaver.server.sampling import WeaverSampling
 from nexrl_weaver.server.sessions import WeaverSessions
 from nexrl_weaver.server.tensors import TensorPack, parse_multipart
@@ -61,6 +63,7 @@ def create_app(state: ServiceState) -> FastAPI:
     sessions = WeaverSessions(state)
     training = WeaverTraining(state)
     sampling = WeaverSampling(state, training.ops)
+    artifacts = WeaverArtifacts(state, training)
     settings = state.settings
     book = state.book
 
@@ -215,6 +218,31 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.post("/api/v1/models/{model_id}/load")
     async def load(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.load, who, model_id, await json_body(request))
+
+    # --- HF weights export and download (see `nexrl_weaver.server.artifacts`) -------------------
+
+    @app.post("/api/v1/models/{model_id}/export-hf")
+    async def export_hf(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return await submitted(artifacts.export_current, who, model_id, await json_body(request, optional=True))
+
+    @app.post("/api/v1/checkpoints/{checkpoint_id}/export")
+    def export_checkpoint(checkpoint_id: str, _who: str = Depends(owner)) -> dict[str, Any]:
+        raise BadRequest(CHECKPOINT_EXPORT_REFUSAL)
+
+    @app.get("/api/v1/checkpoints/{checkpoint_id}/artifacts")
+    def checkpoint_artifacts(checkpoint_id: str, _who: str = Depends(owner)) -> dict[str, Any]:
+        raise BadRequest(f"artifacts are not listed by checkpoint here: {CHECKPOINT_EXPORT_REFUSAL} by its id")
+
+    @app.get("/api/v1/artifacts/{artifact_id}")
+    def get_artifact(artifact_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return artifacts.get(who, artifact_id)
+
+    @app.get("/api/v1/artifacts/{artifact_id}/download")
+    def artifact_download(artifact_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
+        return artifacts.descriptor(who, artifact_id, str(request.base_url))
+
+    # Signed downloads of artifact files: no API key, the URL's signature is the credential.
+    add_download_route(app, state.downloads)
 
     # --- sampling -------------------------------------------------------------------------------
 

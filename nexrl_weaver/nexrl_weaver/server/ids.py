@@ -4,9 +4,11 @@
   validates checkpoint ids as UUIDs before putting them in a URL); a checkpoint's id
   is derived from its path, so it needs no table of its own;
 * operation ids are the runtime's request ids (opaque strings to the SDK);
-* checkpoint paths are ``weaver://{model_id}/checkpoints/{name}`` for training state
-  and ``weaver://{model_id}/sampler_weights/{name}`` for sampler exports; the SDK
-  reads the model id back from the first segment.
+* checkpoint paths are ``weaver://{model_id}/checkpoints/{name}`` for training state,
+  ``weaver://{model_id}/sampler_weights/{name}`` for sampler exports and
+  ``weaver://{model_id}/exports/{name}`` for HF exports to download (the SDK knows
+  those by their artifact id, `checkpoint_id` of that path); the SDK reads the model
+  id back from the first segment.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from nexrl_fsdp.runtime.errors import BadRequest
 __all__ = ["WeaverPath", "check_name", "checkpoint_id", "checkpoint_path", "new_id", "parse_weaver_path"]
 
 SCHEME = "weaver://"
-SEGMENTS = {"checkpoints": "training", "sampler_weights": "sampler"}
+SEGMENTS = {"checkpoints": "training", "sampler_weights": "sampler", "exports": "external"}
 """Path segment -> the runtime's checkpoint kind."""
 SEGMENT_OF_KIND = {kind: segment for segment, kind in SEGMENTS.items()}
 _NAME_RE = re.compile(r"^[^/\\\x00-\x1f]{1,200}$")
@@ -52,7 +54,7 @@ class WeaverPath:
     path: str
     model_id: str
     kind: str
-    """``training`` or ``sampler``."""
+    """``training``, ``sampler`` or ``external``."""
     name: str
 
 

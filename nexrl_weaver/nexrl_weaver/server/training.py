@@ -387,8 +387,10 @@ class WeaverTraining:
         return self.ops.submit_after(owner, model, "SaveCheckpoint", prepare)
 
     def list_checkpoints(self, owner: str, model_id: str) -> dict[str, Any]:
+        """Training state and sampler weights; HF exports are artifacts, not checkpoints."""
         model = self.state.own_model(owner, model_id)
-        return {"items": [checkpoint_json(row) for row in self.state.store.checkpoints_of_model(model.model_id)]}
+        rows = self.state.store.checkpoints_of_model(model.model_id)
+        return {"items": [checkpoint_json(row) for row in rows if row.kind != "external"]}
 
     def load(self, owner: str, model_id: str, body: dict[str, Any]) -> str:
         model = self.model(owner, model_id)
