@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -53,8 +54,33 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
         backend.close()
 
 
+def export_service_checkpoint(path: str, recipe: Path | None, overrides: Sequence[str], out: Path) -> Path:
+    """Open the backend a recipe names, load a service's own checkpoint ``path``
+    (``tinker://...``, ``weaver://...``) into it, and write that policy to ``out``
+    through the backend's own download API; returns ``out``.
+
+    :raises ConfigError: for a bad recipe, or a backend that cannot open.
+    :raises ModelExportError: when the backend cannot export.
+    """
+    import tempfile
+
+    from nexrl_core.config import load_config
+    from nexrl_core.config.components import resolve_options
+    from nexrl_core.loop import open_backend
+    from nexrl_core.model_export import export_into
+
+    config = load_config(recipe, list(overrides))
+    with tempfile.TemporaryDirectory(prefix="nexrl-export-") as work:
+        backend = open_backend(config, resolve_options("backends", config.backend, "backend"), Path(work))
+        try:
+            backend.load_checkpoint(path)
+            return export_into(backend, out)
+        finally:
+            backend.close()
+
+
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", metavar="RUN_DIR_OR_PATH")
 @click.option("--step", type=click.IntRange(min=0), default=None, help="Checkpoint to export [default: the last].")
 @click.option(
     "--out",
@@ -62,9 +88,22 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     default=None,
     help="Directory to write (replaced if it exists) [default: RUN_DIR/export_step_<STEP>].",
 )
+@click.option(
+    "--recipe",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="With a service path: the recipe whose backend reaches that service (e.g. recipes/hosted_tinker.yaml).",
+)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="With a service path: recipe overrides.")
 @click.pass_context
-def export(ctx: click.Context, run_dir: Path, step: int | None, out: Path | None) -> None:
+def export(
+    ctx: click.Context, run_dir: str, step: int | None, out: Path | None, recipe: Path | None, overrides: tuple[str, ...]
+) -> None:
     """Write the policy of a checkpoint of the run in RUN_DIR as a Hugging Face directory.
+
+    Instead of a run directory, a service's own checkpoint path (tinker://..., weaver://...)
+    works with --recipe (and --set KEY=VALUE overrides) naming the backend that reaches the
+    service; the backend downloads the weights through the service's own API.
 
     The directory is what `nexrl train` leaves in RUN_DIR/final_model: weights, config,
     tokenizer and chat template (LoRA merged, the adapter also in adapter/), loadable with
@@ -78,9 +117,15 @@ def export(ctx: click.Context, run_dir: Path, step: int | None, out: Path | None
 
     configure_logging()
     try:
-        written = export_checkpoint(run_dir, step, out)
+        if "://" in run_dir:
+            if recipe is None or step is not None:
+                raise click.UsageError("a service checkpoint path needs --recipe (and takes no --step)")
+            written = export_service_checkpoint(run_dir, recipe, overrides, out or Path("export"))
+        else:
+            written = export_checkpoint(Path(run_dir), step, out)
     except ConfigError as error:
-        click.echo(f"the run's recipe {run_dir / 'config.yaml'} does not open a backend here:\n{error}", err=True)
+        source = recipe if "://" in run_dir else Path(run_dir) / "config.yaml"
+        click.echo(f"the recipe {source} does not open a backend here:\n{error}", err=True)
         ctx.exit(USAGE_ERROR_EXIT_CODE)
     except (TrainingError, ModelExportError, RegistryError) as error:
         raise click.ClickException(str(error)) from error

@@ -129,6 +129,12 @@ class HolderBackend:
         return str(path)
 
     def load_checkpoint(self, path: str) -> None:
+        """Continue from a `save_checkpoint` record, or load a service's own checkpoint path
+        (``tinker://...``, ``weaver://...``: weights and optimizer, no trainer state)."""
+        if "://" in path:
+            self.holder.load_checkpoint(path)
+            self.holder.update_sampling_weights()
+            return
         record: dict[str, Any] = json.loads(Path(path).read_text())
         self.holder.load_checkpoint(record["holder"])
         self.holder.update_sampling_weights()
