@@ -44,7 +44,7 @@ def test_the_export_commands_parse(tmp_path: Path, monkeypatch) -> None:  # noqa
     """Every option parses: without the run, each stops at the missing directory (a bad
     option would stop earlier, with status 2)."""
     monkeypatch.chdir(tmp_path)
-    (commands,) = [body for kind, body in BLOCK.findall(section()) if kind == "bash"]
+    commands = [body for kind, body in BLOCK.findall(section()) if kind == "bash"][0]  # the run-directory ones
     for line in commands.strip().splitlines():
         argv = shlex.split(line.split("#")[0])
         assert Path(argv[0]).name == "nexrl" and argv[1] == "export"
