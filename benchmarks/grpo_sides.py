@@ -11,6 +11,7 @@ seed and stop tokens. Those pieces live here, once.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -21,8 +22,79 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+# Offline, no telemetry, and the same OpenMP wait policy in every process of both sides:
+# importing nexrl_fsdp (light, no torch) sets its default in os.environ before anything
+# loads torch, and child processes inherit it. Scripts import this module first.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import nexrl_fsdp  # noqa: E402, F401
+
 STEP_PARTS = ("rollout", "train", "sync")
 """NexRL's step phases, each logged as ``time/<part>_s`` in ``metrics.jsonl``."""
+
+
+POSITIVE_ARGUMENTS = ("steps", "prompts_per_step", "group_size", "max_tokens", "val_size", "eval_samples", "threads")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, prompts: int, group: int, val_size: int) -> None:
+    """The run-shape options both sides share, with a script's own defaults."""
+    parser.add_argument("--steps", type=int, default=steps, help=f"training steps on each side (default {steps})")
+    parser.add_argument("--prompts-per-step", type=int, default=prompts)
+    parser.add_argument("--group-size", type=int, default=group)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--val-size", type=int, default=val_size, help=f"held-out prompts to evaluate (default {val_size})")
+    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt (default 4)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in every process (default 2)")
+    parser.add_argument("--work-dir", help="where runs and models go (default: a new temp dir, removed unless --keep)")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+
+
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in POSITIVE_ARGUMENTS:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def common_argv(args: argparse.Namespace) -> list[str]:
+    """The common options as a child process's arguments."""
+    return [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in (*POSITIVE_ARGUMENTS, "lr", "seed")]
+
+
+def common_overrides(args: argparse.Namespace, out_dir: Path) -> list[str]:
+    """Recipe overrides that give NexRL the run shape TRL gets: steps, one validation
+    before step 1 and after step N, one checkpoint (the final weights), on-policy sampling
+    at T=1, learning rate, seed."""
+    return [
+        f"schedule.steps={args.steps}",
+        f"schedule.validate_every={args.steps}",
+        f"schedule.checkpoint_every={args.steps}",
+        f"task.val_size={args.val_size}",
+        f"rollout.prompts_per_step={args.prompts_per_step}",
+        f"rollout.group_size={args.group_size}",
+        f"rollout.max_tokens={args.max_tokens}",
+        "rollout.temperature=1.0",
+        "rollout.val_temperature=1.0",
+        "rollout.max_staleness=0",
+        f"algorithm.learning_rate={args.lr}",
+        f"seed={args.seed}",
+        f"output.dir={out_dir}",
+    ]
+
+
+def finish_work_dir(args: argparse.Namespace, work: Path) -> None:
+    """Keep the work dir when it was named or ``--keep`` asked for it, else remove it."""
+    import shutil
+
+    if args.work_dir or args.keep:
+        print(f"work dir kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def pin_threads(threads: int) -> None:

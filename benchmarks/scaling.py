@@ -50,30 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-import nexrl_fsdp  # noqa: E402, F401  (sets the shared OpenMP wait policy before torch loads)
-from digits_task import digit_fraction, messages  # noqa: E402
-from grpo_sides import (  # noqa: E402
-    STEP_PARTS,
-    decode_raw,
-    evaluate_policy,
-    fmt,
-    median_after_first,
-    nexrl_final_checkpoint,
-    nexrl_step_metrics,
-    nexrl_training_items,
-    pin_threads,
-    ratio,
-    run_child,
-    seed_everything,
-    train_trl,
-    trl_grpo_config,
-)
+import grpo_sides as shared  # first: sets the offline environment before torch loads
+from digits_task import digit_fraction, messages
+from grpo_sides import STEP_PARTS, fmt, median_after_first, ratio
 
 NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "remote_api": ("nexrl_tinker", ()),
@@ -93,6 +72,8 @@ SIZES: dict[str, dict[str, int] | None] = {
 the shipped config (head dim 64, two key/value heads, the shipped vocabulary, tied
 embeddings)."""
 SHIPPED = "nexrl-tiny"
+INHERITED_CONFIG = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
+"""What built sizes take from the shipped config, so the shipped tokenizer fits them."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 SPEED_TARGET = 0.5
 """NexRL s/step must be at most this multiple of TRL's."""
@@ -122,14 +103,7 @@ def build_model(size: str, work: Path, seed: int) -> tuple[str, int]:
     target = work / f"model_{size}"
     base = Qwen2Config.from_pretrained(shipped)
     config = Qwen2Config(
-        vocab_size=base.vocab_size,
-        bos_token_id=base.bos_token_id,
-        eos_token_id=base.eos_token_id,
-        pad_token_id=base.pad_token_id,
-        tie_word_embeddings=True,
-        num_key_value_heads=2,
-        max_position_embeddings=base.max_position_embeddings,
-        **shape,
+        **{name: getattr(base, name) for name in INHERITED_CONFIG}, tie_word_embeddings=True, num_key_value_heads=2, **shape
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -166,19 +140,7 @@ def nexrl_config(args: argparse.Namespace, side: str, out_dir: Path) -> Any:
         f"task.data_path={train_path}",
         f"task.val_data_path={val_path}",
         "task.agent=digits_task:agent",
-        f"task.val_size={args.val_size}",
-        f"schedule.steps={args.steps}",
-        f"schedule.validate_every={args.steps}",
-        f"schedule.checkpoint_every={args.steps}",
-        f"rollout.prompts_per_step={args.prompts_per_step}",
-        f"rollout.group_size={args.group_size}",
-        f"rollout.max_tokens={args.max_tokens}",
-        "rollout.temperature=1.0",
-        "rollout.val_temperature=1.0",
-        "rollout.max_staleness=0",
-        f"algorithm.learning_rate={args.lr}",
-        f"seed={args.seed}",
-        f"output.dir={out_dir}",
+        *shared.common_overrides(args, out_dir),
     ]
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
         return load_config(recipe, overrides)
@@ -196,18 +158,18 @@ def run_nexrl(args: argparse.Namespace, side: str) -> dict[str, Any]:
     logging.getLogger("nexrl").setLevel(logging.INFO)
     out_dir = Path(args.work_dir) / f"{args.size}_{side}_run"
     config = nexrl_config(args, side, out_dir)
-    seed_everything(args.seed)
+    shared.seed_everything(args.seed)
     started = time.perf_counter()
     summary = run_training(config, overwrite=True, progress_bar=False)
     wall = time.perf_counter() - started
     return {
         "side": side,
         "steps_done": summary.steps,
-        **nexrl_step_metrics(summary.metrics_path),
+        **shared.nexrl_step_metrics(summary.metrics_path),
         "wall_s": wall,
         # The exported final model; where the backend cannot export one, its step-N checkpoint.
         "model_dir": str(summary.final_model) if summary.final_model else args.model_dir,
-        "checkpoint": None if summary.final_model else nexrl_final_checkpoint(out_dir, args.steps),
+        "checkpoint": None if summary.final_model else shared.nexrl_final_checkpoint(out_dir, args.steps),
         "final_model_error": summary.final_model_error,
     }
 
@@ -227,14 +189,14 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     config = nexrl_config(args, "remote_api", work / "unused")
-    items = nexrl_training_items(config, args.steps * args.prompts_per_step)
+    items = shared.nexrl_training_items(config, args.steps * args.prompts_per_step)
     dataset = Dataset.from_list([{"prompt": messages(item)} for item in items])
 
     def digits(prompts: list, completions: list, completion_ids: list, **_: Any) -> list[float]:
-        return [digit_fraction(decode_raw(tokenizer, ids)) for ids in completion_ids]
+        return [digit_fraction(shared.decode_raw(tokenizer, ids)) for ids in completion_ids]
 
-    grpo = trl_grpo_config(args, config.algorithm, work / f"{args.size}_trl_out")
-    return train_trl(model, tokenizer, dataset, digits, grpo, work / f"{args.size}_trl_final_model")
+    grpo = shared.trl_grpo_config(args, config.algorithm, work / f"{args.size}_trl_out")
+    return shared.train_trl(model, tokenizer, dataset, digits, grpo, work / f"{args.size}_trl_final_model")
 
 
 # --- evaluation and the table ---------------------------------------------------------------------
@@ -246,7 +208,7 @@ def evaluate(
     from nexrl_fsdp.tiny.addition import heldout_problems
 
     conversations = [problem.messages() for problem in heldout_problems(args.val_size)]
-    return evaluate_policy(
+    return shared.evaluate_policy(
         weights_dir,
         checkpoint,
         conversations,
@@ -323,20 +285,7 @@ def report(args: argparse.Namespace, table: list[str], verdicts: list[str], star
 
 
 def worker_argv(args: argparse.Namespace, size: str, model_dir: str) -> list[str]:
-    return [
-        f"--steps={args.steps}",
-        f"--prompts-per-step={args.prompts_per_step}",
-        f"--group-size={args.group_size}",
-        f"--max-tokens={args.max_tokens}",
-        f"--lr={args.lr}",
-        f"--val-size={args.val_size}",
-        f"--eval-samples={args.eval_samples}",
-        f"--seed={args.seed}",
-        f"--threads={args.threads}",
-        f"--dtype={args.dtype}",
-        f"--size={size}",
-        f"--model-dir={model_dir}",
-    ]
+    return [*shared.common_argv(args), f"--dtype={args.dtype}", f"--size={size}", f"--model-dir={model_dir}"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -344,32 +293,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES))
-    parser.add_argument("--steps", type=int, default=6, help="training steps on each side (default 6)")
-    parser.add_argument("--prompts-per-step", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--val-size", type=int, default=64, help="held-out prompts to evaluate (default 64)")
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt (default 4)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads in every process (default 2)")
+    shared.add_common_arguments(parser, steps=6, prompts=8, group=4, val_size=64)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--only", nargs="+", choices=(*NEXRL_SIDES, TRL), help="run only these sides")
-    parser.add_argument("--work-dir", help="where models and runs go (default: a new temp dir, removed unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--worker", choices=(*NEXRL_SIDES, TRL), help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=tuple(SIZES), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("steps", "prompts_per_step", "group_size", "max_tokens", "val_size", "eval_samples", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    shared.check_positive(parser, args)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pin_threads(args.threads)
+    shared.pin_threads(args.threads)
     if args.worker:
         result = run_trl(args) if args.worker == TRL else run_nexrl(args, args.worker)
         Path(args.work_dir, f"{args.size}_{args.worker}_result.json").write_text(json.dumps(result, indent=2))
@@ -393,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir, params = build_model(size, work, args.seed)
         print(f"== {size}: {params:,} parameters ({model_dir})", flush=True)
         argv_ = worker_argv(args, size, model_dir)
-        results = {side: run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}") for side in sides}
+        results = {side: shared.run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}") for side in sides}
         print(f"[{size}] evaluating every final model with the same sampler ...", flush=True)
         starts[size] = evaluate(model_dir, None, args)
         stop = starts[size][3]
@@ -409,10 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             if "step_seconds" in result:
                 print(f"[{size}] {side} every step's s: " + " ".join(f"{s:.2f}" for s in result["step_seconds"]))
     report(args, table, verdicts, starts)
-    if args.work_dir or args.keep:
-        print(f"work dir kept: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    shared.finish_work_dir(args, work)
     return 0
 
 

@@ -56,20 +56,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The same OpenMP wait policy in every process of both sides: importing nexrl_fsdp (light,
-# no torch) sets its default in os.environ before anything loads torch, and child
-# processes inherit it.
-import nexrl_fsdp  # noqa: E402, F401
-from grpo_sides import (  # noqa: E402
+from grpo_sides import (  # first: sets the offline environment before torch loads
     decode_raw,
     evaluate_policy,
     fmt,
+    add_common_arguments,
+    check_positive,
+    common_argv,
+    common_overrides,
+    finish_work_dir,
     median_after_first,
     nexrl_final_checkpoint,
     nexrl_step_metrics,
@@ -102,22 +97,7 @@ def quickstart_config(args: argparse.Namespace, out_dir: Path, backend: str = "r
 
     from nexrl_core.config import load_config
 
-    overrides = [
-        f"model.name={MODEL_NAME}",
-        f"schedule.steps={args.steps}",
-        f"schedule.validate_every={args.steps}",  # validate before step 1 and after step N only
-        f"schedule.checkpoint_every={args.steps}",  # one checkpoint: the final weights
-        f"task.val_size={args.val_size}",
-        f"rollout.prompts_per_step={args.prompts_per_step}",
-        f"rollout.group_size={args.group_size}",
-        f"rollout.max_tokens={args.max_tokens}",
-        "rollout.temperature=1.0",
-        "rollout.val_temperature=1.0",
-        "rollout.max_staleness=0",
-        f"algorithm.learning_rate={args.lr}",
-        f"seed={args.seed}",
-        f"output.dir={out_dir}",
-    ]
+    overrides = [f"model.name={MODEL_NAME}", *common_overrides(args, out_dir)]
     if backend != "remote_api":
         overrides += [f"backend.name={backend}", "backend.options={}"]
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
@@ -217,23 +197,9 @@ def evaluate(
 # --- orchestration -------------------------------------------------------------------------------
 
 
-def shared_argv(args: argparse.Namespace) -> list[str]:
-    return [
-        f"--steps={args.steps}",
-        f"--prompts-per-step={args.prompts_per_step}",
-        f"--group-size={args.group_size}",
-        f"--max-tokens={args.max_tokens}",
-        f"--lr={args.lr}",
-        f"--val-size={args.val_size}",
-        f"--eval-samples={args.eval_samples}",
-        f"--seed={args.seed}",
-        f"--threads={args.threads}",
-    ]
-
-
 def run_side(side: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Train one side in a child process; its output goes to ``<work>/<side>.log``."""
-    return run_child(Path(__file__), side, shared_argv(args), work)
+    return run_child(Path(__file__), side, common_argv(args), work)
 
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: dict[str, Any]) -> None:
@@ -364,23 +330,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=10, help="training steps on each side (default 10)")
-    parser.add_argument("--prompts-per-step", type=int, default=16)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--val-size", type=int, default=200, help="held-out problems to evaluate (default 200)")
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem (default 4)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads in every process (default 2)")
+    add_common_arguments(parser, steps=10, prompts=16, group=8, val_size=200)
     parser.add_argument("--only", choices=SIDES, nargs="+", help="run only these sides")
-    parser.add_argument("--work-dir", help="where runs and models go (default: a new temp dir, removed unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("steps", "prompts_per_step", "group_size", "max_tokens", "val_size", "eval_samples", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    check_positive(parser, args)
     return args
 
 
@@ -416,10 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         evals[side] = evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
     report(args, results, evals)
-    if args.work_dir or args.keep:
-        print(f"work dir kept: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    finish_work_dir(args, work)
     return 0
 
 
