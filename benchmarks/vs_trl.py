@@ -50,24 +50,32 @@ import json
 import os
 import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The same OpenMP wait policy in every process of both sides: importing nexrl_fsdp (light,
-# no torch) sets its default in os.environ before anything loads torch, and child
-# processes inherit it.
-import nexrl_fsdp  # noqa: E402, F401
+from grpo_sides import (  # first: sets the offline environment before torch loads
+    decode_raw,
+    evaluate_policy,
+    fmt,
+    add_common_arguments,
+    check_positive,
+    common_argv,
+    common_overrides,
+    finish_work_dir,
+    median_after_first,
+    nexrl_final_checkpoint,
+    nexrl_step_metrics,
+    nexrl_training_items,
+    pin_threads,
+    ratio,
+    run_child,
+    seed_everything,
+    train_trl,
+    trl_grpo_config,
+)
 
 MODEL_NAME = "nexrl-tiny"
 NEXRL_SIDES = ("remote_api", "inprocess", "self-hosted")
@@ -77,35 +85,6 @@ checkpoint, so the report gives its s/step and in-loop reward but no final evalu
 SIDES = (*NEXRL_SIDES, "trl")
 SPEED_TARGET = 1.0
 """NexRL s/step must be at most this multiple of TRL's."""
-
-
-# --- shared helpers ----------------------------------------------------------------------------
-
-
-def pin_threads(threads: int) -> None:
-    """Same thread count for torch in every process (set before torch does real work)."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = str(threads)
-    import torch
-
-    torch.set_num_threads(threads)
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def median_after_first(values: list[float]) -> float | None:
-    """Median of every step but the first (all of them if there is only one)."""
-    tail = values[1:] if len(values) > 1 else values
-    return statistics.median(tail) if tail else None
 
 
 def model_dir() -> Path:
@@ -120,22 +99,7 @@ def quickstart_config(args: argparse.Namespace, out_dir: Path, backend: str = "r
 
     from nexrl_core.config import load_config
 
-    overrides = [
-        f"model.name={MODEL_NAME}",
-        f"schedule.steps={args.steps}",
-        f"schedule.validate_every={args.steps}",  # validate before step 1 and after step N only
-        f"schedule.checkpoint_every={args.steps}",  # one checkpoint: the final weights
-        f"task.val_size={args.val_size}",
-        f"rollout.prompts_per_step={args.prompts_per_step}",
-        f"rollout.group_size={args.group_size}",
-        f"rollout.max_tokens={args.max_tokens}",
-        "rollout.temperature=1.0",
-        "rollout.val_temperature=1.0",
-        "rollout.max_staleness=0",
-        f"algorithm.learning_rate={args.lr}",
-        f"seed={args.seed}",
-        f"output.dir={out_dir}",
-    ]
+    overrides = [f"model.name={MODEL_NAME}", *common_overrides(args, out_dir)]
     if backend != "remote_api":
         overrides += [f"backend.name={backend}", "backend.options={}"]
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
@@ -143,14 +107,10 @@ def quickstart_config(args: argparse.Namespace, out_dir: Path, backend: str = "r
 
 
 def training_items(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The training items NexRL's data loader feeds steps 1..N, in its order, so TRL sees
-    the same prompts in the same steps."""
-    from nexrl_core.data import resolve_task
-
+    """The training items NexRL's data loader feeds steps 1..N, in its order."""
     config = quickstart_config(args, Path(tempfile.gettempdir()) / "nexrl_vs_trl_unused")
-    task = resolve_task(config.task, config.seed, None)
-    taken = task.train.take(0, args.steps * args.prompts_per_step)
-    return [{"a": int(item["a"]), "b": int(item["b"])} for item, _task_id in taken]
+    taken = nexrl_training_items(config, args.steps * args.prompts_per_step)
+    return [{"a": int(item["a"]), "b": int(item["b"])} for item in taken]
 
 
 # --- (a) NexRL -----------------------------------------------------------------------------------
@@ -158,8 +118,6 @@ def training_items(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, Any]:
     import logging
-
-    from nexrl_fsdp.checkpoint import MANIFEST_NAME
 
     from nexrl_core.loop import run_training
 
@@ -172,32 +130,12 @@ def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, A
     summary = run_training(config, overwrite=True, progress_bar=False)
     wall = time.perf_counter() - started
 
-    rows = [json.loads(line) for line in summary.metrics_path.read_text().splitlines() if line.strip()]
-    steps = sorted((row for row in rows if row.get("step", 0) >= 1 and "time/step_s" in row), key=lambda r: r["step"])
-    step_seconds = [float(row["time/step_s"]) for row in steps]
-    parts = {
-        key: median_after_first([float(row[f"time/{key}_s"]) for row in steps if f"time/{key}_s" in row])
-        for key in ("rollout", "train", "sync")
-    }
-    val = {int(row["step"]): float(row["val/reward/mean"]) for row in rows if "val/reward/mean" in row}
-
-    # The final weights: the engine checkpoint (nexrl-fsdp format) the backend (or its
-    # embedded service) wrote for step N, in a directory whose name starts with its name.
-    wanted = f"step_{args.steps:06d}"
-    manifests = [
-        path
-        for path in (out_dir / "backend").rglob(MANIFEST_NAME)
-        if path.parent.name.startswith(wanted) and not path.parent.name[len(wanted) : len(wanted) + 1].isdigit()
-    ]
-    checkpoint = str(max(manifests, key=lambda p: p.stat().st_mtime).parent) if manifests else None
+    checkpoint = nexrl_final_checkpoint(out_dir, args.steps)
     return {
         "side": backend,
         "steps_done": summary.steps,
-        "step_seconds": step_seconds,
-        "step_parts": parts,
+        **nexrl_step_metrics(summary.metrics_path),
         "wall_s": wall,
-        "train_reward": [float(row["reward/mean"]) for row in steps if "reward/mean" in row],
-        "inloop_val": val,
         "model_dir": MODEL_NAME,  # the checkpoint names its base model by the shipped name
         "checkpoint": checkpoint,
         "metrics_path": str(summary.metrics_path),
@@ -209,11 +147,9 @@ def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, A
 
 def run_trl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
-    import trl
     from datasets import Dataset
     from nexrl_fsdp.tiny.addition import AdditionProblem
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     recipe = quickstart_config(args, work / "unused").algorithm
     source = work / "trl_start_model"
@@ -229,89 +165,12 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
 
     def exact_match(prompts: list, completions: list, completion_ids: list, a: list, b: list, **_: Any) -> list[float]:
-        # Decode the sampled ids raw (like NexRL's sampler text) and score them with the task's reward.
-        texts = [
-            tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            for ids in completion_ids
-        ]
+        # Score the raw sampled text (as NexRL's sampler shows it) with the task's reward.
+        texts = [decode_raw(tokenizer, ids) for ids in completion_ids]
         return [AdditionProblem(int(x), int(y)).reward(text) for x, y, text in zip(a, b, texts)]
 
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.seconds: list[float] = []
-            self.rewards: list[float] = []
-            self._started = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._started = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.seconds.append(time.perf_counter() - self._started)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "reward" in logs:
-                self.rewards.append(float(logs["reward"]))
-
-    batch = args.prompts_per_step * args.group_size
-    config = GRPOConfig(
-        output_dir=str(work / "trl_out"),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,  # GRPOConfig defaults to True; NexRL does not recompute
-        per_device_train_batch_size=batch,  # completions per step = prompts x group
-        gradient_accumulation_steps=1,
-        generation_batch_size=batch,  # one generation batch per optimizer step: on-policy
-        num_generations=args.group_size,
-        num_iterations=1,
-        max_completion_length=args.max_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",  # NexRL's recipe keeps the rate constant
-        warmup_steps=0,
-        adam_beta1=recipe.beta1,
-        adam_beta2=recipe.beta2,
-        adam_epsilon=recipe.eps,
-        weight_decay=recipe.weight_decay,
-        max_grad_norm=recipe.grad_clip_norm,
-        shuffle_dataset=False,  # NexRL's order, already shuffled by its data loader
-        max_steps=args.steps,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=args.seed,
-        dataloader_num_workers=0,
-    )
-    timer = StepTimer()
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[exact_match],
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[timer],
-    )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-    final = work / "trl_final_model"
-    trainer.save_model(str(final))
-    tokenizer.save_pretrained(final)
-    return {
-        "side": "trl",
-        "trl_version": trl.__version__,
-        "loss_type": config.loss_type,
-        "scale_rewards": str(config.scale_rewards),
-        "steps_done": int(trainer.state.global_step),
-        "step_seconds": timer.seconds,
-        "wall_s": wall,
-        "train_reward": timer.rewards,
-        "model_dir": str(final),
-        "checkpoint": None,
-    }
+    config = trl_grpo_config(args, recipe, work / "trl_out")
+    return train_trl(model, tokenizer, dataset, exact_match, config, work / "trl_final_model")
 
 
 # --- evaluation (one function for every model) ---------------------------------------------------
@@ -324,78 +183,25 @@ def evaluate(
     temperature 1 with a fixed seed; returns (mean, standard error, samples, stop ids)."""
     from nexrl_fsdp.tiny.addition import heldout_problems
 
-    from nexrl_core.chat import render_chat
-    from nexrl_fsdp import Engine, SamplingParams
-
-    engine = Engine(model=weights_dir, seed=args.seed)
-    if checkpoint is not None:
-        engine.load_state(checkpoint, load_optimizer=False)
-    stop = stop if stop is not None else engine.eos_token_ids
     problems = heldout_problems(args.val_size)
-    prompts = [render_chat(engine.tokenizer, p.messages(), tokenize=True) for p in problems]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=list(stop), seed=args.seed)
-    results = engine.sample(prompts, params, num_samples=args.eval_samples)
-    decode = engine.tokenizer.decode
-    rewards = [
-        problem.reward(decode(sequence.tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-        for problem, result in zip(problems, results)
-        for sequence in result.sequences
-    ]
-    mean = statistics.fmean(rewards)
-    stderr = (statistics.pvariance(rewards) / len(rewards)) ** 0.5 if len(rewards) > 1 else 0.0
-    return mean, stderr, len(rewards), tuple(stop)
+    return evaluate_policy(
+        weights_dir,
+        checkpoint,
+        [problem.messages() for problem in problems],
+        lambda index, text: problems[index].reward(text),
+        max_tokens=args.max_tokens,
+        samples=args.eval_samples,
+        seed=args.seed,
+        stop=stop,
+    )
 
 
 # --- orchestration -------------------------------------------------------------------------------
 
 
-def shared_argv(args: argparse.Namespace) -> list[str]:
-    return [
-        f"--steps={args.steps}",
-        f"--prompts-per-step={args.prompts_per_step}",
-        f"--group-size={args.group_size}",
-        f"--max-tokens={args.max_tokens}",
-        f"--lr={args.lr}",
-        f"--val-size={args.val_size}",
-        f"--eval-samples={args.eval_samples}",
-        f"--seed={args.seed}",
-        f"--threads={args.threads}",
-    ]
-
-
 def run_side(side: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Train one side in a child process; its output goes to ``<work>/<side>.log``."""
-    result_path = work / f"{side}_result.json"
-    log_path = work / f"{side}.log"
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        *shared_argv(args),
-        f"--worker={side}",
-        f"--work-dir={work}",
-    ]
-    print(f"[{side}] training in a child process (log: {log_path}) ...", flush=True)
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        process = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    elapsed = time.perf_counter() - started
-    if process.returncode != 0 or not result_path.exists():
-        tail = log_path.read_text(errors="replace").splitlines()[-25:]
-        print(f"[{side}] FAILED (exit {process.returncode}) after {elapsed:.1f} s; last lines of {log_path}:")
-        print("\n".join("    " + line for line in tail), flush=True)
-        return {"side": side, "error": f"exit {process.returncode}", "process_s": elapsed}
-    result = json.loads(result_path.read_text())
-    result["process_s"] = elapsed
-    print(f"[{side}] done in {elapsed:.1f} s (process total, including start-up)", flush=True)
-    return result
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
+    return run_child(Path(__file__), side, common_argv(args), work)
 
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: dict[str, Any]) -> None:
@@ -526,23 +332,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=10, help="training steps on each side (default 10)")
-    parser.add_argument("--prompts-per-step", type=int, default=16)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--val-size", type=int, default=200, help="held-out problems to evaluate (default 200)")
-    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem (default 4)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads in every process (default 2)")
+    add_common_arguments(parser, steps=10, prompts=16, group=8, val_size=200)
     parser.add_argument("--only", choices=SIDES, nargs="+", help="run only these sides")
-    parser.add_argument("--work-dir", help="where runs and models go (default: a new temp dir, removed unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("steps", "prompts_per_step", "group_size", "max_tokens", "val_size", "eval_samples", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    check_positive(parser, args)
     return args
 
 
@@ -578,10 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         evals[side] = evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
     report(args, results, evals)
-    if args.work_dir or args.keep:
-        print(f"work dir kept: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    finish_work_dir(args, work)
     return 0
 
 

@@ -1,0 +1,354 @@
+"""NexRL on each installed local backend against TRL's ``GRPOTrainer`` at three model sizes.
+
+One invocation trains, side by side, at every size in ``--sizes``:
+
+* ``tiny``: the shipped ``nexrl-tiny`` (2.6M parameters counting its tied embedding once,
+  pretrained on addition);
+* ``10m`` and ``50m``: Qwen2-shaped models of about 10M and 50M parameters built from
+  ``transformers.Qwen2Config`` with the shipped tokenizer and chat template, randomly
+  initialised with ``--seed`` and saved as HF directories in the work dir (NexRL's
+  ``model.name`` takes the directory, TRL loads it);
+
+and, per size, every side in `NEXRL_SIDES` whose plugin is installed plus TRL, each in its
+own child process. NexRL runs the built-in quickstart recipe with the user's-own-task
+keys: ``task.data_path`` (the addition prompts as JSONL in the work dir) and
+``task.agent: digits_task:agent``, whose reward is the fraction of the reply that is
+digits (see `digits_task` for why that reward: a random model can improve it). TRL gets
+the same prompts in NexRL's order, the same reward, seed, group size, max new tokens,
+learning rate and AdamW settings (`grpo_sides.trl_grpo_config`).
+
+Measured (the same way as `vs_trl.py`, through `grpo_sides`): s/step is the median over
+steps 2..N (NexRL: ``time/step_s``, with its split ``time/rollout_s`` / ``time/train_s`` /
+``time/sync_s``; TRL: ``on_step_begin``..``on_step_end``); reward is ONE evaluation of
+every final model (NexRL's ``<output.dir>/final_model``, or its step-N checkpoint on a
+backend that cannot export one; TRL's saved model) and of the
+untrained start: the first ``--val-size`` held-out addition prompts, ``--eval-samples``
+samples each at T=1 with a fixed seed in fp32, digit fraction, mean ± standard error.
+
+``--dtype bfloat16`` trains in bf16 (``model.dtype=bf16`` on NexRL, the model loaded in
+``torch.bfloat16`` on TRL); a backend that refuses bf16 before step 1 is shown as refused,
+with its reason. Targets, printed as PASS/FAIL per size and side: NexRL s/step at most
+0.5x TRL's, and NexRL's reward at least TRL's within one standard error. Exit status 0
+whatever the verdict: this is a benchmark, not a test.
+
+Run: ``python benchmarks/scaling.py [--sizes tiny 10m 50m] [--steps 6]
+[--prompts-per-step 8] [--group-size 4] [--dtype float32|bfloat16] [--only SIDE ...]``.
+Needs ``trl`` installed under the torch pin: ``pip install -c constraints.txt trl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpo_sides as shared  # first: sets the offline environment before torch loads
+from digits_task import digit_fraction, messages
+from grpo_sides import STEP_PARTS, fmt, median_after_first, ratio
+
+NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "remote_api": ("nexrl_tinker", ()),
+    "inprocess": ("nexrl_fsdp", ("backend.name=inprocess", "backend.options={}")),
+    "weaver": ("nexrl_weaver", ("backend.options.service_holder=weaver",)),
+}
+"""NexRL's local backends: side name -> (module that must be installed, recipe overrides
+on top of the quickstart, whose backend is ``remote_api`` on the embedded Tinker
+service). A new backend is one more line."""
+TRL = "trl"
+SIZES: dict[str, dict[str, int] | None] = {
+    "tiny": None,
+    "10m": {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6},
+    "50m": {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 10, "num_attention_heads": 10},
+}
+"""Model sizes: ``None`` is the shipped model; otherwise the Qwen2 shape that differs from
+the shipped config (head dim 64, two key/value heads, the shipped vocabulary, tied
+embeddings)."""
+SHIPPED = "nexrl-tiny"
+INHERITED_CONFIG = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
+"""What built sizes take from the shipped config, so the shipped tokenizer fits them."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+SPEED_TARGET = 0.5
+"""NexRL s/step must be at most this multiple of TRL's."""
+DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+"""``--dtype`` -> NexRL's ``model.dtype``."""
+
+
+def installed_sides() -> list[str]:
+    return [side for side, (module, _) in NEXRL_SIDES.items() if importlib.util.find_spec(module) is not None]
+
+
+# --- models and data -----------------------------------------------------------------------------
+
+
+def build_model(size: str, work: Path, seed: int) -> tuple[str, int]:
+    """The model directory (or shipped name) for ``size`` and its parameter count; built
+    sizes are random Qwen2 models saved once per work dir with the shipped tokenizer."""
+    import torch
+    from nexrl_fsdp.loading import resolve_model_dir
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    shipped = resolve_model_dir(SHIPPED)
+    shape = SIZES[size]
+    if shape is None:
+        model = AutoModelForCausalLM.from_pretrained(shipped)
+        return SHIPPED, sum(p.numel() for p in model.parameters())
+    target = work / f"model_{size}"
+    base = Qwen2Config.from_pretrained(shipped)
+    config = Qwen2Config(
+        **{name: getattr(base, name) for name in INHERITED_CONFIG}, tie_word_embeddings=True, num_key_value_heads=2, **shape
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if not (target / "config.json").exists():
+        model.save_pretrained(target)
+        for name in TOKENIZER_FILES:
+            if (shipped / name).exists():
+                shutil.copy(shipped / name, target / name)
+    return str(target), sum(p.numel() for p in model.parameters())
+
+
+def write_prompts(work: Path, count: int, val_size: int) -> tuple[Path, Path]:
+    """Training and held-out addition prompts as JSONL (``{"a": .., "b": ..}`` per line)."""
+    from nexrl_fsdp.tiny.addition import heldout_problems, train_problems
+
+    paths = work / "prompts_train.jsonl", work / "prompts_val.jsonl"
+    for path, problems in zip(paths, (train_problems()[:count], heldout_problems(val_size))):
+        path.write_text("".join(json.dumps({"id": p.prompt, "a": p.a, "b": p.b}) + "\n" for p in problems))
+    return paths
+
+
+def nexrl_config(args: argparse.Namespace, side: str, out_dir: Path) -> Any:
+    """The quickstart recipe on ``side`` with the digits task and the shared settings."""
+    from importlib.resources import as_file, files
+
+    from nexrl_core.config import load_config
+
+    work = Path(args.work_dir)
+    train_path, val_path = work / "prompts_train.jsonl", work / "prompts_val.jsonl"
+    overrides = [
+        *NEXRL_SIDES[side][1],
+        f"model.name={args.model_dir}",
+        f"model.dtype={DTYPES[args.dtype]}",
+        f"task.data_path={train_path}",
+        f"task.val_data_path={val_path}",
+        "task.agent=digits_task:agent",
+        *shared.common_overrides(args, out_dir),
+    ]
+    with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
+        return load_config(recipe, overrides)
+
+
+# --- the sides (each in its own child process) ----------------------------------------------------
+
+
+def run_nexrl(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    import logging
+
+    from nexrl_core.loop import run_training
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("nexrl").setLevel(logging.INFO)
+    out_dir = Path(args.work_dir) / f"{args.size}_{side}_run"
+    config = nexrl_config(args, side, out_dir)
+    shared.seed_everything(args.seed)
+    started = time.perf_counter()
+    summary = run_training(config, overwrite=True, progress_bar=False)
+    wall = time.perf_counter() - started
+    return {
+        "side": side,
+        "steps_done": summary.steps,
+        **shared.nexrl_step_metrics(summary.metrics_path),
+        "wall_s": wall,
+        # The exported final model; where the backend cannot export one, its step-N checkpoint.
+        "model_dir": str(summary.final_model) if summary.final_model else args.model_dir,
+        "checkpoint": None if summary.final_model else shared.nexrl_final_checkpoint(out_dir, args.steps),
+        "final_model_error": summary.final_model_error,
+    }
+
+
+def run_trl(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    work = Path(args.work_dir)
+    from nexrl_fsdp.loading import resolve_model_dir
+
+    source = resolve_model_dir(args.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = "<|endoftext|>"
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    config = nexrl_config(args, "remote_api", work / "unused")
+    items = shared.nexrl_training_items(config, args.steps * args.prompts_per_step)
+    dataset = Dataset.from_list([{"prompt": messages(item)} for item in items])
+
+    def digits(prompts: list, completions: list, completion_ids: list, **_: Any) -> list[float]:
+        return [digit_fraction(shared.decode_raw(tokenizer, ids)) for ids in completion_ids]
+
+    grpo = shared.trl_grpo_config(args, config.algorithm, work / f"{args.size}_trl_out")
+    return shared.train_trl(model, tokenizer, dataset, digits, grpo, work / f"{args.size}_trl_final_model")
+
+
+# --- evaluation and the table ---------------------------------------------------------------------
+
+
+def evaluate(
+    weights_dir: str, checkpoint: str | None, args: argparse.Namespace, stop: tuple[int, ...] | None = None
+) -> tuple:
+    from nexrl_fsdp.tiny.addition import heldout_problems
+
+    conversations = [problem.messages() for problem in heldout_problems(args.val_size)]
+    return shared.evaluate_policy(
+        weights_dir,
+        checkpoint,
+        conversations,
+        lambda _index, text: digit_fraction(text),
+        max_tokens=args.max_tokens,
+        samples=args.eval_samples,
+        seed=args.seed,
+        stop=stop,
+    )
+
+
+def refusal(result: dict[str, Any]) -> str | None:
+    """The reason a side refused ``model.dtype`` before step 1, from its log, if that is why it failed."""
+    lines = [line.strip() for line in result.get("log_tail", []) if "model.dtype" in line]
+    return lines[-1] if lines else None
+
+
+def size_rows(size: str, params: int, sides: list[str], results: dict, evals: dict) -> tuple[list[str], list[str]]:
+    """Table rows and verdicts of one size."""
+    trl_speed = median_after_first(results[TRL]["step_seconds"]) if "step_seconds" in results.get(TRL, {}) else None
+    trl_eval = evals.get(TRL)
+    rows, verdicts = [], []
+    for side in sides:
+        result = results[side]
+        label = f"| {size} ({params / 1e6:.1f}M) | {'TRL' if side == TRL else 'NexRL ' + side} |"
+        if "error" in result:
+            why = refusal(result) or f"failed ({result['error']}; see {size}_{side}.log)"
+            rows.append(f"{label} refused: {why} |" if refusal(result) else f"{label} {why} |")
+            verdicts.append(f"{size} {side}: NOT MEASURED ({why})")
+            continue
+        speed = median_after_first(result["step_seconds"])
+        parts = result.get("step_parts", {})
+        split = " / ".join(fmt(parts.get(part), 2) for part in STEP_PARTS) if parts else "-"
+        mean, err = (evals[side][0], evals[side][1]) if side in evals else (None, None)
+        reward = f"{fmt(mean)} ± {fmt(err)}"
+        speed_ratio = ratio(speed, trl_speed) if side != TRL else None
+        diff = mean - trl_eval[0] if side != TRL and mean is not None and trl_eval else None
+        cells = [fmt(speed), split, reward, fmt(speed_ratio, 2) if side != TRL else "", "" if diff is None else f"{diff:+.3f}"]
+        rows.append(f"{label} " + " | ".join(cells) + " |")
+        if side == TRL:
+            continue
+        noise = ((err or 0.0) ** 2 + (trl_eval[1] if trl_eval else 0.0) ** 2) ** 0.5
+        speed_ok = speed_ratio is not None and speed_ratio <= SPEED_TARGET
+        reward_ok = diff is not None and diff >= -noise
+        verdicts.append(
+            f"{size} {side}: speed {'PASS' if speed_ok else 'FAIL'} ({fmt(speed_ratio, 2)}x TRL, target <= {SPEED_TARGET}x); "
+            f"reward {'PASS' if reward_ok else 'FAIL'} (diff {fmt(diff)} vs one standard error {noise:.3f})"
+        )
+    return rows, verdicts
+
+
+def report(args: argparse.Namespace, table: list[str], verdicts: list[str], starts: dict[str, tuple]) -> None:
+    print()
+    print(f"## NexRL vs TRL GRPOTrainer by model size ({args.dtype})")
+    print(
+        f"{args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} samples, max_tokens {args.max_tokens}, "
+        f"lr {args.lr}, seed {args.seed}, {args.threads} torch threads per process; reward = digit fraction of the reply "
+        f"on {args.val_size} held-out prompts x {args.eval_samples} samples (T=1, fp32, same sampler for every model)"
+    )
+    print(
+        "untrained start reward: "
+        + ", ".join(f"{size} {fmt(value[0])} ± {fmt(value[1])}" for size, value in starts.items())
+    )
+    print()
+    print("| size | side | s/step (median 2..N) | NexRL split rollout / train / sync s | reward after N ± se | s/step vs TRL | reward - TRL |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(table))
+    print()
+    for verdict in verdicts:
+        print("VERDICT " + verdict)
+
+
+# --- orchestration --------------------------------------------------------------------------------
+
+
+def worker_argv(args: argparse.Namespace, size: str, model_dir: str) -> list[str]:
+    return [*shared.common_argv(args), f"--dtype={args.dtype}", f"--size={size}", f"--model-dir={model_dir}"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES))
+    shared.add_common_arguments(parser, steps=6, prompts=8, group=4, val_size=64)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--only", nargs="+", choices=(*NEXRL_SIDES, TRL), help="run only these sides")
+    parser.add_argument("--worker", choices=(*NEXRL_SIDES, TRL), help=argparse.SUPPRESS)
+    parser.add_argument("--size", choices=tuple(SIZES), help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    shared.check_positive(parser, args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    shared.pin_threads(args.threads)
+    if args.worker:
+        result = run_trl(args) if args.worker == TRL else run_nexrl(args, args.worker)
+        Path(args.work_dir, f"{args.size}_{args.worker}_result.json").write_text(json.dumps(result, indent=2))
+        return 0
+
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="nexrl_scaling_"))
+    work.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    sides = [side for side in (*installed_sides(), TRL) if not args.only or side in args.only]
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{args.threads} torch threads per process; sides {', '.join(sides)}; work dir {work}",
+        flush=True,
+    )
+    write_prompts(work, args.steps * args.prompts_per_step, args.val_size)
+    table: list[str] = []
+    verdicts: list[str] = []
+    starts: dict[str, tuple] = {}
+    for size in args.sizes:
+        model_dir, params = build_model(size, work, args.seed)
+        print(f"== {size}: {params:,} parameters ({model_dir})", flush=True)
+        argv_ = worker_argv(args, size, model_dir)
+        results = {side: shared.run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}") for side in sides}
+        print(f"[{size}] evaluating every final model with the same sampler ...", flush=True)
+        starts[size] = evaluate(model_dir, None, args)
+        stop = starts[size][3]
+        evals = {
+            side: evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
+            for side, result in results.items()
+            if "error" not in result
+        }
+        rows, size_verdicts = size_rows(size, params, sides, results, evals)
+        table += rows
+        verdicts += size_verdicts
+        for side, result in results.items():
+            if "step_seconds" in result:
+                print(f"[{size}] {side} every step's s: " + " ".join(f"{s:.2f}" for s in result["step_seconds"]))
+    report(args, table, verdicts, starts)
+    shared.finish_work_dir(args, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
