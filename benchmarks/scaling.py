@@ -58,6 +58,7 @@ NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "remote_api": ("nexrl_tinker", ()),
     "inprocess": ("nexrl_fsdp", ("backend.name=inprocess", "backend.options={}")),
     "weaver": ("nexrl_weaver", ("backend.options.service_holder=weaver",)),
+    "self-hosted": ("nexrl_fsdp", ("backend.name=self-hosted",)),
 }
 """NexRL's local backends: side name -> (module that must be installed, recipe overrides
 on top of the quickstart, whose backend is ``remote_api`` on the embedded Tinker
