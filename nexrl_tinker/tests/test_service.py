@@ -129,3 +129,14 @@ def test_separate_process_start_failure_reports_its_output(tmp_path) -> None:
     except RuntimeError as exc:
         assert "exited with status" in str(exc) and "no-such-model" in str(exc), str(exc)
     assert service.pid is None
+
+
+def test_no_cancel_route_and_the_sdk_is_told_not_to_cancel(base_url: str) -> None:
+    """The service cannot cancel a queued operation, so it offers no route that would
+    answer and do nothing, and tells the SDK (dynamic config) not to send cancels."""
+    import httpx
+
+    headers = {"X-API-Key": "tml-test"}
+    assert httpx.post(f"{base_url}/api/v1/cancel_future", json={"request_id": "x"}, headers=headers).status_code == 404
+    config = httpx.post(f"{base_url}/api/v1/client/dynamic_config", json={}, headers=headers).json()
+    assert config["sample_cancel_enabled"] is False

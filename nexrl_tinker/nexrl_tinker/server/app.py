@@ -64,6 +64,8 @@ CLIENT_CONFIG = {
 futures endpoint, no server-side custom losses."""
 
 DYNAMIC_CONFIG = {"refresh_interval_sec": 300, "sample_cancel_enabled": False, "sample_cancel_max_batch_size": 64}
+"""``sample_cancel_enabled`` false: the SDK never sends ``cancel_future`` (this service has
+no such route; a queued operation runs to completion)."""
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -152,10 +154,6 @@ def create_app(state: ServiceState) -> FastAPI:
     def nexrl_capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
         """Tells NexRL's own holder that every registered loss and all its options work here."""
         return {"loss_options": "all"}
-
-    @app.post("/api/v1/cancel_future")
-    async def cancel_future(_owner: str = Depends(owner)) -> dict[str, Any]:
-        return {}
 
     # --- sessions -------------------------------------------------------------------------------
 
