@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
 from nexrl_core import __version__
-from nexrl_core.commands.config import config
+from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, config
 from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
 from nexrl_core.registry import RegistryError, find_spec, get_registry
-from nexrl_core.serving import ServeOptions
+from nexrl_core.serving import ServeOptions, ServiceStartError
 
 
 @click.group()
@@ -79,7 +80,11 @@ def serve(name: str, host: str, port: int, db: str | None, model: str, api_key: 
     except RegistryError as exc:
         raise click.ClickException(str(exc)) from exc
     options = ServeOptions(host=host, port=port, db=db, model=model, api_key=api_key, data_dir=data_dir)
-    spec.build(options).serve_forever()
+    try:
+        spec.build(options).serve_forever()
+    except ServiceStartError as exc:
+        click.echo(f"nexrl serve {name}: {exc}", err=True)
+        sys.exit(USAGE_ERROR_EXIT_CODE)
 
 
 cli.add_command(config)

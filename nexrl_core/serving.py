@@ -12,6 +12,11 @@ from typing import Protocol
 import attrs
 
 
+class ServiceStartError(Exception):
+    """A service cannot start with the options it was given (a port in use, a model that
+    is not there): the message names the option and the fix, and nothing was left running."""
+
+
 @attrs.frozen(kw_only=True)
 class ServeOptions:
     """Options every NexRL-run service understands."""

@@ -15,6 +15,7 @@ import click
 
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, split_file_and_overrides
 from nexrl_core.config import ConfigError, load_config
+from nexrl_core.serving import ServiceStartError
 
 INTERRUPTED_EXIT_CODE = 130
 """Exit status after Ctrl-C, as shells report SIGINT."""
@@ -83,7 +84,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
         recipe = Path(path) if path is not None else quickstart_recipe(stack)
         try:
             config = load_config(recipe, overrides)
-        except ConfigError as error:
+        except (ConfigError, ServiceStartError) as error:
             click.echo(str(error), err=True)
             ctx.exit(USAGE_ERROR_EXIT_CODE)
         if path is None:

@@ -31,7 +31,7 @@ import attrs
 import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
 
 from nexrl_core.longlived import freeze_long_lived_objects
-from nexrl_core.serving import ServeOptions
+from nexrl_core.serving import ServeOptions, ServiceStartError
 from nexrl_fsdp.runtime.settings import ServerSettings
 
 __all__ = ["LocalService"]
@@ -119,7 +119,10 @@ class LocalService:
             sock.bind((self.settings.host, self.settings.port))
         except OSError as exc:
             sock.close()
-            raise RuntimeError(f"cannot listen on {self.settings.host}:{self.settings.port}: {exc}") from exc
+            raise ServiceStartError(
+                f"--port/--host: cannot listen on {self.settings.host}:{self.settings.port} ({exc.strerror or exc}); "
+                "choose a free port, or 0 for any free one"
+            ) from None
         sock.listen(2048)
         sock.setblocking(False)
         return sock
@@ -131,7 +134,10 @@ class LocalService:
 
         self._socket = self._listen()
         try:
-            self.state = ServiceState(self.settings)
+            try:
+                self.state = ServiceState(self.settings)
+            except ValueError as exc:  # the settings: a model that is not there, a bad database URL
+                raise ServiceStartError(str(exc)) from None
             self.state.start()
             app = self.create_app(self.state)
         except BaseException:
