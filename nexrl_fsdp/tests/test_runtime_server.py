@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.serving import ServeOptions, ServiceStartError
 from nexrl_fsdp.runtime.server import LocalService
 from nexrl_fsdp.runtime.state import ServiceState
 
@@ -57,6 +57,6 @@ def test_busy_port_fails_in_start(tmp_path: Path) -> None:
         sock.listen(1)
         port = sock.getsockname()[1]
         service = EchoService(ServeOptions(port=port, data_dir=str(tmp_path)))
-        with pytest.raises(RuntimeError, match=str(port)):
+        with pytest.raises(ServiceStartError, match=f"cannot listen on 127.0.0.1:{port}"):
             service.start()
         assert service.state is None
