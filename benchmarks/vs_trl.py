@@ -33,8 +33,8 @@ Measured:
   weights, TRL's final weights): the first ``--val-size`` held-out problems, sampled with
   `nexrl_fsdp.Engine` at temperature 1 with the same seed (common random numbers), the
   same stop tokens and ``--max-tokens``, ``--eval-samples`` samples per problem, exact
-  match, mean. NexRL's final weights are its last checkpoint (``schedule.checkpoint_every``
-  = N, the engine checkpoint its backend wrote), loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
+  match, mean. NexRL's final weights are the run's ``final_model`` (a plain HF directory),
+  loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
   per problem) is printed as a cross-check only.
 
 Run: ``python benchmarks/vs_trl.py [--steps 10] [--prompts-per-step 16] [--group-size 8]
@@ -80,8 +80,7 @@ from grpo_sides import (  # first: sets the offline environment before torch loa
 MODEL_NAME = "nexrl-tiny"
 NEXRL_SIDES = ("remote_api", "inprocess", "self-hosted")
 """NexRL's backends, each run through the quickstart recipe with ``backend.name`` set.
-``self-hosted`` (2 torchrun workers) saves sharded worker checkpoints, not an engine
-checkpoint, so the report gives its s/step and in-loop reward but no final evaluation."""
+Every side's final weights are evaluated from the run's ``final_model`` directory."""
 SIDES = (*NEXRL_SIDES, "trl")
 SPEED_TARGET = 1.0
 """NexRL s/step must be at most this multiple of TRL's."""
@@ -130,13 +129,20 @@ def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, A
     summary = run_training(config, overwrite=True, progress_bar=False)
     wall = time.perf_counter() - started
 
-    checkpoint = nexrl_final_checkpoint(out_dir, args.steps)
+    # The final weights: the run's final_model (a plain HF directory every backend that can
+    # export writes), else the engine checkpoint of step N on the shipped base model.
+    final_model = out_dir / "final_model"
+    if (final_model / "config.json").is_file():
+        weights, checkpoint = str(final_model), None
+    else:
+        checkpoint = nexrl_final_checkpoint(out_dir, args.steps)
+        weights = MODEL_NAME if checkpoint is not None else None
     return {
         "side": backend,
         "steps_done": summary.steps,
         **nexrl_step_metrics(summary.metrics_path),
         "wall_s": wall,
-        "model_dir": MODEL_NAME,  # the checkpoint names its base model by the shipped name
+        "model_dir": weights,
         "checkpoint": checkpoint,
         "metrics_path": str(summary.metrics_path),
     }
@@ -283,7 +289,9 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: 
                 + ", ".join(f"step {step}: {value:.3f}" for step, value in sorted(result["inloop_val"].items(), key=lambda kv: int(kv[0])))
             )
         if side in NEXRL_SIDES:
-            found = f"from its step-{args.steps} checkpoint {result.get('checkpoint')}" if side in evals else "not evaluated: no final checkpoint"
+            found = (
+                f"from {result.get('checkpoint') or result.get('model_dir')}" if side in evals else "not evaluated: no final model"
+            )
             print(f"{side}: final reward {found}")
     if "trl" in evals:
         trl_ = results["trl"]
@@ -368,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = start[3]
     for side in sides:
         result = results[side]
-        if "error" in result or (side in NEXRL_SIDES and not result.get("checkpoint")):
+        if "error" in result or not result.get("model_dir"):
             continue
         evals[side] = evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
     report(args, results, evals)
