@@ -42,6 +42,8 @@ benchmarks:
 	$(PIP_INSTALL) trl
 	$(BIN)/python benchmarks/tinker_service_overhead.py
 	$(BIN)/python benchmarks/weaver_service_overhead.py
+	$(BIN)/python benchmarks/zmq_transport.py
+	$(BIN)/python benchmarks/episode_server.py
 	$(BIN)/python benchmarks/vs_trl.py
 
 clean:
