@@ -1,24 +1,31 @@
-"""`freeze_long_lived_objects` takes what exists now out of later full collections."""
+"""`freeze_long_lived_objects` takes what exists now out of later full collections, and
+collects what is already garbage first (frozen garbage would never be freed)."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 
 from nexrl_core.longlived import freeze_long_lived_objects
 
 
-def test_objects_alive_at_the_call_are_frozen_and_garbage_is_not() -> None:
-    class Node:
-        def __init__(self) -> None:
-            self.me = self  # a reference cycle: only the cyclic collector frees it
+class Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
 
+
+def test_garbage_is_collected_and_live_objects_are_frozen() -> None:
     gc.unfreeze()
+    gc.disable()  # no automatic collection may free the garbage behind the call's back
     try:
-        Node()  # garbage already: collected, not frozen
+        garbage = weakref.ref(Node())
         kept = [Node() for _ in range(100)]
+        assert garbage() is not None, "the cycle outlives its last reference until a collection"
         freeze_long_lived_objects()
+        assert garbage() is None, "garbage is collected before the freeze"
+        tracked = {id(obj) for obj in gc.get_objects()}
+        assert not any(id(node) in tracked for node in kept), "live objects leave the collector's generations"
         assert gc.get_freeze_count() >= len(kept)
-        collected = [obj for obj in gc.get_objects() if isinstance(obj, Node)]
-        assert collected == [], "frozen objects are out of the collector's generations, garbage is gone"
     finally:
+        gc.enable()
         gc.unfreeze()
