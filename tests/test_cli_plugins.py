@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-NEXRL = shutil.which("nexrl") or str(Path(sys.executable).parent / "nexrl")
+NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 
 
 def run_nexrl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-NEXRL = shutil.which("nexrl") or str(Path(sys.executable).parent / "nexrl")
+NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 
 
 @pytest.mark.slow

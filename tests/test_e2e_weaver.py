@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-NEXRL = shutil.which("nexrl") or str(Path(sys.executable).parent / "nexrl")
+NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "quickstart_weaver.yaml"
 
 pytest.importorskip("nexrl_weaver")

@@ -25,6 +25,8 @@ def test_hosted_recipe_differs_from_the_quickstart_in_backend_and_model() -> Non
     assert quickstart.backend.options["base_url"] is None
     assert hosted.backend.options["base_url"] == "https://tinker.thinkingmachines.dev/services/tinker-prod"
     assert hosted.backend.options["service_holder"] == quickstart.backend.options["service_holder"] == "tinker"
+    assert quickstart.model.name == "nexrl-tiny" and hosted.model.name != quickstart.model.name
+    assert quickstart.model.lora.rank == 0 and hosted.model.lora.rank > 0, "hosted Tinker trains LoRA adapters"
 
 
 def test_backend_quickstarts_differ_from_the_builtin_only_in_backend_and_output() -> None:

@@ -141,8 +141,11 @@ def test_full_sdk_flow(base_url, service_client, training_client, tokenizer):
 
     # A sampler can also serve a training-state path (LoRA state on the base model).
     from_state = service_client.create_sampling_client(model_path=state.path).result(timeout=60)
-    state_greedy = from_state.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0)).result(timeout=120)
-    assert len(state_greedy.sequences[0].tokens) >= 1
+    state_scored = from_state.compute_logprobs(types.ModelInput.from_ints(full)).result(timeout=120)
+    np.testing.assert_allclose(state_scored[1:], scored[1:], atol=1e-4)  # the trained weights ...
+    base = service_client.create_sampling_client(base_model=BASE_MODEL).result(timeout=60)
+    base_scored = base.compute_logprobs(types.ModelInput.from_ints(full)).result(timeout=120)
+    assert max(abs(a - b) for a, b in zip(state_scored[1:], base_scored[1:])) > 1e-3  # ... not the base model's
 
     # Resume from the saved state, optimizer included: same weights, same loss.
     resumed = service_client.create_training_client_from_state_with_optimizer(state.path).result(timeout=120)

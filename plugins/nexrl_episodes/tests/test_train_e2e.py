@@ -8,8 +8,6 @@ once; a SIGKILLed trainer resumes without losing an ended episode's result.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -22,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "quickstart_episodes.yaml"
 WORKER = ROOT / "examples" / "episodes" / "addition_worker.py"
-NEXRL = shutil.which("nexrl") or str(Path(sys.executable).parent / "nexrl")
+NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 SHORT = ["schedule.steps=4", "schedule.validate_every=4", "task.val_size=64", "--no-progress"]
 
 
