@@ -64,6 +64,7 @@ from nexrl_core.run_state import (
     load_run_state,
     save_run_state,
 )
+from nexrl_core.serving import ServiceStartError
 
 logger = logging.getLogger("nexrl.train")
 
@@ -142,6 +143,16 @@ def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, tas
     return spec.open(setup)
 
 
+def _remove_run_files(out_dir: Path) -> None:
+    """Remove exactly what a run writes in ``out_dir`` (`RUN_FILES`)."""
+    for name in RUN_FILES:
+        target = out_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
 def prepare_output(out_dir: Path, resume: bool, overwrite: bool) -> RunState | None:
     """Check the output directory for a previous run; returns its state when resuming.
 
@@ -165,12 +176,7 @@ def prepare_output(out_dir: Path, resume: bool, overwrite: bool) -> RunState | N
                 f"{out_dir} already holds a run ({', '.join(existing)}); pass --resume to continue it, "
                 "--overwrite to start over, or choose another output.dir=..."
             )
-        for name in RUN_FILES:
-            target = out_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+        _remove_run_files(out_dir)
         logger.info("--overwrite: removed the previous run in %s; starting a fresh one", out_dir)
     return None
 
@@ -407,7 +413,14 @@ def run_training(
     final_model: Path | None = None
     final_model_error: str | None = None
     try:
-        backend = open_backend(config, options["backend"], out_dir)
+        try:
+            backend = open_backend(config, options["backend"], out_dir)
+        except (ConfigError, ServiceStartError):
+            if state is None:  # a fresh run that never started: leave nothing that blocks the fixed command
+                _remove_run_files(out_dir)
+                if not any(out_dir.iterdir()):
+                    out_dir.rmdir()
+            raise
         if state is not None:
             logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
             backend.load_checkpoint(state.checkpoint_path)

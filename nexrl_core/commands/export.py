@@ -92,7 +92,7 @@ def export_service_checkpoint(path: str, recipe: Path | None, overrides: Sequenc
     "--recipe",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="With a service path: the recipe whose backend reaches that service (e.g. recipes/hosted_tinker.yaml).",
+    help="With a service path: the recipe whose backend reaches that service.",
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="With a service path: recipe overrides.")
 @click.pass_context

@@ -84,7 +84,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
         recipe = Path(path) if path is not None else quickstart_recipe(stack)
         try:
             config = load_config(recipe, overrides)
-        except (ConfigError, ServiceStartError) as error:
+        except ConfigError as error:
             click.echo(str(error), err=True)
             ctx.exit(USAGE_ERROR_EXIT_CODE)
         if path is None:
@@ -99,10 +99,10 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
                 recipe_dir=recipe.parent if path is not None else None,
                 progress_bar=progress,
             )
-        except ConfigError as error:
-            click.echo(str(error), err=True)
+        except (ConfigError, ServiceStartError, TrainingError) as error:  # the input: recipe, output dir, flags
+            click.echo(f"Error: {error}" if isinstance(error, TrainingError) else str(error), err=True)
             ctx.exit(USAGE_ERROR_EXIT_CODE)
-        except (TrainingError, RolloutError, RegistryError) as error:
+        except (RolloutError, RegistryError) as error:
             raise click.ClickException(str(error)) from error
         except TrainingInterrupted as interrupted:
             again = shlex.join(["nexrl", "train", *arguments, "--resume"])

@@ -166,10 +166,19 @@ class LocalService:
         self._server = _Server(config)
         return self._server
 
+    def _check_model(self) -> None:
+        from nexrl_fsdp.loading import resolve_model_dir
+
+        try:
+            resolve_model_dir(self.settings.model)
+        except ValueError as exc:
+            raise ServiceStartError(str(exc)) from None
+
     def start(self) -> str:
         if self._thread is not None or self._process is not None:
             raise RuntimeError(f"{type(self).__name__} is already running")
         if self.separate_process:
+            self._check_model()  # here, so a bad model is a clear error and not a dead child's log
             return self._start_child()
         server = self._prepare()
         errors: list[BaseException] = []
