@@ -15,6 +15,7 @@ import attrs
 
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import DEFAULT_ALPHA
 from nexrl_core.config.schema import ModelConfig
 from nexrl_core.types import RemoteDatum
 
@@ -102,3 +103,22 @@ class ServiceHolder(ChatModel, Protocol):
     def close(self) -> None:
         """Release connections and background threads."""
         ...
+
+
+def fixed_precision_refusals(model: ModelConfig, api: str) -> dict[str, str]:
+    """What a training API without dtype or LoRA-alpha settings cannot honour of ``model``
+    (NexRL's local services of such an API train in fp32 and scale adapters by the default
+    alpha), as `ServiceHolder.refused_options` entries; ``api`` names it in the reasons."""
+    refused: dict[str, str] = {}
+    if model.dtype.value != "fp32":
+        refused["model.dtype"] = (
+            f"the {api} API has no dtype setting (NexRL's local {api} service trains in fp32); "
+            "use fp32, or backend.name=inprocess for bf16"
+        )
+    if model.lora.is_lora and model.lora.alpha != DEFAULT_ALPHA:
+        refused["model.lora.alpha"] = (
+            f"the {api} API has no LoRA alpha (NexRL's local {api} service scales by {DEFAULT_ALPHA:g}/rank); "
+            "remove it, or use backend.name=inprocess"
+        )
+    return refused
+

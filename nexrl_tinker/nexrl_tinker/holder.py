@@ -19,8 +19,7 @@ from typing import Any, TypeVar
 from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.config.lora import DEFAULT_ALPHA
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
@@ -246,17 +245,7 @@ class TinkerServiceHolder:
             return self._nexrl_service
 
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        refused: dict[str, str] = {}
-        if self.config.model.dtype.value != "fp32":
-            refused["model.dtype"] = (
-                "the Tinker API has no dtype setting (NexRL's local Tinker service trains in fp32); "
-                "use fp32, or backend.name=inprocess for bf16"
-            )
-        if self.config.model.lora.is_lora and self.config.model.lora.alpha != DEFAULT_ALPHA:
-            refused["model.lora.alpha"] = (
-                f"the Tinker API has no LoRA alpha (NexRL's local Tinker service scales by {DEFAULT_ALPHA:g}/rank); "
-                f"remove it, or use backend.name=inprocess"
-            )
+        refused = fixed_precision_refusals(self.config.model, "Tinker")
         if self.is_nexrl_service():
             return refused
         if config.loss_fn not in HOSTED_LOSSES:

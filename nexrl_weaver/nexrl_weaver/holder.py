@@ -25,8 +25,7 @@ from typing import Any, TypeVar
 from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.config.lora import DEFAULT_ALPHA
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_weaver.holder_config import WeaverHolderConfig
@@ -293,17 +292,7 @@ class WeaverServiceHolder:
             return self._nexrl_service
 
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        refused: dict[str, str] = {}
-        if self.config.model.dtype.value != "fp32":
-            refused["model.dtype"] = (
-                "the Weaver API has no dtype setting (NexRL's local Weaver service trains in fp32); "
-                "use fp32, or backend.name=inprocess for bf16"
-            )
-        if self.config.model.lora.is_lora and self.config.model.lora.alpha != DEFAULT_ALPHA:
-            refused["model.lora.alpha"] = (
-                f"the Weaver API has no LoRA alpha (NexRL's local Weaver service scales by {DEFAULT_ALPHA:g}/rank); "
-                f"remove it, or use backend.name=inprocess"
-            )
+        refused = fixed_precision_refusals(self.config.model, "Weaver")
         if self.is_nexrl_service():
             return refused
         if config.loss_fn not in HOSTED_LOSSES:
