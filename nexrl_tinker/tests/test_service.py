@@ -7,6 +7,7 @@ import sys
 import threading
 
 import httpx
+import pytest
 from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 
@@ -118,16 +119,23 @@ def test_separate_process_dies_with_its_parent(tmp_path) -> None:
 
 
 def test_separate_process_start_failure_reports_its_output(tmp_path) -> None:
+    """A model that is not there is refused before a process starts; one that is there but
+    broken fails in the child, whose output the error carries."""
     from nexrl_tinker.server.service import TinkerService
 
-    from nexrl_core.serving import ServeOptions
+    from nexrl_core.serving import ServeOptions, ServiceStartError
 
-    service = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), model=str(tmp_path / "no-such-model"), separate_process=True))
-    try:
+    missing = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), model=str(tmp_path / "no-such-model"), separate_process=True))
+    with pytest.raises(ServiceStartError, match="no-such-model"):
+        missing.start()
+    assert missing.pid is None
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    service = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path / "data"), model=str(broken), separate_process=True))
+    with pytest.raises(RuntimeError, match=r"exited with status 1; last output \(.*server\.log\):\n.*Traceback"):
         service.start()
-        raise AssertionError("start() with a missing model must fail")
-    except RuntimeError as exc:
-        assert "exited with status" in str(exc) and "no-such-model" in str(exc), str(exc)
     assert service.pid is None
 
 
