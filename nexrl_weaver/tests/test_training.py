@@ -58,8 +58,8 @@ def test_a_resent_submission_is_applied_once(tmp_path, monkeypatch: pytest.Monke
         client.connect()
         model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")
         tokens = [int(t) for t in range(3, 1003)]
-        slow = [_datum(tokens, [1.0] * (len(tokens) - 1)) for _ in range(12)]
-        monkeypatch.setattr(_http, "DEFAULT_TIMEOUT", httpx.Timeout(0.3, connect=5.0))
+        slow = [_datum(tokens, [1.0] * (len(tokens) - 1)) for _ in range(24)]
+        monkeypatch.setattr(_http, "DEFAULT_TIMEOUT", httpx.Timeout(0.05, connect=5.0))
         impatient = weaver.ServiceClient(base_url=service.base_url, session_id=client.session_id)
         impatient.connect()
         impatient._operation_seq_by_model[model.model_id] = 1  # the same model: its next seq_id
