@@ -17,7 +17,7 @@ a step's run requests into trajectories with rewards, sampling through that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,6 +68,13 @@ class Backend(Protocol):
         :raises nexrl_core.model_export.ModelExportError: naming the backend, when it
             cannot export (the loop reports it; the run's checkpoints stay intact).
         """
+        ...
+
+    def run_info(self) -> Mapping[str, str]:
+        """How the backend actually runs the model, as far as it knows (``dtype`` of the
+        trained weights, say): what a recipe asks for is only a request, and the first
+        row of a fresh run's ``metrics.jsonl`` records these under ``backend/<key>``.
+        Empty when a remote service does not say."""
         ...
 
     def close(self) -> None:

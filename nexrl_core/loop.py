@@ -212,6 +212,7 @@ class TrainingLoop:
         self.pending: dict[int, PendingBatch] = {}
         self.checkpoints: dict[int, str] = state.checkpoint_paths() if state else {}
         self._frozen = False
+        self._run_info = {} if state else {f"backend/{key}": value for key, value in backend.run_info().items()}
         if state:
             for data in state.pending:
                 batch = RolloutBatch.from_json(data)
@@ -276,6 +277,12 @@ class TrainingLoop:
         self.checkpoint_step = step
         logger.info("checkpoint at step %d: %s", step, path)
 
+    def _write(self, row: dict[str, Any]) -> None:
+        """Log ``row``; the first row of a fresh run also says how the backend runs the model."""
+        row.update(self._run_info)
+        self._run_info = {}
+        self.metrics.write(row)
+
     # -- the run
 
     def run(self) -> None:
@@ -284,7 +291,7 @@ class TrainingLoop:
         if self.step == 0 and schedule.validate_every > 0:
             row = clean_row(0, self.validate(0))
             if len(row) > 1:
-                self.metrics.write(row)
+                self._write(row)
                 self.display.step_done(row, None)
         for step in range(self.step + 1, schedule.steps + 1):
             started = time.monotonic()
@@ -317,7 +324,7 @@ class TrainingLoop:
             if self._validate_due(step):
                 metrics.update(self.validate(step))
             row = clean_row(step, metrics)
-            self.metrics.write(row)
+            self._write(row)
             self.display.step_done(row, step_seconds)
             if self._checkpoint_due(step):
                 self.checkpoint(step)

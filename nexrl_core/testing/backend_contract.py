@@ -37,6 +37,10 @@ class BackendContract:
     def backend(self) -> Backend:
         raise NotImplementedError("override the 'backend' fixture to return an opened backend")
 
+    def test_run_info_is_strings(self, backend: Backend) -> None:
+        info = backend.run_info()
+        assert all(isinstance(key, str) and isinstance(value, str) for key, value in info.items()), info
+
     def test_chat_model_samples_tokens_with_logprobs(self, backend: Backend) -> None:
         sample = probe_sample(backend.chat_model())
         assert sample.prompt_tokens and 0 < len(sample.response_tokens) <= 6

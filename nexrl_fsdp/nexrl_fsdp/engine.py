@@ -199,6 +199,11 @@ class Engine:
     def trainable_parameter_names(self) -> list[str]:
         return [name for name, _ in self._trainable]
 
+    def trained_dtype(self) -> str:
+        """The dtype the trained weights are held in (``float32``, ``bfloat16``), read from
+        the parameters themselves rather than the config that asked for it."""
+        return str(self._trainable[0][1].dtype).removeprefix("torch.")
+
     def num_parameters(self, trainable_only: bool = False) -> int:
         params = [p for _, p in self._trainable] if trainable_only else list(self.model.parameters())
         return sum(p.numel() for p in params)

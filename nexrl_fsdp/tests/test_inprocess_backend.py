@@ -138,6 +138,15 @@ def reward_rows(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.parametrize(("dtype", "ran"), [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_metrics_say_which_dtype_trained(tmp_path: Path, dtype: str, ran: str) -> None:
+    settings = ("schedule.steps=1", "schedule.validate_every=0", "rollout.prompts_per_step=2", "rollout.group_size=4")
+    run_training(quickstart(tmp_path, f"model.dtype={dtype}", *settings), progress_bar=False)
+    (row,) = reward_rows(tmp_path / "run")
+    assert (row["step"], row["backend/dtype"], row["backend/device"]) == (1, ran, "cpu")
+    assert row["train/grad_norm"] > 0
+
+
 @pytest.mark.slow
 def test_the_quickstart_learns_and_leaves_nothing_running(tmp_path: Path) -> None:
     before = set(threading.enumerate())

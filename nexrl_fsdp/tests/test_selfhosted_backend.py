@@ -121,5 +121,6 @@ def test_quickstart_fsdp_learns_and_leaves_no_process(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     validation = [row["val/reward/mean"] for row in rows if row.get("val/reward/mean") is not None]
     assert validation[-1] >= validation[0] + 0.1, validation
+    assert (rows[0]["backend/dtype"], rows[0]["backend/world_size"]) == ("float32", "2"), "the workers report what they run"
     assert (out / "backend" / "checkpoints" / "step_000010" / "trainer.json").is_file()
     assert processes_with(marker) == [], "a worker, torchrun or watchdog outlived the run"

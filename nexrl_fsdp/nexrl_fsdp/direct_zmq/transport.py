@@ -102,7 +102,8 @@ class DirectZmqTransport:
         return info
 
     def init_model(self, model: str, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
-        """Load (and shard) the model on every rank; returns its vocab size and pad id."""
+        """Load (and shard) the model on every rank; returns its vocab size, pad id, the
+        dtype the weights were loaded in and the ranks' device type."""
         return self._call("init_model", {"model": model, "dtype": dtype, "seed": seed}).header
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:

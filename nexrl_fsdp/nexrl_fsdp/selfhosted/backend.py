@@ -86,17 +86,23 @@ class SelfHostedBackend:
         *,
         work_dir: Path,
         group: LocalWorkerGroup | None,
+        run_info: Mapping[str, str],
     ) -> None:
         self.trainer = trainer
         self.transport = transport
         self.chat = chat
         self.work_dir = work_dir
         self.group = group
+        self._run_info = dict(run_info)
         self._version = 0
         self._closed = False
 
     def chat_model(self) -> ChatModel:
         return self.chat
+
+    def run_info(self) -> Mapping[str, str]:
+        """What the workers reported when they loaded the model."""
+        return self._run_info
 
     def train(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         return self.trainer.train(trajectories, step)
@@ -235,7 +241,8 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         trainer.bind(transport, world_size=options.world_size, pad_token_id=int(info["pad_token_id"]))
         sampler = Engine(engine_config)
         chat = EngineChat(sampler, options.sampler, name="nexrl-self-hosted-sampler")
-        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group)
+        run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
+        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info)
         backend.publish()
         return backend
     except BaseException:

@@ -239,7 +239,14 @@ class WorkerRank:
         options = header.get("options", {})
         if op == "init_model":
             self.actor = FsdpActor(ModelOptions(**options), self.mesh, self.device)
-            return {"world_size": self.world_size, "vocab_size": self.actor.vocab_size, "pad_token_id": self.actor.pad_id}, {}
+            dtype = str(next(self.actor.model.parameters()).dtype).removeprefix("torch.")
+            return {
+                "world_size": self.world_size,
+                "vocab_size": self.actor.vocab_size,
+                "pad_token_id": self.actor.pad_id,
+                "dtype": dtype,
+                "device": self.device.type,
+            }, {}
         actor = self.actor
         if op == "update_actor":
             return {"metrics": actor.update(shard, ActorOptions.from_json(options))}, {}

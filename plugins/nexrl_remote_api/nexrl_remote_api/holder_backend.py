@@ -94,9 +94,11 @@ class HolderBackend:
         name: str,
         work_dir: Path,
         on_close: Sequence[Callable[[], None]] = (),
+        run_info: Mapping[str, str] | None = None,
     ) -> None:
         """:param name: the backend's registered name, for messages.
         :param on_close: called after the holder is closed (stop an embedded service).
+        :param run_info: what the opener knows of how the holder's model runs (`run_info`).
         :raises ConfigError: when the holder cannot honour the trainer's settings.
         """
         self.holder = holder
@@ -104,6 +106,7 @@ class HolderBackend:
         self.name = name
         self.work_dir = work_dir
         self._on_close = list(on_close)
+        self._run_info = dict(run_info or {})
         refused = holder.refused_options(trainer.train_step)
         if refused:
             raise ConfigError(
@@ -112,6 +115,9 @@ class HolderBackend:
 
     def chat_model(self) -> ChatModel:
         return self.holder
+
+    def run_info(self) -> Mapping[str, str]:
+        return self._run_info
 
     def train(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         return self.trainer.train(self.holder, trajectories, step)
