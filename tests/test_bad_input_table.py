@@ -5,6 +5,7 @@ nexrl_tinker/tests/test_serve_command.py.)"""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,13 +44,31 @@ CASES: list[tuple[str, list[str], str]] = [
     ("bf16-on-tinker", ["model.dtype=bf16"], "model.dtype"),
     ("entropy-on-self-hosted-lora", ["backend.name=self-hosted", "model.lora.rank=4"], "model.lora.rank"),
     ("resume-without-run", ["--resume"], "nothing to resume"),
+    ("no-chat-template-inprocess", ["backend.name=inprocess", "model.name={untemplated}"], "model.name: the tokenizer in"),
+    ("no-chat-template-embedded-service", ["model.name={untemplated}"], "has no chat template"),
+    ("no-chat-template-self-hosted", ["backend.name=self-hosted", "model.name={untemplated}"], "has no chat template"),
+    ("max-tokens-past-context", ["backend.name=inprocess", "rollout.max_tokens=100000"], "rollout.max_tokens: 100000 does not fit"),
+    ("max-tokens-past-context-self-hosted", ["backend.name=self-hosted", "rollout.max_tokens=4096"], "rollout.max_tokens: 4096"),
 ]
+"""``{untemplated}`` stands for a copy of the shipped model whose tokenizer has no chat template."""
+
+
+@pytest.fixture(scope="module")
+def untemplated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped tiny model with its chat template removed."""
+    from nexrl_fsdp.loading import resolve_model_dir
+
+    directory = tmp_path_factory.mktemp("untemplated") / "model"
+    shutil.copytree(resolve_model_dir("nexrl-tiny"), directory)
+    (directory / "chat_template.jinja").unlink()
+    return directory
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "message"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
-def test_bad_input_is_refused_cleanly(tmp_path: Path, overrides: list[str], message: str) -> None:
+def test_bad_input_is_refused_cleanly(tmp_path: Path, untemplated: Path, overrides: list[str], message: str) -> None:
     out_dir = tmp_path / "run"
+    overrides = [override.format(untemplated=untemplated) for override in overrides]
     done = subprocess.run(
         [NEXRL, "train", f"output.dir={out_dir}", "schedule.steps=1", *overrides], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )

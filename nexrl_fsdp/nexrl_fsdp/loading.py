@@ -14,7 +14,20 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["SHIPPED_MODELS", "load_model", "load_tokenizer", "quiet_progress", "resolve_model_dir", "shipped_model_dir", "torch_dtype"]
+__all__ = [
+    "SHIPPED_MODELS",
+    "check_chat_model_dir",
+    "context_length",
+    "load_model",
+    "load_tokenizer",
+    "quiet_progress",
+    "resolve_model_dir",
+    "shipped_model_dir",
+    "torch_dtype",
+]
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""``config.json`` keys that hold a model's context length, by architecture."""
 
 SHIPPED_MODELS: dict[str, str] = {"nexrl-tiny": "models/nexrl-tiny"}
 """Shipped model name → directory inside the ``nexrl_fsdp`` package."""
@@ -49,6 +62,34 @@ def resolve_model_dir(model: str | Path) -> Path:
         f"unknown model {text!r}: not a shipped model name ({', '.join(SHIPPED_MODELS)}) and not a local "
         f"directory; models are never downloaded, pass a directory written by save_pretrained"
     )
+
+
+def context_length(path: Path) -> int | None:
+    """The model's context in tokens, from its ``config.json``; None when it does not say."""
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+    for key in CONTEXT_KEYS:
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
+def check_chat_model_dir(path: Path) -> None:
+    """A model directory chat rollouts can use: its tokenizer loads and has a chat template.
+
+    Checked before anything starts, because without a template every rollout fails only
+    once sampling begins.
+
+    :raises ValueError: saying what is missing and how to add it.
+    """
+    tokenizer = load_tokenizer(path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer in {str(path)!r} has no chat template, which chat rollouts need; save one with "
+            "tokenizer.chat_template = ...; tokenizer.save_pretrained(directory) (it lands in chat_template.jinja), "
+            "or use an instruct model's directory"
+        )
 
 
 @contextlib.contextmanager

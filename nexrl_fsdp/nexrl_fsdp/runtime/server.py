@@ -167,10 +167,10 @@ class LocalService:
         return self._server
 
     def _check_model(self) -> None:
-        from nexrl_fsdp.loading import resolve_model_dir
+        from nexrl_fsdp.loading import check_chat_model_dir, resolve_model_dir
 
         try:
-            resolve_model_dir(self.settings.model)
+            check_chat_model_dir(resolve_model_dir(self.settings.model))
         except ValueError as exc:
             raise ServiceStartError(str(exc)) from None
 
