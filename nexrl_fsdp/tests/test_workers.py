@@ -201,3 +201,46 @@ def test_the_transport_and_the_api_server_are_registered() -> None:
 
     assert find_spec("transports", "direct-zmq").resolve_factory() is DirectZmqTransport
     assert find_spec("services", "workers").resolve_factory().__name__ == "WorkersApiServer"
+
+
+WORKER_AGGREGATIONS = {"token-sum", "token-mean"}
+"""What the workers run; `refused_options` refuses every other aggregation (and so
+``norm_constant``, which only a sequence aggregation reads) before a run starts."""
+RATIO_SHIFTS = torch.tensor([0.5, -0.5, 2.0, -0.1, 0.3, -2.0, 0.05, 1.0, -1.0])
+"""Log importance ratios laid over the response tokens: inside and outside every clip
+range, huge ones on the rows with negative advantages (dual clip)."""
+
+
+def _probe_batch(group: LocalWorkerGroup) -> Batch:
+    """The module's batch with old logprobs set so the importance ratios are `RATIO_SHIFTS`."""
+    batch = _batch()
+    current = group.transport.compute_log_prob(batch)
+    mask = batch.tensors["loss_mask"]
+    shifts = RATIO_SHIFTS.repeat(mask.numel() // len(RATIO_SHIFTS) + 1)[: mask.numel()].reshape(mask.shape)
+    batch.tensors["old_logprobs"] = (current - shifts) * mask
+    return batch
+
+
+def test_every_loss_option_the_workers_run_reaches_their_gradient(group: LocalWorkerGroup) -> None:
+    """Each option of each registered loss (`LOSS_OPTION_CASES`) changes the gradient the
+    workers compute, with an optimizer that cannot move the weights."""
+    from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+
+    frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0).to_json()
+    batch = _probe_batch(group)
+    checked = []
+    for case in LOSS_OPTION_CASES:
+        config = {**case.fixed}
+        if config.get("agg_mode", "token-sum") not in WORKER_AGGREGATIONS or (
+            case.option == "agg_mode" and {case.value, case.other} - WORKER_AGGREGATIONS
+        ):
+            continue
+        norms = [
+            group.transport.update_actor(
+                batch, {"loss_fn": case.loss, "loss_fn_config": {**config, case.option: value}, "optimizer": frozen, "micro_batch_rows": 2}
+            )["actor/grad_norm"]
+            for value in (case.value, case.other)
+        ]
+        assert norms[0] != pytest.approx(norms[1], rel=1e-6), f"{case.loss}.{case.option} left the workers' gradient unchanged: {norms}"
+        checked.append(f"{case.loss}.{case.option}")
+    assert len(checked) == 14, checked  # the rest need an aggregation the workers refuse

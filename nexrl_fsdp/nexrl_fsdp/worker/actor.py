@@ -110,7 +110,7 @@ class FsdpActor:
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.optimizer = AdamW([(name, p) for name, p in self.model.named_parameters() if p.requires_grad])
         self._reference: torch.nn.Module | None = None
-        self._losses: dict[str, tuple[LossFn, str]] = {}
+        self._losses: dict[str, LossFn] = {}
 
     def _load(self) -> torch.nn.Module:
         model = load_model(self.model_dir, torch_dtype(self.options.dtype), device=self.device)
@@ -130,8 +130,8 @@ class FsdpActor:
             )
         key = json.dumps([options.loss_fn, config], sort_keys=True, default=str)
         if key not in self._losses:
-            self._losses[key] = (build_loss_fn(options.loss_fn, config), aggregation)
-        return self._losses[key]
+            self._losses[key] = build_loss_fn(options.loss_fn, config)
+        return self._losses[key], aggregation
 
     def needed_tensors(self, op: str, options: ActorOptions | None) -> set[str]:
         """The batch tensors ``op`` needs beyond input_ids and attention_mask."""
