@@ -422,16 +422,19 @@ def run_training(
     try:
         try:
             backend = open_backend(config, options["backend"], out_dir)
+            if state is not None:
+                logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
+                backend.load_checkpoint(state.checkpoint_path)
+            runner = open_rollout_source(config, options["rollout.source"], backend, task, out_dir)
         except (ConfigError, ServiceStartError):
             if state is None:  # a fresh run that never started: leave nothing that blocks the fixed command
+                if backend is not None:
+                    _close_quietly("backend", backend.close)
+                    backend = None
                 _remove_run_files(out_dir)
                 if not any(out_dir.iterdir()):
                     out_dir.rmdir()
             raise
-        if state is not None:
-            logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
-            backend.load_checkpoint(state.checkpoint_path)
-        runner = open_rollout_source(config, options["rollout.source"], backend, task, out_dir)
         metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
         display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
         loop = TrainingLoop(

@@ -47,6 +47,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("no-chat-template-inprocess", ["backend.name=inprocess", "model.name={untemplated}"], "model.name: the tokenizer in"),
     ("no-chat-template-embedded-service", ["model.name={untemplated}"], "has no chat template"),
     ("no-chat-template-self-hosted", ["backend.name=self-hosted", "model.name={untemplated}"], "has no chat template"),
+    ("concurrency-with-episodes", ["rollout.source.name=episodes", "rollout.concurrency=4"], "rollout.concurrency: 4 has no effect"),
     ("max-tokens-past-context", ["backend.name=inprocess", "rollout.max_tokens=100000"], "rollout.max_tokens: 100000 does not fit"),
     ("max-tokens-past-context-self-hosted", ["backend.name=self-hosted", "rollout.max_tokens=4096"], "rollout.max_tokens: 4096"),
 ]

@@ -79,6 +79,9 @@ class SkillHolder:
         self.train_calls: list[tuple[list[RemoteDatum], TrainStepConfig]] = []
         self.samples: list[tuple[int, int]] = []
         """(stream position of the prompt, sampling weights version) per sample."""
+        self.options_seen: list[tuple[int, SamplingOptions]] = []
+        """(stream position of the prompt, the sampling options it came with) per sample;
+        validation prompts have position -1."""
         self.closed = False
         self._lock = threading.Lock()
         HOLDERS.append(self)
@@ -94,6 +97,7 @@ class SkillHolder:
         with self._lock:
             p = sigmoid(self.sampling_skill)
             self.samples.append((position, self.version))
+            self.options_seen.append((position, options))
         time.sleep(INTERRUPT["delay"])
         rng = random.Random(options.seed)
         correct = rng.random() < (p if options.temperature > 0 else float(p >= 0.5))
@@ -354,6 +358,39 @@ def test_train_step_config_carries_every_adam_parameter(tmp_path: Path) -> None:
             learning_rate=0.5, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.7
         ),
     )
+
+
+def test_sampling_settings_reach_every_sample(tmp_path: Path) -> None:
+    """The recipe's rollout settings are what the backend's chat model is asked for:
+    training samples at ``rollout.temperature``, validation at ``rollout.val_temperature``
+    on ``task.val_size`` items; ``prompts_per_step`` x ``group_size`` runs a step."""
+    settings = (
+        "schedule.steps=1", "schedule.validate_every=1", "rollout.temperature=0.7", "rollout.val_temperature=0",
+        "rollout.top_p=0.9", "rollout.max_tokens=5", "task.val_size=2", "rollout.prompts_per_step=3", "rollout.group_size=2",
+    )
+    run_training(recipe(tmp_path, *settings), progress_bar=False)
+    (holder,) = HOLDERS
+    training = [options for position, options in holder.options_seen if position >= 0]
+    validation = [options for position, options in holder.options_seen if position < 0]
+    assert len(training) == 3 * 2 and len(validation) == 2 * 2, "two validations (before step 1 and after it) of two items"
+    assert {(o.temperature, o.top_p, o.max_tokens) for o in training} == {(0.7, 0.9, 5)}
+    assert {(o.temperature, o.top_p, o.max_tokens) for o in validation} == {(0.0, 0.9, 5)}
+    assert len({o.seed for o in training}) == 6, "each run of a group samples with its own seed"
+    reseeded = recipe(tmp_path, *settings, "seed=4", name="reseeded")
+    HOLDERS.clear()
+    run_training(reseeded, progress_bar=False)
+    assert {o.seed for _, o in HOLDERS[0].options_seen}.isdisjoint({o.seed for o in training}), "seed moves every sample's seed"
+
+
+def test_api_key_env_is_the_key_the_holder_gets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEXRL_TEST_SERVICE_KEY", "sk-from-the-environment")
+    hosted = ("backend.options.base_url=http://127.0.0.1:9", "backend.options.api_key_env=NEXRL_TEST_SERVICE_KEY")
+    run_training(recipe(tmp_path, "schedule.steps=1", "schedule.validate_every=0", *hosted), progress_bar=False)
+    (holder,) = HOLDERS
+    assert holder.config.api_key == "sk-from-the-environment"
+    monkeypatch.delenv("NEXRL_TEST_SERVICE_KEY")
+    with pytest.raises(ConfigError, match="api_key_env: the environment variable NEXRL_TEST_SERVICE_KEY is not set"):
+        run_training(recipe(tmp_path, *hosted, name="nokey"), progress_bar=False)
 
 
 def test_datums_are_shifted_with_masked_advantages_and_uniform_groups_skipped(tmp_path: Path) -> None:

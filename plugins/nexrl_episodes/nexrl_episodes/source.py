@@ -54,6 +54,14 @@ class EpisodeSource:
     def open(cls, setup: RolloutSetup) -> EpisodeSource:
         options: EpisodesOptions = setup.options
         recipe = setup.recipe
+        if recipe.rollout.concurrency is not None:
+            raise ConfigError(
+                [
+                    f"rollout.concurrency: {recipe.rollout.concurrency} has no effect with rollout.source.name=episodes, where "
+                    "clients decide how many episodes run at once; remove it (null), and set "
+                    "rollout.source.options.local_workers.{processes,concurrency} or each worker's --concurrency"
+                ]
+            )
         script = options.local_workers.script
         if options.local_workers.processes and script and script.endswith(".py") and not Path(script).is_file():
             raise ConfigError(
