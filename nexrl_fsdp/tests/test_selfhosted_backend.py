@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,10 +72,24 @@ def test_options_the_workers_cannot_honour_are_refused_before_anything_starts(
     assert not (tmp_path / "backend" / "workers.log").exists(), "no worker may start for a refused recipe"
 
 
+CONTRACT_OPTIONS = (
+    "backend.options.heartbeat_s=0.5",
+    "backend.options.dead_after_s=10",
+    "backend.options.identifier=learner",
+    "backend.options.connect_timeout_s=120",
+    "backend.options.op_timeout_s=300",
+    "backend.options.update={ppo_epochs: 2, mini_batches: 2, micro_batch_rows: 4}",
+    "backend.options.recompute_old_logprobs=false",
+    "backend.options.sampler={sample_linger_s: 0.002, sample_linger_max_s: 0.02, max_batch_rows: 16}",
+)
+"""Non-default values for the backend's options, so `test_each_backend_option_reaches_its_part`
+can find each where it acts (the contract passes with them too)."""
+
+
 @pytest.fixture(scope="module")
 def contract_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SelfHostedBackend]:
     directory = tmp_path_factory.mktemp("self-hosted")
-    backend = open_backend(recipe(directory, "backend.options.heartbeat_s=0.5", "backend.options.dead_after_s=10"), directory / "backend")
+    backend = open_backend(recipe(directory, *CONTRACT_OPTIONS), directory / "backend")
     try:
         yield backend
     finally:
@@ -86,6 +103,69 @@ class TestSelfHostedBackendContract(BackendContract):
     @pytest.fixture
     def backend(self, contract_backend: SelfHostedBackend) -> SelfHostedBackend:
         return contract_backend
+
+
+@pytest.mark.slow
+def test_each_backend_option_reaches_its_part(contract_backend: SelfHostedBackend) -> None:
+    """What the options set is what the group, the transport, the trainer and the sampler run with."""
+    backend = contract_backend
+    info = backend.transport.info()
+    assert (backend.transport.options.identifier, info["world_size"], backend.run_info()["world_size"]) == ("learner", 2, "2")
+    assert (backend.transport.options.connect_timeout_s, backend.transport.options.op_timeout_s) == (120, 300)
+    assert backend.group is not None and backend.group.server.dead_after_s == 10
+    assert {"ppo_epochs": 2, "mini_batches": 2, "micro_batch_rows": 4}.items() <= backend.trainer.update_options().items()
+    assert backend.trainer.config.recompute_old_logprobs is False
+    metrics = backend.train(sampled_group(backend.chat_model()), 1)
+    assert metrics["train/actor/optimizer_steps"] == 4.0, "two epochs of two mini-batches"
+    assert "actor/old_logprob_abs_diff" not in metrics, "the sampler's logprobs were trained on as they came"
+    compute = backend.chat.compute
+    assert (compute._linger_s, compute._linger_max_s, compute._max_batch_rows) == (0.002, 0.02, 16)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path) -> None:
+    """The several-machines path of docs/self-hosted.md on one machine: ``nexrl serve workers``
+    and ``torchrun -m nexrl_fsdp.worker`` started by hand, the run given ``workers_url``."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    log = open(tmp_path / "group.log", "wb")  # noqa: SIM115 - closed below
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nexrl = str(Path(sys.executable).parent / "nexrl")
+    server = subprocess.Popen([nexrl, "serve", "workers", "--port", url.rsplit(":", 1)[1]], stdout=log, stderr=subprocess.STDOUT, env=env)
+    workers = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, (tmp_path / "group.log").read_text()
+                time.sleep(0.2)
+        workers = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+             "-m", "nexrl_fsdp.worker", "--api-server-url", url, "--identifier", "remote"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        options = (f"backend.options.workers_url={url}", "backend.options.identifier=remote")
+        backend = open_backend(recipe(tmp_path, *options), tmp_path / "backend")
+        try:
+            assert backend.group is None and backend.run_info()["world_size"] == "2"
+            assert backend.train(sampled_group(backend.chat_model()), 1)["train/actor/grad_norm"] > 0
+        finally:
+            backend.close()
+        assert workers.wait(timeout=120) == 0, "closing the backend destroys the group, and its ranks end"
+    finally:
+        for process in (workers, server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+        log.close()
 
 
 @pytest.mark.slow

@@ -56,8 +56,10 @@ def test_clip_widths_become_tinker_ratio_bounds() -> None:
 
 
 def test_transient_errors_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("time.sleep", lambda seconds: None)
-    holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9", max_retries=2))
+    slept: list[float] = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    config = TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9", max_retries=2, retry_backoff_s=0.25)
+    holder = TinkerServiceHolder(config)
     calls: list[int] = []
 
     def flaky() -> str:
@@ -68,12 +70,29 @@ def test_transient_errors_are_retried_then_reported(monkeypatch: pytest.MonkeyPa
 
     assert holder._retry("sample", flaky) == "ok"
     assert len(calls) == 3
+    assert slept == [0.25, 0.5], "retry_backoff_s doubles per attempt"
 
     def broken() -> str:
         raise tinker.APIConnectionError(request=None)  # type: ignore[arg-type]
 
     with pytest.raises(RuntimeError, match=r"failed to train after 3 attempts: APIConnectionError"):
         holder._retry("train", broken)
+
+
+def test_tokenizer_path_and_renderer_name_make_the_prompt() -> None:
+    """``tokenizer_path`` is read without asking the service (none listens on port 9), and
+    ``renderer_name`` replaces the tokenizer's chat template with a tinker-cookbook renderer."""
+    from nexrl_fsdp.loading import resolve_model_dir
+
+    directory = str(resolve_model_dir("nexrl-tiny"))
+    messages = [{"role": "user", "content": "1+2="}]
+    prompts = [
+        TinkerServiceHolder(
+            TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9", tokenizer_path=directory, renderer_name=renderer)
+        ).apply_chat_template(messages)
+        for renderer in (None, "role_colon")
+    ]
+    assert prompts == ["<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n", "User: 1+2=\n\nAssistant:"]
 
 
 def test_pickles_to_config_and_sampling_path() -> None:
