@@ -1,0 +1,52 @@
+"""The ``episodes`` source's server options, from `rollout.source.options` to what a client sees."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy
+
+from nexrl_core.backend import RolloutSetup
+from nexrl_core.config import load_config
+from nexrl_core.rollout import RunRequest
+from nexrl_episodes import EpisodeClient
+from nexrl_episodes.plugin import EpisodesOptions
+from nexrl_episodes.source import EpisodeSource
+
+REQUEST = RunRequest(step=1, item_index=0, run_id=0, group_id="g", task_id="t", item={"a": 1, "b": 2}, seed=1, is_val=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_server_options_shape_what_clients_get(tmp_path: Path, chat_model: Any) -> None:
+    """``port`` is where it listens, ``api_key`` guards claims, ``public_url`` is the base
+    URL handed out with each claim, ``db_url`` is where the episodes are kept."""
+    port, database = _free_port(), tmp_path / "elsewhere" / "episodes.db"
+    database.parent.mkdir()
+    options = EpisodesOptions(
+        host="127.0.0.1", port=port, public_url="http://proxy.example:9999", db_url=f"sqlite:///{database}", api_key="sk-claims"
+    )
+    recipe = load_config(None, ["rollout.source.name=episodes"])
+    setup = RolloutSetup(recipe=recipe, options=options, model=chat_model, agent=None, work_dir=tmp_path / "rollout")
+    (tmp_path / "rollout").mkdir()
+    source = EpisodeSource.open(setup)
+    try:
+        source.submit(1, [REQUEST])
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.post(f"{url}/claim_episode", json={"client_id": "x", "wait_s": 0}).status_code == 401
+        episode = EpisodeClient(url, api_key="sk-claims").claim(timeout_s=10)
+        assert episode.base_url.startswith("http://proxy.example:9999/")
+        assert episode.task == REQUEST.item
+        episode.end(1.0)
+        with sqlalchemy.create_engine(f"sqlite:///{database}").connect() as connection:
+            tables = sqlalchemy.inspect(connection).get_table_names()
+            assert tables and not list((tmp_path / "rollout").glob("*.db")), "the episodes live at db_url"
+    finally:
+        source.close()
