@@ -227,7 +227,7 @@ def test_direct_construction_runs_the_same_checks() -> None:
 
 
 def test_dump_gives_plain_data_that_structures_back_to_the_same_config() -> None:
-    config = load_config(None, ["model.dtype=bf16", "algorithm.kl.controller=adaptive"])
+    config = load_config(None, ["model.dtype=bf16", "algorithm.kl.coef=0.1", "algorithm.kl.controller=adaptive"])
     data = dump_config(config)
     assert data["model"]["dtype"] == "bf16" and type(data["model"]["dtype"]) is str
     assert data["algorithm"]["kl"]["controller"] == "adaptive"

@@ -112,19 +112,31 @@ class ModelConfig:
     """Precision of the trained weights."""
 
 
+def _read_only_with_kl_on(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A KL setting other than its default must be one the run reads: none is read while
+    ``coef`` is 0, and ``target``/``horizon`` only by the adaptive controller."""
+    if value == attribute.default:
+        return
+    if instance.coef == 0:
+        raise ValueError(f"{attribute.name} has no effect while coef is 0 (KL off); set algorithm.kl.coef > 0 or remove it")
+    if attribute.name in ("target", "horizon") and instance.controller is KLController.FIXED:
+        raise ValueError(f"{attribute.name} is read only by the adaptive controller; set algorithm.kl.controller: adaptive or remove it")
+
+
 @attrs.frozen(kw_only=True)
 class KLSettings:
     """Penalty on drifting from the reference model."""
 
     coef: float = attrs.field(default=0.0, validator=non_negative)
     """Weight of the KL penalty (the adaptive controller's starting value); 0 disables it."""
-    controller: KLController = KLController.FIXED
+    controller: KLController = attrs.field(default=KLController.FIXED, validator=_read_only_with_kl_on)
     """``fixed`` keeps ``coef``; ``adaptive`` steers it towards ``target``."""
-    target: float = attrs.field(default=6.0, validator=positive)
-    """KL the adaptive controller aims for; ignored by ``fixed``."""
-    horizon: int = attrs.field(default=10000, validator=positive)
-    """Steps over which the adaptive controller adjusts the coefficient; larger is slower."""
-    penalty: KLPenalty = KLPenalty.KL
+    target: float = attrs.field(default=6.0, validator=[positive, _read_only_with_kl_on])
+    """KL the adaptive controller aims for (set it only with ``controller: adaptive``)."""
+    horizon: int = attrs.field(default=10000, validator=[positive, _read_only_with_kl_on])
+    """Steps over which the adaptive controller adjusts the coefficient; larger is slower
+    (set it only with ``controller: adaptive``)."""
+    penalty: KLPenalty = attrs.field(default=KLPenalty.KL, validator=_read_only_with_kl_on)
     """Per-token KL estimator."""
 
 

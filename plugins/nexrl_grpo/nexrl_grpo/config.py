@@ -125,8 +125,18 @@ def _agg_mode_field(default: AggMode) -> Any:
     return attrs.field(default=default, converter=_to_agg_mode)
 
 
+def _read_by_its_aggregation(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """``norm_constant`` only divides ``seq-mean-token-sum-norm``; under any other
+    aggregation it would be accepted and ignored."""
+    if value is not None and instance.agg_mode is not AggMode.SEQ_MEAN_TOKEN_SUM_NORM:
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} is read only by agg_mode {AggMode.SEQ_MEAN_TOKEN_SUM_NORM.value}, "
+            f"not {instance.agg_mode.value}; set that agg_mode or remove {attribute.name}"
+        )
+
+
 def _norm_constant_field() -> Any:
-    return attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    return attrs.field(default=None, validator=[attrs.validators.optional(_positive), _read_by_its_aggregation])
 
 
 def _entropy_coeff_field() -> Any:
