@@ -64,9 +64,13 @@ def test_recipe_settings_reach_the_engine(tmp_path: Path) -> None:
         "backend.options.max_tokens_per_microbatch=512",
         "backend.options.share_prefixes=false",
         "backend.options.max_batch_rows=32",
+        "backend.options.sample_linger_s=0.003",
+        "backend.options.sample_linger_max_s=0.03",
     )
     backend = open_backend(config, tmp_path / "backend")
     try:
+        compute = backend.holder.compute  # type: ignore[attr-defined]
+        assert (compute._linger_s, compute._linger_max_s, compute._max_batch_rows) == (0.003, 0.03, 32)
         engine = backend.holder.engine  # type: ignore[attr-defined]
         assert (engine.config.dtype, engine.config.max_tokens_per_microbatch, engine.config.share_prefixes) == (
             "bfloat16",
@@ -81,13 +85,22 @@ def test_recipe_settings_reach_the_engine(tmp_path: Path) -> None:
     assert not backend.holder.compute.running  # type: ignore[attr-defined]
 
 
-def test_lora_settings_reach_the_engine(tmp_path: Path) -> None:
-    config = quickstart(tmp_path, "model.lora.rank=4", "model.lora.alpha=8", "model.lora.train_mlp=false")
+@pytest.mark.parametrize(
+    ("flags", "adapted", "untouched"),
+    [
+        (("model.lora.train_mlp=false",), ("self_attn", "lm_head"), ("mlp",)),
+        (("model.lora.train_attn=false", "model.lora.train_unembed=false"), ("mlp",), ("self_attn", "lm_head")),
+    ],
+)
+def test_lora_settings_reach_the_engine(tmp_path: Path, flags: tuple[str, ...], adapted: tuple[str, ...], untouched: tuple[str, ...]) -> None:
+    config = quickstart(tmp_path, "model.lora.rank=4", "model.lora.alpha=8", *flags)
     backend = open_backend(config, tmp_path / "backend")
     try:
         engine = backend.holder.engine  # type: ignore[attr-defined]
         assert engine.is_lora and (engine.config.lora.rank, engine.config.lora.alpha) == (4, 8.0)
-        assert not any("mlp" in name for name in engine.trainable_parameter_names())
+        trained = engine.trainable_parameter_names()
+        assert all(any(part in name for name in trained) for part in adapted), trained
+        assert not any(part in name for name in trained for part in untouched), trained
     finally:
         backend.close()
 

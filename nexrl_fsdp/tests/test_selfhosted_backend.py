@@ -131,7 +131,8 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path) -> None:
     """The several-machines path of docs/self-hosted.md on one machine: ``nexrl serve workers``
-    and ``torchrun -m nexrl_fsdp.worker`` started by hand, the run given ``workers_url``."""
+    and ``torchrun -m nexrl_fsdp.worker`` started by hand, the run given ``workers_url``
+    (and bf16, which the workers load and train in)."""
     url = f"http://127.0.0.1:{_free_port()}"
     log = open(tmp_path / "group.log", "wb")  # noqa: SIM115 - closed below
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -152,10 +153,10 @@ def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path) -
              "-m", "nexrl_fsdp.worker", "--api-server-url", url, "--identifier", "remote"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-        options = (f"backend.options.workers_url={url}", "backend.options.identifier=remote")
+        options = (f"backend.options.workers_url={url}", "backend.options.identifier=remote", "model.dtype=bf16")
         backend = open_backend(recipe(tmp_path, *options), tmp_path / "backend")
         try:
-            assert backend.group is None and backend.run_info()["world_size"] == "2"
+            assert backend.group is None and backend.run_info() == {"dtype": "bfloat16", "device": "cpu", "world_size": "2"}
             assert backend.train(sampled_group(backend.chat_model()), 1)["train/actor/grad_norm"] > 0
         finally:
             backend.close()

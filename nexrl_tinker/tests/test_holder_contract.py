@@ -3,6 +3,7 @@ the real local service, through the real ``tinker`` SDK."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +91,24 @@ def test_checkpoint_round_trip(keyed_base_url: str, tmp_path: Path) -> None:
         assert holder.update_sampling_weights().startswith("tinker://")
     finally:
         holder.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "adapted", "untouched"),
+    [
+        ({"train_mlp": False}, {"q_proj", "o_proj", "lm_head"}, {"gate_proj", "down_proj"}),
+        ({"train_attn": False, "train_unembed": False}, {"gate_proj", "down_proj"}, {"q_proj", "o_proj", "lm_head"}),
+    ],
+)
+def test_lora_targets_reach_the_service(keyed_base_url: str, tmp_path: Path, flags: dict, adapted: set, untouched: set) -> None:
+    """``model.lora.train_{mlp,attn,unembed}`` travel through ``create_lora_training_client``
+    and decide which layers the service adapts (read back from the exported adapter)."""
+    model = ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=4, **flags))
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=model, base_url=keyed_base_url, api_key=TEST_API_KEY))
+    try:
+        holder.update_sampling_weights()
+        directory = holder.export_model(tmp_path / "model")
+    finally:
+        holder.close()
+    targets = set(json.loads((directory / "adapter" / "adapter_config.json").read_text())["target_modules"])
+    assert adapted <= targets and not untouched & targets, targets

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from nexrl_weaver.holder import WeaverServiceHolder
@@ -134,3 +136,24 @@ def test_export_is_refused_while_sampling_lags_the_training_weights(keyed_base_u
         assert (holder.export_model(tmp_path / "fresh") / "config.json").is_file()
     finally:
         holder.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "adapted", "untouched"),
+    [
+        ({"train_mlp": False}, {"q_proj", "o_proj", "lm_head"}, {"gate_proj", "down_proj"}),
+        ({"train_attn": False, "train_unembed": False}, {"gate_proj", "down_proj"}, {"q_proj", "o_proj", "lm_head"}),
+    ],
+)
+def test_lora_targets_reach_the_service(keyed_base_url: str, tmp_path: Path, flags: dict, adapted: set, untouched: set) -> None:
+    """``model.lora.train_{mlp,attn,unembed}`` decide which layers the service adapts (read
+    back from the exported adapter)."""
+    model = ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=4, **flags))
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=model, base_url=keyed_base_url, api_key=TEST_API_KEY))
+    try:
+        holder.update_sampling_weights()
+        directory = holder.export_model(tmp_path / "model")
+    finally:
+        holder.close()
+    targets = set(json.loads((directory / "adapter" / "adapter_config.json").read_text())["target_modules"])
+    assert adapted <= targets and not untouched & targets, targets
