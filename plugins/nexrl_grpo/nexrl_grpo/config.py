@@ -86,14 +86,21 @@ _to_agg_mode = _enum_converter(AggMode)
 # --- advantage estimators ----------------------------------------------------------------
 
 
+def _read_when_dividing_by_std(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """``eps`` is added to the std, so without ``norm_by_std`` it would be accepted and ignored."""
+    if not instance.norm_by_std and value != attribute.default:
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} is read only with norm_by_std true; set it or remove {attribute.name}")
+
+
 @attrs.frozen(kw_only=True)
 class GrpoConfig:
     """Options of ``grpo``: group-normalised outcome advantages."""
 
     norm_by_std: bool = attrs.field(default=True, validator=_bool)
     """Divide by the group's std of run scores; false gives the mean-centred advantage only."""
-    eps: float = attrs.field(default=1e-6, validator=_positive)
-    """Added to the std so a group with a tiny spread cannot blow advantages up."""
+    eps: float = attrs.field(default=1e-6, validator=[_positive, _read_when_dividing_by_std])
+    """Added to the std so a group with a tiny spread cannot blow advantages up (read
+    only with ``norm_by_std``)."""
 
 
 @attrs.frozen(kw_only=True)

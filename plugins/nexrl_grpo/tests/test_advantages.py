@@ -85,6 +85,13 @@ def test_grpo_without_std_normalisation_is_mean_centred() -> None:
     assert row_values(out.advantages) == pytest.approx([2 / 3, -1 / 3, -1 / 3, -1.0, 1.0])
 
 
+def test_grpo_eps_is_added_to_the_std() -> None:
+    out = grpo(eps=1.0)(TWO_GROUPS)
+    # the stds of test_grpo_two_groups plus 1: a 1.5773503, b 2.4142136
+    expected = [(2 / 3) / 1.5773503, (-1 / 3) / 1.5773503, (-1 / 3) / 1.5773503, -1 / 2.4142136, 1 / 2.4142136]
+    assert row_values(out.advantages) == pytest.approx(expected, abs=1e-5)
+
+
 def test_grpo_averages_a_multi_trajectory_run_first() -> None:
     out = grpo()(MULTI_TRAJECTORY)
     # run means 1, 0: baseline 0.5; unbiased std sqrt((0.25 + 0.25) / 1) = 0.7071068
@@ -149,6 +156,12 @@ def test_reinforce_plus_plus_gamma_half() -> None:
     # whitened: 0.125 / 0.6081050 = 0.2055566, 0.375 / . = 0.6166699, 0.875 / . = 1.4388965,
     #           -0.2055566, -0.2055566, -1.125 / . = -1.8500096
     assert_values(out.advantages, [[0.2055566, 0.6166699, 1.4388965], [-0.2055566, -0.2055566, -1.8500096]])
+
+
+def test_reinforce_plus_plus_eps_is_added_to_the_std() -> None:
+    out = ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig(gamma=1.0, eps=1.0))(RPP_BATCH)
+    # the deviations and std of test_reinforce_plus_plus_gamma_one, divided by std + 1 = 1.8498366
+    assert_values(out.advantages, [[(5 / 6) / 1.8498366] * 3, [(-4 / 6) / 1.8498366] * 2 + [(-7 / 6) / 1.8498366]])
 
 
 def test_reinforce_plus_plus_discounts_trained_tokens_only() -> None:

@@ -62,6 +62,7 @@ def test_configs_are_frozen() -> None:
         (lambda: PPOLossConfig(entropy_coeff=math.nan), r"entropy_coeff must be a finite number >= 0"),
         (lambda: CrossEntropyLossConfig(norm_constant=0), r"CrossEntropyLossConfig\.norm_constant must be"),
         (lambda: CispoLossConfig(clip_high=0), r"CispoLossConfig\.clip_high must be"),
+        (lambda: GrpoConfig(norm_by_std=False, eps=0.1), r"GrpoConfig\.eps is read only with norm_by_std true"),
         (lambda: PPOLossConfig(norm_constant=4.0), r"PPOLossConfig\.norm_constant is read only by agg_mode seq-mean-token-sum-norm"),
         (lambda: ImportanceSamplingLossConfig(agg_mode="mean"), r"'mean' is not a valid AggMode; choose one of"),
     ],
