@@ -388,6 +388,7 @@ def test_api_key_env_is_the_key_the_holder_gets(tmp_path: Path, monkeypatch: pyt
     run_training(recipe(tmp_path, "schedule.steps=1", "schedule.validate_every=0", *hosted), progress_bar=False)
     (holder,) = HOLDERS
     assert holder.config.api_key == "sk-from-the-environment"
+    assert holder.config.base_url == "http://127.0.0.1:9" and SERVICES == [], "a base_url starts no embedded service"
     monkeypatch.delenv("NEXRL_TEST_SERVICE_KEY")
     with pytest.raises(ConfigError, match="api_key_env: the environment variable NEXRL_TEST_SERVICE_KEY is not set"):
         run_training(recipe(tmp_path, *hosted, name="nokey"), progress_bar=False)
@@ -409,6 +410,22 @@ def test_datums_are_shifted_with_masked_advantages_and_uniform_groups_skipped(tm
             assert set(datum.advantages[:first]) == {0.0} and set(datum.sampling_logprobs[:first]) == {0.0}
             assert len(set(datum.advantages[first:])) == 1
             assert datum.sampling_logprobs[first] < 0
+
+
+def test_per_token_advantages_train_through_the_trainer(tmp_path: Path) -> None:
+    """A non-default estimator with per-token advantages (reinforce_plus_plus, gamma 0.5)
+    reaches the holder token by token: a run's trained tokens carry different advantages,
+    the last (nearest its reward) the largest for a rewarded run."""
+    estimator = ("algorithm.advantage.name=reinforce_plus_plus", "algorithm.advantage.options.gamma=0.5")
+    run_training(recipe(tmp_path, "schedule.steps=2", "schedule.validate_every=0", *estimator), progress_bar=False)
+    rows = read_rows(tmp_path / "run")
+    assert all(math.isfinite(row["train/loss"]) for row in rows)
+    datums = [datum for datums, _ in HOLDERS[0].train_calls for datum in datums]
+    rewarded = [d for d in datums if d.advantages[-1] == max(d.advantages) and d.advantages[-1] > 0]
+    assert rewarded, "some run was rewarded"
+    for datum in rewarded:
+        trained = [a for a, m in zip(datum.advantages, datum.loss_mask) if m]
+        assert len(set(trained)) == len(trained) and trained == sorted(trained), trained
 
 
 def test_two_runs_of_one_recipe_agree(tmp_path: Path) -> None:

@@ -1,0 +1,449 @@
+"""Every recipe key does something or is refused: a walk over the whole recipe schema.
+
+The walk visits every leaf key a recipe can set: the core sections (`TrainConfig`) and
+the options of every installed component a recipe picks by name (each backend, rollout
+source, advantage estimator and policy loss, and each service holder's options under
+``backend.options.holder``). Each key must have an entry in `KEYS`, which names, per
+backend, the test that shows the key's effect there (a changed gradient, metric,
+sample, file or error) or the test that shows the backend refusing it before step 1.
+A key no backend reads differently (the schedule, the task, where the output goes) has
+one entry for every backend (`EVERY_BACKEND`).
+
+A new key with no entry fails `test_every_recipe_key_has_an_entry`, saying what to
+add; a dummy key shows that it does (`test_a_key_without_an_entry_fails_the_walk`).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from nexrl_core.config.schema import REGISTRY_KIND, TrainConfig
+from nexrl_core.holders import HolderTarget
+from nexrl_core.registry import get_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+EVERY_BACKEND = "*"
+"""The key acts the same on every backend (the loop, the task or the trainer reads it)."""
+
+COMPONENT_OPTIONS = {
+    "backends": "backend.options",
+    "rollout_sources": "rollout.source.options",
+    "advantage_estimators": "algorithm.advantage.options",
+    "policy_losses": "algorithm.loss.options",
+}
+"""Registry kind of a component a recipe picks by name → where its options go."""
+HOLDER_OPTIONS = "backend.options.holder"
+"""Where the ``remote_api`` backend takes the chosen service holder's own options."""
+
+
+@attrs.frozen
+class Entry:
+    """Where a key's effect, or its refusal, is shown, per backend."""
+
+    effect: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """Backend (or `EVERY_BACKEND`) → tests (``path::name``) that show the key changing
+    what the run does there."""
+    refused: Mapping[str, str] = attrs.field(factory=dict)
+    """Backend → the test that shows the run refusing the key, by its path, before step 1."""
+
+
+def everywhere(*tests: str) -> Entry:
+    return Entry(effect={EVERY_BACKEND: tests})
+
+
+def per_backend(refused: Mapping[str, str] | None = None, **effect: str | tuple[str, ...]) -> Entry:
+    """``per_backend(inprocess="test", self_hosted=(...), refused={"remote_api": "test"})``."""
+    shown = {name.replace("_hosted", "-hosted"): (tests,) if isinstance(tests, str) else tests for name, tests in effect.items()}
+    return Entry(effect=shown, refused=dict(refused or {}))
+
+
+# --- where each effect is shown ------------------------------------------------------------------
+
+LOOP = "tests/test_train_loop.py"
+SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
+RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
+BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
+INPROCESS = "nexrl_fsdp/tests/test_inprocess_backend.py"
+SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
+SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
+SELF_HOSTED_REFUSALS = f"{SELF_HOSTED}::test_options_the_workers_cannot_honour_are_refused_before_anything_starts"
+WORKERS = "nexrl_fsdp/tests/test_workers.py"
+HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_holder_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
+ADAMW = per_backend(
+    remote_api=(f"{LOOP}::test_train_step_config_carries_every_adam_parameter", "nexrl_tinker/tests/test_codec.py::test_dense_and_config"),
+    inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_adamw_field_reaches_the_optimizer",
+    self_hosted=(
+        "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe",
+        f"{WORKERS}::test_update_actor_gives_the_engines_loss_and_weights",
+    ),
+)
+KL_REWARD = everywhere(
+    "plugins/nexrl_grpo/tests/test_trainers.py::test_kl_in_the_reward_separates_runs_of_equal_outcome_by_their_kl",
+    "tests/test_kl_end_to_end.py::test_kl_coefficient_keeps_the_policy_closer_to_the_reference",
+    f"{SELF_HOSTED}::test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers",
+)
+KL_ADAPTIVE = everywhere(
+    "plugins/nexrl_grpo/tests/test_trainers.py::test_the_adaptive_controller_moves_the_coefficient_towards_the_target_and_resumes",
+    f"{SELF_HOSTED}::test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers",
+)
+LORA_TARGETS = per_backend(
+    refused={"self-hosted": SELF_HOSTED_REFUSALS},
+    inprocess=(f"{INPROCESS}::test_lora_settings_reach_the_engine", "nexrl_fsdp/tests/test_lora.py::test_target_flags"),
+    remote_api=(
+        "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
+        "nexrl_weaver/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
+    ),
+)
+
+CORE: dict[str, Entry] = {
+    "task.name": everywhere("tests/test_e2e_train.py::test_shortened_quickstart_raises_validation_reward", BAD_INPUT),
+    "task.data_path": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module", BAD_INPUT),
+    "task.val_data_path": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module"),
+    "task.agent": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module", BAD_INPUT),
+    "task.val_size": everywhere(SAMPLING),
+    "backend.name": everywhere(f"{INPROCESS}::test_metrics_say_which_dtype_trained", BAD_INPUT),
+    "model.name": everywhere(f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url", BAD_INPUT),
+    "model.lora.rank": per_backend(
+        refused={"self-hosted": SELF_HOSTED_REFUSALS},
+        inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
+        remote_api=(HOLDER_CONFIG, "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service"),
+    ),
+    "model.lora.alpha": per_backend(
+        refused={
+            "remote_api": "nexrl_tinker/tests/test_holder_contract.py::test_lora_alpha_is_refused_where_the_tinker_api_has_none",
+            "self-hosted": SELF_HOSTED_REFUSALS,
+        },
+        inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
+    ),
+    "model.lora.train_mlp": LORA_TARGETS,
+    "model.lora.train_attn": LORA_TARGETS,
+    "model.lora.train_unembed": LORA_TARGETS,
+    "model.dtype": per_backend(
+        refused={"remote_api": BAD_INPUT},
+        inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+        self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url",
+    ),
+    "algorithm.learning_rate": ADAMW,
+    "algorithm.beta1": ADAMW,
+    "algorithm.beta2": ADAMW,
+    "algorithm.eps": ADAMW,
+    "algorithm.weight_decay": ADAMW,
+    "algorithm.grad_clip_norm": ADAMW,
+    "algorithm.advantage.name": everywhere(
+        "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe", f"{LOOP}::test_per_token_advantages_train_through_the_trainer"
+    ),
+    "algorithm.loss.name": per_backend(
+        remote_api=("plugins/nexrl_remote_api/tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
+                    "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions"),  # fmt: skip
+        inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
+        self_hosted=f"{WORKERS}::test_every_loss_option_the_workers_run_reaches_their_gradient",
+    ),
+    "algorithm.kl.coef": KL_REWARD,
+    "algorithm.kl.controller": KL_ADAPTIVE,
+    "algorithm.kl.target": KL_ADAPTIVE,
+    "algorithm.kl.horizon": KL_ADAPTIVE,
+    "algorithm.kl.penalty": everywhere("plugins/nexrl_grpo/tests/test_trainers.py::test_each_penalty_reaches_the_reward"),
+    "rollout.source.name": everywhere("plugins/nexrl_episodes/tests/test_train_e2e.py::test_the_episodes_quickstart_raises_held_out_reward"),
+    "rollout.prompts_per_step": everywhere(SAMPLING),
+    "rollout.group_size": everywhere(SAMPLING),
+    "rollout.max_tokens": everywhere(SAMPLING, BAD_INPUT),
+    "rollout.temperature": everywhere(SAMPLING),
+    "rollout.top_p": everywhere(SAMPLING),
+    "rollout.concurrency": everywhere("tests/test_rollout.py::test_concurrency_is_bounded_and_results_keep_request_order", BAD_INPUT),
+    "rollout.max_staleness": everywhere(
+        f"{LOOP}::test_one_step_off_samples_step_k_with_the_weights_of_step_k_minus_2",
+        "plugins/nexrl_episodes/tests/test_lifecycle.py::test_can_continue_is_false_past_the_allowed_staleness",
+    ),
+    "rollout.error_budget": everywhere(f"{LOOP}::test_agent_errors_beyond_the_budget_stop_the_run"),
+    "rollout.max_agent_errors": everywhere(f"{LOOP}::test_total_error_budget"),
+    "rollout.val_temperature": everywhere(SAMPLING),
+    "schedule.steps": everywhere(RUN_FILES),
+    "schedule.validate_every": everywhere(RUN_FILES),
+    "schedule.checkpoint_every": everywhere(RUN_FILES),
+    "output.dir": everywhere(RUN_FILES),
+    "seed": everywhere(SAMPLING, f"{LOOP}::test_two_runs_of_one_recipe_agree"),
+}
+
+LOSS_OPTION_TESTS = per_backend(
+    remote_api=("nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
+                "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolderLossOptions"),  # fmt: skip
+    inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
+    self_hosted=f"{WORKERS}::test_every_loss_option_the_workers_run_reaches_their_gradient",
+)
+SEQUENCE_AGGREGATION = attrs.evolve(
+    LOSS_OPTION_TESTS,
+    effect={name: tests for name, tests in LOSS_OPTION_TESTS.effect.items() if name != "self-hosted"},
+    refused={"self-hosted": SELF_HOSTED_REFUSALS},
+)
+"""An option that needs a sequence aggregation, which the workers refuse."""
+
+
+def _loss_options() -> dict[str, Entry]:
+    entries = {}
+    for loss, options in {
+        "ppo": ("clip_low", "clip_high", "dual_clip_c", "agg_mode", "norm_constant", "entropy_coeff"),
+        "importance_sampling": ("agg_mode", "norm_constant", "entropy_coeff"),
+        "cross_entropy": ("agg_mode", "norm_constant"),
+        "cispo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
+        "gspo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
+    }.items():
+        for option in options:
+            entries[f"algorithm.loss.options.{option} [{loss}]"] = SEQUENCE_AGGREGATION if option == "norm_constant" else LOSS_OPTION_TESTS
+    return entries
+
+
+COMPONENTS: dict[str, Entry] = {
+    **_loss_options(),
+    "algorithm.advantage.options.norm_by_std [grpo]": everywhere(
+        "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_without_std_normalisation_is_mean_centred"
+    ),
+    "algorithm.advantage.options.eps [grpo]": everywhere("plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_eps_is_added_to_the_std"),
+    "algorithm.advantage.options.gamma [reinforce_plus_plus]": everywhere(
+        "plugins/nexrl_grpo/tests/test_advantages.py::test_reinforce_plus_plus_gamma_half"
+    ),
+    "algorithm.advantage.options.eps [reinforce_plus_plus]": everywhere(
+        "plugins/nexrl_grpo/tests/test_advantages.py::test_reinforce_plus_plus_eps_is_added_to_the_std"
+    ),
+    "algorithm.advantage.options.scale [example.median]": everywhere(
+        "examples/nexrl-example-plugin/tests/test_median_baseline.py::test_median_of_even_group_is_mean_of_middle_two"
+    ),
+    # backend: inprocess
+    "backend.options.sample_linger_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.sample_linger_max_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.max_batch_rows [inprocess]": per_backend(
+        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_inprocess_compute.py::test_batches_are_capped_in_rows")
+    ),
+    "backend.options.device [inprocess]": per_backend(
+        inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_cuda_without_cuda_is_refused_before_loading")
+    ),
+    "backend.options.max_tokens_per_microbatch [inprocess]": per_backend(
+        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_training.py::test_microbatching_does_not_change_the_result")
+    ),
+    "backend.options.share_prefixes [inprocess]": per_backend(
+        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_shared_prefix.py::test_the_engine_trains_the_same_with_and_without_sharing")
+    ),
+    "backend.options.trainer [inprocess]": per_backend(
+        inprocess=(f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key", "nexrl_fsdp/tests/test_inprocess_holder.py::TestGrpoTrainerContract")
+    ),
+    # backend: remote_api
+    "backend.options.service_holder [remote_api]": per_backend(remote_api=(RUN_FILES, BAD_INPUT)),
+    "backend.options.base_url [remote_api]": per_backend(remote_api=(f"{LOOP}::test_api_key_env_is_the_key_the_holder_gets", BAD_INPUT)),
+    "backend.options.api_key_env [remote_api]": per_backend(remote_api=f"{LOOP}::test_api_key_env_is_the_key_the_holder_gets"),
+    "backend.options.service [remote_api]": per_backend(remote_api=(RUN_FILES, f"{LOOP}::test_bad_recipes_fail_with_the_key")),
+    "backend.options.trainer [remote_api]": per_backend(remote_api=f"{LOOP}::test_bad_recipes_fail_with_the_key"),
+    "backend.options.holder [remote_api]": per_backend(remote_api=HOLDER_CONFIG),
+    # backend: self-hosted
+    **{
+        f"backend.options.{key} [self-hosted]": per_backend(self_hosted=SELF_HOSTED_OPTIONS)
+        for key in (
+            "world_size", "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows",
+            "recompute_old_logprobs", "sampler.sample_linger_s", "sampler.sample_linger_max_s", "sampler.max_batch_rows",
+            "connect_timeout_s", "op_timeout_s",
+        )  # fmt: skip
+    },
+    "backend.options.workers_url [self-hosted]": per_backend(self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url"),
+    "backend.options.trainer [self-hosted]": per_backend(self_hosted=(SELF_HOSTED_REFUSALS, f"{SELF_HOSTED}::TestSelfHostedBackendContract")),
+    "backend.options.sampler.device [self-hosted]": per_backend(self_hosted=SELF_HOSTED_REFUSALS),
+    "backend.options.heartbeat_s [self-hosted]": per_backend(
+        self_hosted="nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs"
+    ),
+    "backend.options.dead_after_s [self-hosted]": per_backend(
+        self_hosted=(SELF_HOSTED_OPTIONS, "nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs")
+    ),
+    # rollout source: episodes
+    **{
+        f"rollout.source.options.{key} [episodes]": everywhere("plugins/nexrl_episodes/tests/test_source_options.py::test_server_options_shape_what_clients_get")
+        for key in ("host", "port", "public_url", "db_url", "api_key")
+    },
+    "rollout.source.options.claim_timeout_s [episodes]": everywhere(
+        "plugins/nexrl_episodes/tests/test_lifecycle.py::test_a_silent_claim_goes_back_to_the_queue_and_its_late_end_is_refused"
+    ),
+    "rollout.source.options.max_attempts [episodes]": everywhere(
+        "plugins/nexrl_episodes/tests/test_lifecycle.py::test_an_episode_that_keeps_failing_fails_its_run_instead_of_waiting_forever"
+    ),
+    **{
+        f"rollout.source.options.local_workers.{key} [episodes]": everywhere(
+            "plugins/nexrl_episodes/tests/test_train_e2e.py::test_the_episodes_quickstart_raises_held_out_reward", BAD_INPUT
+        )
+        for key in ("processes", "script", "concurrency")
+    },
+    # service holders' own options (backend.options.holder.*, remote_api only)
+    "backend.options.holder.tokenizer_path [tinker]": per_backend(
+        remote_api="nexrl_tinker/tests/test_holder_units.py::test_tokenizer_path_and_renderer_name_make_the_prompt"
+    ),
+    "backend.options.holder.renderer_name [tinker]": per_backend(
+        remote_api="nexrl_tinker/tests/test_holder_units.py::test_tokenizer_path_and_renderer_name_make_the_prompt"
+    ),
+    "backend.options.holder.max_retries [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
+    "backend.options.holder.retry_backoff_s [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
+    "backend.options.holder.coalesce_window_s [tinker]": per_backend(
+        remote_api=("nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone",
+                    "tests/test_coalesce.py::test_window_zero_sends_each_call_alone")  # fmt: skip
+    ),
+    "backend.options.holder.tokenizer_path [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"),
+    "backend.options.holder.tensor_transport [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_contract.py::TestWeaverLoraHolderContract"),
+    "backend.options.holder.max_retries [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_units.py::test_transient_errors_are_retried_with_backoff_then_reported"
+    ),
+    "backend.options.holder.retry_backoff_s [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_units.py::test_transient_errors_are_retried_with_backoff_then_reported"
+    ),
+    "backend.options.holder.operation_timeout_s [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_units.py::test_an_operation_is_given_up_after_operation_timeout_s"
+    ),
+    "backend.options.holder.coalesce_window_s [weaver]": per_backend(remote_api="tests/test_coalesce.py::test_window_zero_sends_each_call_alone"),
+}
+
+KEYS: dict[str, Entry] = {**CORE, **COMPONENTS}
+"""Every recipe key → where its effect or refusal is shown. Component options are
+written ``<path> [<component name>]``."""
+
+
+# --- the walk ---------------------------------------------------------------------------------------
+
+
+def leaf_keys(config_class: type, prefix: str) -> Iterator[str]:
+    """Dotted paths of the leaves of an attrs config class (nested attrs classes are walked)."""
+    attrs.resolve_types(config_class)
+    for field in attrs.fields(config_class):
+        path = f"{prefix}.{field.name}" if prefix else field.name
+        if isinstance(field.type, type) and attrs.has(field.type) and REGISTRY_KIND not in field.metadata:
+            yield from leaf_keys(field.type, path)
+        elif REGISTRY_KIND in field.metadata:
+            yield f"{path}.name"  # its options are walked per registered component
+        else:
+            yield path
+
+
+def installed_components() -> dict[str, dict[str, type]]:
+    """Registry kind → component name → config class, for the kinds a recipe picks from,
+    plus the service holders (whose options sit under ``backend.options.holder``)."""
+    registry = get_registry()
+    kinds = (*COMPONENT_OPTIONS, "service_holders")
+    return {kind: {name: spec.config_class for name, spec in registry.specs[kind].items()} for kind in kinds}
+
+
+def recipe_keys(root: type, components: Mapping[str, Mapping[str, type]]) -> list[str]:
+    """Every key a recipe can set, component options as ``<path> [<name>]``."""
+    keys = list(leaf_keys(root, ""))
+    for kind, prefix in COMPONENT_OPTIONS.items():
+        for name, config_class in components.get(kind, {}).items():
+            if attrs.has(config_class):
+                keys += [f"{key} [{name}]" for key in leaf_keys(config_class, prefix)]
+    taken = {field.name for field in attrs.fields(HolderTarget)}
+    for name, config_class in components.get("service_holders", {}).items():
+        keys += [
+            f"{HOLDER_OPTIONS}.{field.name} [{name}]" for field in attrs.fields(config_class) if field.name not in taken
+        ]
+    return keys
+
+
+def missing_entries(keys: list[str], table: Mapping[str, Entry]) -> list[str]:
+    return [
+        f"{key}: no entry; add one to KEYS in tests/test_recipe_keys.py naming the test that shows its effect on each "
+        "backend that accepts it, or the test of its refusal on each backend that refuses it (or refuse it)"
+        for key in keys
+        if key not in table
+    ]
+
+
+@cache
+def _defined_tests(path: str) -> frozenset[str]:
+    tree = ast.parse((ROOT / path).read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            names |= {f"{node.name}::{item.name}" for item in node.body if isinstance(item, ast.FunctionDef)}
+    return frozenset(names)
+
+
+def _unknown_tests(entry: Entry) -> list[str]:
+    tests = [test for group in entry.effect.values() for test in group] + list(entry.refused.values())
+    unknown = []
+    for test in tests:
+        path, _, name = test.partition("::")
+        if not (ROOT / path).is_file() or name not in _defined_tests(path):
+            unknown.append(test)
+    return unknown
+
+
+# --- the tests --------------------------------------------------------------------------------------
+
+
+def test_every_recipe_key_has_an_entry() -> None:
+    keys = recipe_keys(TrainConfig, installed_components())
+    assert len(keys) > 100, keys
+    problems = missing_entries(keys, KEYS)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_entry_names_a_key_that_does_not_exist() -> None:
+    keys = set(recipe_keys(TrainConfig, installed_components()))
+    assert sorted(set(KEYS) - keys) == []
+
+
+@pytest.mark.parametrize("key", sorted(KEYS))
+def test_each_entry_covers_every_backend_with_tests_that_exist(key: str) -> None:
+    entry = KEYS[key]
+    assert not _unknown_tests(entry), f"{key}: no such test {_unknown_tests(entry)}"
+    if EVERY_BACKEND in entry.effect:
+        return
+    backends = set(installed_components_backends())
+    covered = set(entry.effect) | set(entry.refused)
+    component = key.partition(" [")[2].rstrip("]")
+    if key.startswith("backend.options.") and component:
+        backends = {"remote_api"} if key.startswith(HOLDER_OPTIONS) else {component}
+    assert backends <= covered, f"{key}: no effect test or refusal for backend(s) {sorted(backends - covered)}"
+
+
+def installed_components_backends() -> list[str]:
+    return sorted(get_registry().specs["backends"])
+
+
+def test_a_key_without_an_entry_fails_the_walk() -> None:
+    """The test of the test: a dummy key in the core schema, or in a plugin's config
+    class, is reported with what to add."""
+    core = attrs.make_class("WithDummy", {"dummy_key": attrs.field(default=0)}, bases=(TrainConfig,), frozen=True, kw_only=True)
+    components = installed_components()
+    assert missing_entries(recipe_keys(core, components), KEYS) == [
+        "dummy_key: no entry; add one to KEYS in tests/test_recipe_keys.py naming the test that shows its effect on each "
+        "backend that accepts it, or the test of its refusal on each backend that refuses it (or refuse it)"
+    ]
+    ppo = components["policy_losses"]["ppo"]
+    extended = attrs.make_class("PpoWithDummy", {"dummy_option": attrs.field(default=0)}, bases=(ppo,), frozen=True, kw_only=True)
+    patched = {**components, "policy_losses": {**components["policy_losses"], "ppo": extended}}
+    problems = missing_entries(recipe_keys(TrainConfig, patched), KEYS)
+    assert [problem.split(":")[0] for problem in problems] == ["algorithm.loss.options.dummy_option [ppo]"]
+
+
+def test_an_entry_naming_a_missing_test_is_caught() -> None:
+    assert _unknown_tests(everywhere("tests/test_recipe_keys.py::test_that_was_never_written")) == [
+        "tests/test_recipe_keys.py::test_that_was_never_written"
+    ]
+
+
+def describe(key: str) -> str:
+    """One line of the closing list: the key and where its effect or refusal is shown."""
+    entry = KEYS[key]
+    parts = [f"effect on {backend if backend != EVERY_BACKEND else 'every backend'}" for backend in sorted(entry.effect)]
+    parts += [f"refused on {backend}" for backend in sorted(entry.refused)]
+    return f"{key}: {', '.join(parts)}"
+
+
+def _print_table() -> Any:  # pragma: no cover - `python tests/test_recipe_keys.py` prints the list
+    for key in KEYS:
+        print(describe(key))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _print_table()
