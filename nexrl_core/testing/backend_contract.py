@@ -4,11 +4,11 @@
 Subclass `BackendContract` and override ``backend`` with an opened backend; subclass
 `TrainerContract` and override ``trainer`` and ``holder`` (a holder at any weights).
 The checks are what the loop relies on: sampling with aligned logprobs, a training step
-that returns float metrics, weights that reach sampling only on sync, a checkpoint
-(a path, or a future of one when it is saved in the background, with the next step
-started before it is awaited) that brings sampling back to the weights it saved, and an export that plain
-transformers loads and that scores a sample as sampling did. Training data are real samples of
-the backend's own model.
+that returns float metrics, weights that reach sampling only on sync, a checkpoint (a
+path, or a future of one when it is saved in the background; the next step starts
+before it is awaited) that brings sampling back to the weights it saved, and an export
+that plain transformers loads and that scores a sample as sampling did. Training data
+are real samples of the backend's own model.
 """
 
 from __future__ import annotations
