@@ -10,13 +10,15 @@ a directory the component may keep files in.
 A backend owns the model: it gives rollouts a `ChatModel` to sample from, trains on a
 step's trajectories, publishes the new weights to sampling, saves and restores what
 ``--resume`` needs, writes the policy out as a plain Hugging Face directory (the run's
-``final_model``, and ``nexrl export``), and releases everything on `Backend.close`. A rollout source turns
+``final_model``, and ``nexrl export``), and releases everything on `Backend.close`. A
+checkpoint may be saved in the background while the next step runs. A rollout source turns
 a step's run requests into trajectories with rewards, sampling through that
 `ChatModel`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,9 +50,15 @@ class Backend(Protocol):
         previous weights is still running."""
         ...
 
-    def save_checkpoint(self, name: str) -> str:
+    def save_checkpoint(self, name: str) -> str | concurrent.futures.Future[str]:
         """Save weights, optimizer and any trainer state resume needs; returns a path
-        that `load_checkpoint` takes."""
+        that `load_checkpoint` takes, or a `concurrent.futures.Future` of that path when
+        the backend writes in the background. A future must resolve only once the
+        checkpoint is complete (or fail with why it is not); until then the backend keeps
+        serving the next step (calls that need what the save uses may wait for it). The
+        loop records a checkpoint for ``--resume`` only once its future has a result, in
+        step order, and waits for every save before the final export and at the end
+        (`nexrl_core.checkpoints`)."""
         ...
 
     def load_checkpoint(self, path: str) -> None:

@@ -13,7 +13,11 @@ steps and after the last one. A checkpoint (``schedule.checkpoint_every``) saves
 backend's state (weights, optimizer, trainer state) and then, atomically, the small run
 state (step, data position, pending batches, metrics so far); ``--resume`` continues
 from it with the same results as an uninterrupted run, wall-clock metrics (``time/*``,
-``perf/*``) aside. After the last step the backend writes the policy sampling used last
+``perf/*``) aside. A backend may save in the background (its ``save_checkpoint``
+returns a future): the next step then runs while it writes, and the run state names
+the checkpoint only once the save has finished, in step order (`nexrl_core.checkpoints`);
+the loop waits for every save before the final export, at the end, on an error and on
+Ctrl-C. After the last step the backend writes the policy sampling used last
 to ``<output.dir>/final_model``, a plain Hugging Face directory; a backend that cannot
 is reported and the run still ends as done.
 
@@ -24,6 +28,7 @@ both at the end, on an error and on Ctrl-C (see `nexrl_core.backend`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -34,6 +39,7 @@ from typing import Any
 import attrs
 
 from nexrl_core.backend import Backend, BackendSetup, RolloutSetup, RolloutSource
+from nexrl_core.checkpoints import PendingCheckpoints
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
@@ -211,6 +217,8 @@ class TrainingLoop:
         self.total_errors = state.total_agent_errors if state else 0
         self.pending: dict[int, PendingBatch] = {}
         self.checkpoints: dict[int, str] = state.checkpoint_paths() if state else {}
+        """Complete checkpoints by step; a save still running is in `saving`."""
+        self.saving = PendingCheckpoints()
         self._frozen = False
         self._run_info = {} if state else {f"backend/{key}": value for key, value in backend.run_info().items()}
         if state:
@@ -258,24 +266,30 @@ class TrainingLoop:
             self.next_batch += 1
 
     def checkpoint(self, step: int) -> None:
-        path = self.backend.save_checkpoint(f"step_{step:06d}")
-        self.checkpoints[step] = str(path)
+        """Start the backend's save of ``step`` and capture the run state as it stands
+        now; both are recorded once the save has finished (`_record`)."""
+        saved = self.backend.save_checkpoint(f"step_{step:06d}")
         pending = [self.pending[key].result().to_json() for key in sorted(self.pending)]
         state = RunState(
             step=step,
-            checkpoint_path=str(path),
+            checkpoint_path="",
             seed=self.config.seed,
             next_batch=self.next_batch,
             data_position=self.loader.position(self.next_batch),
             total_agent_errors=self.total_errors,
-            metrics=self.metrics.rows,
+            metrics=list(self.metrics.rows),
             pending=pending,
             config=dump_config(self.config),
-            checkpoints=[{"step": done, "path": where} for done, where in sorted(self.checkpoints.items())],
         )
-        save_run_state(self.out_dir, state)
-        self.checkpoint_step = step
-        logger.info("checkpoint at step %d: %s", step, path)
+        self.saving.add(step, saved, lambda path: self._record(state, path))
+
+    def _record(self, state: RunState, path: str) -> None:
+        """Name a finished checkpoint in the run state (saves finish here in step order)."""
+        self.checkpoints[state.step] = path
+        listed = [{"step": done, "path": where} for done, where in sorted(self.checkpoints.items())]
+        save_run_state(self.out_dir, attrs.evolve(state, checkpoint_path=path, checkpoints=listed))
+        self.checkpoint_step = state.step
+        logger.info("checkpoint at step %d: %s", state.step, path)
 
     def _write(self, row: dict[str, Any]) -> None:
         """Log ``row``; the first row of a fresh run also says how the backend runs the model."""
@@ -328,6 +342,8 @@ class TrainingLoop:
             self.display.step_done(row, step_seconds)
             if self._checkpoint_due(step):
                 self.checkpoint(step)
+            self.saving.harvest()
+        self.saving.harvest(wait=True)
 
 
 def write_final_model(backend: Backend, out_dir: Path) -> tuple[Path | None, str | None]:
@@ -383,6 +399,7 @@ def run_training(
     :raises ConfigError: for a bad recipe, before anything is started.
     :raises TrainingError: when the output directory does not fit ``resume``/``overwrite``.
     :raises RolloutError: when agent failures exceed the error budget.
+    :raises CheckpointError: naming the step, when a checkpoint's save failed.
     :raises TrainingInterrupted: on Ctrl-C, after a clean shutdown.
     """
     from nexrl_core.config.components import resolve_all_options
@@ -450,9 +467,14 @@ def run_training(
         loop.run()
         final_model, final_model_error = write_final_model(backend, out_dir)
     except KeyboardInterrupt:
+        if loop is not None:
+            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C stops waiting for saves
+                loop.saving.settle()
         checkpoint_step = loop.checkpoint_step if loop else (state.step if state else None)
         raise TrainingInterrupted(out_dir, checkpoint_step) from None
     finally:
+        if loop is not None:
+            _close_quietly("checkpoints", loop.saving.settle)
         if runner is not None:
             _close_quietly("rollout source", runner.close)
         if display is not None:

@@ -1,7 +1,9 @@
 """The small JSON file that lets ``nexrl train --resume`` continue a run exactly.
 
-It is written after the backend has saved a checkpoint, atomically (temporary file, then
-rename), so after a crash or Ctrl-C it always names a complete checkpoint. Together with
+It is written once the backend's save of a checkpoint has finished (a background save
+is recorded when its future completes, see `nexrl_core.checkpoints`), atomically
+(temporary file, then rename), so after a crash or Ctrl-C it always names a complete
+checkpoint. Together with
 the rule that every random choice is a function of (seed, step, ...), it is all a resumed
 run needs to produce the same metrics as an uninterrupted one.
 """
@@ -32,7 +34,8 @@ class RunState:
     step: int
     """Training steps completed."""
     checkpoint_path: str
-    """What the service holder's ``save_checkpoint`` returned; passed to ``load_checkpoint``."""
+    """The path the backend's ``save_checkpoint`` returned (or its future resolved to);
+    passed to ``load_checkpoint``."""
     seed: int
     next_batch: int
     """The next training batch to roll out (batches before it are trained or in ``pending``)."""

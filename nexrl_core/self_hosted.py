@@ -8,11 +8,14 @@ sends the result to the workers with `nexrl_core.transport.Transport.update_acto
 A third party writes a new algorithm by subclassing and overriding that method
 (``docs/plugins.md`` shows one); GRPO is nexrl-grpo's ``self_hosted_grpo``.
 
-Checkpoints are written by a background thread: `save_checkpoint` returns at once and
-the workers save while the next step's rollouts run; the next call that needs the
-workers waits for the save first (the transport carries one op at a time). A
-checkpoint directory holds the workers' sharded state and ``trainer.json``, written
-last, so a save that never finished is refused by `load_checkpoint` by name.
+Checkpoints are written by a background thread: `save_checkpoint` returns a future at
+once and the workers save while the next step's rollouts run; the next call that needs
+the workers waits for the save first (the transport carries one op at a time). The
+save's outcome, its directory or its error, is the future's: whoever started it reports
+it (the loop records the checkpoint only once it is done). A checkpoint directory holds
+the workers' sharded state (and an HF export of the policy, see
+``docs/self-hosted.md``) and ``trainer.json``, written last, so a save that never
+finished is refused by `load_checkpoint` by name.
 
 Like `nexrl_core.batch`, this module imports torch only inside the functions that use it.
 """
@@ -122,7 +125,7 @@ class SelfHostedTrainer:
         self.trained_since_publish = False
         """Whether the workers hold weights sampling has not been given yet."""
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nexrl-checkpoint")
-        self._saving: concurrent.futures.Future[None] | None = None
+        self._saving: concurrent.futures.Future[str] | None = None
 
     # --- wiring ----------------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class SelfHostedTrainer:
         """The bound transport, once any background checkpoint has finished with it."""
         if self._transport is None:
             raise RuntimeError(f"{type(self).__name__} has no transport; a backend calls bind() first")
-        self.wait_for_checkpoint()
+        self._wait_for_save()
         return self._transport
 
     # --- one step ----------------------------------------------------------------------------
@@ -184,34 +187,39 @@ class SelfHostedTrainer:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what `state` returned."""
 
-    def save_checkpoint(self, directory: Path) -> Path:
+    def save_checkpoint(self, directory: Path) -> concurrent.futures.Future[str]:
         """Start saving the workers' state and `state` under ``directory`` in the
-        background; returns ``directory`` at once. The next use of the workers waits."""
+        background; returns at once a future of ``directory`` (as `load_checkpoint`
+        takes it) that resolves once the checkpoint is complete. The next use of the
+        workers waits for the save."""
         transport = self.transport
         directory = Path(directory)
         state = self.state()
 
-        def save() -> None:
+        def save() -> str:
             directory.mkdir(parents=True, exist_ok=True)
             transport.save_checkpoint(str(directory / WORKERS_DIR))
             partial = directory / f"{TRAINER_STATE_FILE}.partial"
             partial.write_text(json.dumps(state))
             os.replace(partial, directory / TRAINER_STATE_FILE)
+            return str(directory)
 
         self._saving = self._saver.submit(save)
-        return directory
+        return self._saving
 
-    def wait_for_checkpoint(self) -> None:
-        """Block until a background save has finished; re-raise its error."""
+    def _wait_for_save(self) -> None:
+        """Block until a background save has finished; its error is the future's, for
+        whoever started it to report."""
         saving, self._saving = self._saving, None
         if saving is not None:
-            saving.result()
+            concurrent.futures.wait([saving])
 
-    def load_checkpoint(self, directory: Path) -> None:
+    def load_checkpoint(self, directory: str | Path) -> None:
         """Continue from a directory `save_checkpoint` finished.
 
         :raises ValueError: when its save never finished (``trainer.json`` is missing).
         """
+        transport = self.transport  # a save still running finishes first
         directory = Path(directory)
         record = directory / TRAINER_STATE_FILE
         if not record.is_file():
@@ -219,13 +227,10 @@ class SelfHostedTrainer:
                 f"checkpoint {str(directory)!r} is incomplete ({TRAINER_STATE_FILE} is missing): its background save "
                 "did not finish; resume from an earlier checkpoint"
             )
-        self.transport.load_checkpoint(str(directory / WORKERS_DIR))
+        transport.load_checkpoint(str(directory / WORKERS_DIR))
         self.load_state(json.loads(record.read_text()))
         self.trained_since_publish = True
 
     def close(self) -> None:
         """Let a running save finish, then stop the saving thread."""
-        try:
-            self.wait_for_checkpoint()
-        finally:
-            self._saver.shutdown(wait=True)
+        self._saver.shutdown(wait=True)

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
+from nexrl_core.backend import BackendSetup
+from nexrl_core.checkpoints import CheckpointError
 from nexrl_core.cli import cli
 from nexrl_core.config import ConfigError, ModelConfig, TrainConfig, load_config
 from nexrl_core.chat_model import SamplingOptions
@@ -36,8 +39,9 @@ from nexrl_core.registry import KINDS, Registry, build_registry, reset_registry
 from nexrl_core.rollout import RolloutError
 from nexrl_core.run_state import TrainingError, load_run_state
 from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import ComponentSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
+from nexrl_core.specs import BackendSpec, ComponentSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
 from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_remote_api.remote_backend import RemoteApiBackendConfig
 
 # --- the fake backend --------------------------------------------------------------------------------
 
@@ -244,16 +248,17 @@ def registry_with(*extra: ComponentSpec) -> Registry:
     return Registry(plugins=base.plugins, specs=specs, providers=providers, hook_errors=dict(base.hook_errors))
 
 
+FAKE_SPECS = (
+    TaskSpec(name="fake_addition", factory=lambda _: FakeAdditionTask()),
+    TaskSpec(name="flaky_addition", factory=lambda _: FakeAdditionTask(flaky_agent)),
+    ServiceHolderSpec(name="skill", factory=SkillHolder, config_class=SkillHolderConfig),
+    ServiceSpec(name="skill", factory=FakeService, config_class=ServeOptions),
+)
+
+
 @pytest.fixture(autouse=True)
 def fake_backend() -> Iterator[None]:
-    reset_registry(
-        registry_with(
-            TaskSpec(name="fake_addition", factory=lambda _: FakeAdditionTask()),
-            TaskSpec(name="flaky_addition", factory=lambda _: FakeAdditionTask(flaky_agent)),
-            ServiceHolderSpec(name="skill", factory=SkillHolder, config_class=SkillHolderConfig),
-            ServiceSpec(name="skill", factory=FakeService, config_class=ServeOptions),
-        )
-    )
+    reset_registry(registry_with(*FAKE_SPECS))
     HOLDERS.clear()
     SERVICES.clear()
     INTERRUPT.update(at_train_call=None, at_position=None, delay=0.0, sigterm_at_train_call=None)
@@ -700,6 +705,161 @@ def test_the_live_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str
     run_training(recipe(tmp_path, "schedule.steps=2"), progress_bar=True)
     out = capsys.readouterr().out
     assert "step 2/2" in out and "reward" in out and "ETA" in out
+
+
+# --- checkpoints saved in the background -------------------------------------------------------------
+
+BACKGROUND: dict[str, Any] = {"fail_step": None}
+"""``fail_step``: the background save of that step fails."""
+
+
+class BackgroundSavingBackend:
+    """The fake's ``remote_api`` backend, whose checkpoints finish later, as the
+    self-hosted workers' do: ``save_checkpoint`` returns a future; the save of step k
+    completes when step k+2 starts training, the last one (and any pending at Ctrl-C)
+    0.1 s later on a thread of its own. It notes which checkpoint the run state names
+    whenever a step starts training."""
+
+    def __init__(self, inner: Any, setup: BackendSetup) -> None:
+        self.inner = inner
+        self.out_dir = setup.work_dir.parent
+        self.last_step = setup.recipe.schedule.steps
+        self.saving: dict[int, tuple[Future[str], str]] = {}
+        self.named_at_train: dict[int, int | None] = {}
+        """Step → the checkpoint step the run state named when that step started training."""
+        self.running_at_export: list[int] | None = None
+        """Steps whose saves were still running when the final model was exported."""
+        BACKENDS.append(self)
+
+    def __getattr__(self, name: str) -> Any:  # chat_model, sync_weights, load_checkpoint, close
+        return getattr(self.inner, name)
+
+    def save_checkpoint(self, name: str) -> Future[str]:
+        step = int(name.removeprefix("step_"))
+        future: Future[str] = Future()
+        self.saving[step] = (future, self.inner.save_checkpoint(name))
+        if step == self.last_step:
+            self._finish_later()
+        return future
+
+    def _finish(self, step: int) -> None:
+        future, path = self.saving.pop(step)
+        if step == BACKGROUND["fail_step"]:
+            future.set_exception(OSError("disk full"))
+        else:
+            future.set_result(path)
+
+    def _finish_later(self) -> None:
+        steps = sorted(self.saving)
+        threading.Timer(0.1, lambda: [self._finish(step) for step in steps]).start()
+
+    def export_model(self, directory: Path) -> Path:
+        self.running_at_export = sorted(self.saving)
+        return self.inner.export_model(directory)
+
+    def train(self, trajectories: Sequence[Any], step: int) -> dict[str, float]:
+        state = load_run_state(self.out_dir)
+        self.named_at_train[step] = state.step if state else None
+        if step - 2 in self.saving:
+            self._finish(step - 2)
+        try:
+            return self.inner.train(trajectories, step)
+        except KeyboardInterrupt:
+            self._finish_later()
+            raise
+
+
+BACKENDS: list[BackgroundSavingBackend] = []
+
+
+def open_background_saving(setup: BackendSetup) -> BackgroundSavingBackend:
+    from nexrl_core.registry import find_spec
+
+    return BackgroundSavingBackend(find_spec("backends", "remote_api").open(setup), setup)
+
+
+@pytest.fixture
+def background_saves(fake_backend: None) -> None:
+    """The fakes plus backend ``background_saves``."""
+    spec = BackendSpec(name="background_saves", factory=open_background_saving, config_class=RemoteApiBackendConfig)
+    reset_registry(registry_with(*FAKE_SPECS, spec))
+    BACKENDS.clear()
+    BACKGROUND["fail_step"] = None
+
+
+def background_recipe(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfig:
+    """`recipe` on the background-saving backend (naming a backend resets its options)."""
+    return recipe(
+        tmp_path,
+        "backend.name=background_saves",
+        "backend.options.service_holder=skill",
+        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'checkpoints' / name}'}}",
+        *overrides,
+        name=name,
+    )
+
+
+@pytest.mark.usefixtures("background_saves")
+def test_a_background_checkpoint_is_recorded_only_once_saved_and_in_step_order(tmp_path: Path) -> None:
+    summary = run_training(background_recipe(tmp_path), progress_bar=False)
+    (backend,) = BACKENDS
+    # the save of step 2 finishes as step 4 starts; the run state names it from step 5 on
+    assert backend.named_at_train == {1: None, 2: None, 3: None, 4: None, 5: 2, 6: 2}
+    state = load_run_state(tmp_path / "run")
+    assert state is not None and state.step == 6 and summary.checkpoint_step == 6, "the last save is awaited"
+    assert list(state.checkpoint_paths()) == [2, 4, 6]
+    assert summary.final_model is not None and backend.running_at_export == [], "saves end before the export"
+    assert timeless(state.metrics) == timeless(read_rows(tmp_path / "run")), "the state of step 6 is step 6's"
+
+
+@pytest.mark.usefixtures("background_saves")
+def test_a_failed_background_checkpoint_is_reported_with_its_step_and_never_recorded(tmp_path: Path) -> None:
+    BACKGROUND["fail_step"] = 4
+    with pytest.raises(CheckpointError, match="the checkpoint of step 4 was not written: OSError: disk full"):
+        run_training(background_recipe(tmp_path), progress_bar=False)
+    (backend,) = BACKENDS
+    assert set(backend.named_at_train.values()) == {None, 2}
+    state = load_run_state(tmp_path / "run")
+    # step 6's save had started and completes while the run ends: it is recorded, 4 never is
+    assert state is not None and list(state.checkpoint_paths()) == [2, 6]
+    assert HOLDERS[0].closed and SERVICES[0].stopped
+
+
+@pytest.mark.usefixtures("background_saves")
+def test_ctrl_c_waits_for_a_background_checkpoint_then_resume_continues_from_it(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, name="straight"), progress_bar=False)
+    expected = timeless(read_rows(tmp_path / "straight"))
+
+    INTERRUPT["at_train_call"] = 5  # the save of step 4 is still running
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        run_training(background_recipe(tmp_path, name="resumed"), progress_bar=False)
+    assert interrupted.value.checkpoint_step == 4
+    assert load_run_state(tmp_path / "resumed").step == 4  # type: ignore[union-attr]
+
+    INTERRUPT["at_train_call"] = None
+    run_training(background_recipe(tmp_path, name="resumed"), resume=True, progress_bar=False)
+    assert timeless(read_rows(tmp_path / "resumed")) == expected
+
+
+@pytest.mark.usefixtures("background_saves")
+def test_cli_reports_a_failed_background_checkpoint_with_its_step(tmp_path: Path) -> None:
+    BACKGROUND["fail_step"] = 2
+    args = [
+        "train",
+        "task.name=fake_addition",
+        "model.name=skill",
+        "backend.name=background_saves",
+        "backend.options.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}",
+        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        "schedule.checkpoint_every=2",
+        "schedule.steps=4",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert "Error: the checkpoint of step 2 was not written: OSError: disk full" in result.output
 
 
 # --- the trained model as an output ------------------------------------------------------------------

@@ -74,6 +74,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
     trained policy as a Hugging Face directory). Ctrl-C (or SIGTERM)
     stops cleanly and keeps the last checkpoint; --resume continues from it.
     """
+    from nexrl_core.checkpoints import CheckpointError
     from nexrl_core.loop import TrainingInterrupted, row_summary, run_training
     from nexrl_core.registry import RegistryError
     from nexrl_core.rollout import RolloutError
@@ -102,7 +103,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
         except (ConfigError, ServiceStartError, TrainingError) as error:  # the input: recipe, output dir, flags
             click.echo(f"Error: {error}" if isinstance(error, TrainingError) else str(error), err=True)
             ctx.exit(USAGE_ERROR_EXIT_CODE)
-        except (RolloutError, RegistryError) as error:
+        except (RolloutError, RegistryError, CheckpointError) as error:
             raise click.ClickException(str(error)) from error
         except TrainingInterrupted as interrupted:
             again = shlex.join(["nexrl", "train", *arguments, "--resume"])

@@ -4,10 +4,11 @@
 Subclass `BackendContract` and override ``backend`` with an opened backend; subclass
 `TrainerContract` and override ``trainer`` and ``holder`` (a holder at any weights).
 The checks are what the loop relies on: sampling with aligned logprobs, a training step
-that returns float metrics, weights that reach sampling only on sync, a checkpoint
-that brings sampling back to the weights it saved, and an export that plain
-transformers loads and that scores a sample as sampling did. Training data are real samples of
-the backend's own model.
+that returns float metrics, weights that reach sampling only on sync, a checkpoint (a
+path, or a future of one when it is saved in the background; the next step starts
+before it is awaited) that brings sampling back to the weights it saved, and an export
+that plain transformers loads and that scores a sample as sampling did. Training data
+are real samples of the backend's own model.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nexrl_core.backend import Backend
+from nexrl_core.checkpoints import as_future
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import probe_sample, sampled_group
@@ -58,12 +60,13 @@ class BackendContract:
         )
 
     def test_checkpoint_brings_sampling_back(self, backend: Backend) -> None:
-        path = backend.save_checkpoint("contract")
+        saving = as_future(backend.save_checkpoint("contract"))
         saved = probe_sample(backend.chat_model())
+        # the next step starts at once, as in the loop, even while a background save runs
         backend.train(sampled_group(backend.chat_model()), step=2)
         backend.sync_weights(step=2)
         assert probe_sample(backend.chat_model()).response_logprobs != saved.response_logprobs
-        backend.load_checkpoint(path)
+        backend.load_checkpoint(saving.result())
         restored = probe_sample(backend.chat_model())
         assert restored.response_tokens == saved.response_tokens
         assert restored.response_logprobs == pytest.approx(saved.response_logprobs, abs=1e-4)

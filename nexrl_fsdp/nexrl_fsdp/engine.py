@@ -40,6 +40,7 @@ from nexrl_fsdp.loading import (
     load_tokenizer,
     quiet_progress,
     resolve_model_dir,
+    save_hf_directory,
     torch_dtype,
 )
 from nexrl_fsdp.lora import apply_training_mode, merged_copy, save_adapter
@@ -485,9 +486,7 @@ class Engine:
             else:
                 model = merged_copy(self._peft)
                 save_adapter(self._peft, path / ADAPTER_DIR)
-            model.save_pretrained(str(path))
-            self.tokenizer.save_pretrained(str(path))
-        return path
+            return save_hf_directory(path, model, self.tokenizer)
 
     def export_sampler(self, path: str | Path) -> Engine:
         """`export_hf`, returning an engine equal to ``Engine(model=path)`` without
@@ -495,12 +494,9 @@ class Engine:
         its sampler this way. The new engine works on its own copy of the weights (the
         one written) and shares the tokenizer; it is for sampling and scoring."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         with self._lock:
             model = merged_copy(self._peft) if self._peft is not None else self._weights_copy()
-        with quiet_progress():
-            model.save_pretrained(str(path))
-            self.tokenizer.save_pretrained(str(path))
+        save_hf_directory(path, model, self.tokenizer)
         config = EngineConfig(model=str(path), dtype=self.config.dtype, device=self.config.device)
         clone = Engine.__new__(Engine)
         clone._setup(config, resolve_model_dir(str(path)), self.tokenizer, model, None)

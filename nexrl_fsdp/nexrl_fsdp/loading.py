@@ -1,8 +1,9 @@
-"""Find and load a causal LM and its tokenizer from local files only.
+"""Find and load a causal LM and its tokenizer from local files only, and write one back.
 
 The engine never downloads: a model is either one shipped inside this package (by
 name) or a local directory an HF ``save_pretrained`` wrote. Everything else fails
-with a ValueError that lists what would have worked.
+with a ValueError that lists what would have worked. `save_hf_directory` writes such a
+directory, the one way every export here (the engine's, the workers') does it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
@@ -22,6 +24,7 @@ __all__ = [
     "load_tokenizer",
     "quiet_progress",
     "resolve_model_dir",
+    "save_hf_directory",
     "shipped_model_dir",
     "torch_dtype",
 ]
@@ -139,3 +142,19 @@ def load_tokenizer(path: Path) -> Any:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises several types for a missing tokenizer
         raise ValueError(f"cannot load a tokenizer from {str(path)!r}: {exc}") from exc
+
+
+def save_hf_directory(path: Path, model: Any, tokenizer: Any, state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model`` and ``tokenizer`` as a plain HF directory (safetensors weights,
+    ``config.json``, generation config, tokenizer and chat template) that `load_model`
+    and ``transformers.AutoModelForCausalLM.from_pretrained`` read back; returns ``path``.
+
+    :param state_dict: the weights to write instead of the model's own, e.g. a sharded
+        model's gathered whole (the model then only supplies its config and layout).
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with quiet_progress():
+        model.save_pretrained(str(path), state_dict=dict(state_dict) if state_dict is not None else None)
+        tokenizer.save_pretrained(str(path))
+    return path

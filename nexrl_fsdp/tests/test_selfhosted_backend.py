@@ -21,6 +21,7 @@ from nexrl_core.batch import Batch
 from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
 from nexrl_core.registry import find_spec
+from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend
@@ -203,5 +204,8 @@ def test_quickstart_fsdp_learns_and_leaves_no_process(tmp_path: Path) -> None:
     validation = [row["val/reward/mean"] for row in rows if row.get("val/reward/mean") is not None]
     assert validation[-1] >= validation[0] + 0.1, validation
     assert (rows[0]["backend/dtype"], rows[0]["backend/world_size"]) == ("float32", "2"), "the workers report what they run"
-    assert (out / "backend" / "checkpoints" / "step_000010" / "trainer.json").is_file()
+    last = out / "backend" / "checkpoints" / "step_000010"
+    assert (last / "trainer.json").is_file() and (last / "workers" / "hf" / "config.json").is_file()
+    state = load_run_state(out)
+    assert state is not None and state.step == 10 and state.checkpoint_path == str(last), "the last background save is recorded"
     assert processes_with(marker) == [], "a worker, torchrun or watchdog outlived the run"

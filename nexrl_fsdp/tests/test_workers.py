@@ -21,6 +21,8 @@ from nexrl_core.types import Trajectory
 from nexrl_fsdp import Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
+from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
 
 pytestmark = pytest.mark.slow
@@ -134,6 +136,23 @@ def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup
 def test_compute_log_prob_after_a_step_still_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
     batch = _batch()
     torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
+
+
+def test_a_checkpoint_carries_the_policy_as_a_plain_hf_directory(group: LocalWorkerGroup, tmp_path: Path) -> None:
+    saved = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint")))
+    model, tokenizer = load_exported(saved / HF_EXPORT_DIR)
+    assert tokenizer.chat_template, "the export must carry the chat template"
+    assert list((saved / HF_EXPORT_DIR).glob("*.safetensors"))
+    gathered = group.transport.get_weights()
+    exported = dict(model.named_parameters())
+    assert set(exported) == set(gathered)
+    assert all(torch.equal(exported[name].detach(), gathered[name]) for name in gathered), "the trained weights, exactly"
+    batch = _batch()
+    workers = group.transport.compute_log_prob(batch)
+    for row, trajectory in enumerate(_trajectories()):
+        columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()[1:]
+        expected = torch.tensor(sequence_logprobs(model, trajectory.tokens))
+        torch.testing.assert_close(workers[row, columns], expected, atol=1e-5, rtol=0)
 
 
 def test_reference_log_probs_are_the_base_weights(group: LocalWorkerGroup) -> None:

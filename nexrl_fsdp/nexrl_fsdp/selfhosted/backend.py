@@ -13,7 +13,7 @@ stops torchrun's whole session; the ranks also end themselves when this process 
 
 from __future__ import annotations
 
-import logging
+import concurrent.futures
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -38,8 +38,6 @@ from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_remote_api.holder_backend import build_trainer
 
 __all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options"]
-
-logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
@@ -121,15 +119,13 @@ class SelfHostedBackend:
         self._version += 1
         return f"self-hosted://{self.transport.options.identifier}/weights/{self._version:06d}"
 
-    def save_checkpoint(self, name: str) -> str:
-        """Save the workers and the trainer's state; returns its directory once the save is
-        complete, because the loop records it in the run state next and ``--resume`` after
-        a crash must find a checkpoint that loads."""
+    def save_checkpoint(self, name: str) -> concurrent.futures.Future[str]:
+        """Start saving the workers and the trainer's state in the background; returns a
+        future of its directory, done once the checkpoint is complete. The next step's
+        rollouts run meanwhile; its update waits for the save (one op at a time)."""
         if not name or name in (".", "..") or "/" in name or "\\" in name:
             raise ValueError(f"a checkpoint name must be a plain file name, got {name!r}")
-        directory = self.trainer.save_checkpoint(self.work_dir / CHECKPOINT_DIR / name)
-        self.trainer.wait_for_checkpoint()
-        return str(directory)
+        return self.trainer.save_checkpoint(self.work_dir / CHECKPOINT_DIR / name)
 
     def load_checkpoint(self, path: str) -> None:
         self.trainer.load_checkpoint(Path(path))
@@ -146,8 +142,6 @@ class SelfHostedBackend:
         self._closed = True
         try:
             self.trainer.close()
-        except Exception:  # noqa: BLE001 - the workers must still be stopped
-            logger.exception("the last background checkpoint failed")
         finally:
             self.chat.close()
             if self.group is not None:

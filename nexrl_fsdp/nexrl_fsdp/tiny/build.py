@@ -150,11 +150,9 @@ def _init_model(directory: Path, tokenizer: Any, seed: int) -> None:
     model.generation_config = GenerationConfig(
         bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=True, temperature=1.0
     )
-    from nexrl_fsdp.loading import quiet_progress
+    from nexrl_fsdp.loading import save_hf_directory
 
-    with quiet_progress():
-        model.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
+    save_hf_directory(directory, model, tokenizer)
 
 
 def _pretrain(engine: Any, prompts: _Prompts, settings: BuildSettings, log: Callable[[str], None]) -> float:

@@ -23,17 +23,19 @@ import torch.distributed as dist
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_fsdp.engine import _MetricSum
-from nexrl_fsdp.loading import load_model, load_tokenizer, resolve_model_dir, torch_dtype
+from nexrl_fsdp.loading import load_model, load_tokenizer, resolve_model_dir, save_hf_directory, torch_dtype
 from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, collate, policy_loss_inputs, target_logprobs
 from nexrl_fsdp.optim import AdamW
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
 
-__all__ = ["ActorOptions", "FsdpActor", "ModelOptions"]
+__all__ = ["HF_EXPORT_DIR", "ActorOptions", "FsdpActor", "ModelOptions"]
 
 logger = logging.getLogger(__name__)
 
 _SUMMED_AGGREGATIONS = ("token-sum", "token-mean")
 _STEP_FILE = "nexrl_actor.json"
+HF_EXPORT_DIR = "hf"
+"""Where, in a worker checkpoint, the policy is written as a plain Hugging Face directory."""
 
 
 @attrs.frozen(kw_only=True)
@@ -233,13 +235,17 @@ class FsdpActor:
     # --- checkpoints -------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Sharded model and optimizer state with torch.distributed.checkpoint, plus the step count."""
+        """Sharded model and optimizer state with torch.distributed.checkpoint, the policy
+        as a plain HF directory in ``path / HF_EXPORT_DIR`` (gathered whole on rank 0;
+        every rank takes part), and last the step count, which `load` requires."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
+            save_hf_directory(path / HF_EXPORT_DIR, self.model, self.tokenizer, state_dict=full)
             (path / _STEP_FILE).write_text(json.dumps({"steps": self.optimizer.steps, "model": self.options.model}))
         dist.barrier()
 
