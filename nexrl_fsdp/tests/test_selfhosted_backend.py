@@ -117,6 +117,7 @@ def test_each_backend_option_reaches_its_part(contract_backend: SelfHostedBacken
     assert {"ppo_epochs": 2, "mini_batches": 2, "micro_batch_rows": 4}.items() <= backend.trainer.update_options().items()
     assert backend.trainer.config.recompute_old_logprobs is False
     metrics = backend.train(sampled_group(backend.chat_model()), 1)
+    backend.sync_weights(1)  # later tests share the backend and expect the sampler to hold the workers' weights
     assert metrics["train/actor/optimizer_steps"] == 4.0, "two epochs of two mini-batches"
     assert "actor/old_logprob_abs_diff" not in metrics, "the sampler's logprobs were trained on as they came"
     compute = backend.chat.compute
