@@ -118,9 +118,9 @@ def test_separate_process_dies_with_its_parent(tmp_path) -> None:
         time.sleep(0.1)
 
 
-def test_separate_process_start_failure_reports_its_output(tmp_path) -> None:
-    """A model that is not there is refused before a process starts; one that is there but
-    broken fails in the child, whose output the error carries."""
+def test_separate_process_start_failure_reports_its_output(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that is not there, or whose files do not parse, is refused before a process
+    starts; a child that dies while starting is reported with its output."""
     from nexrl_tinker.server.service import TinkerService
 
     from nexrl_core.serving import ServeOptions, ServiceStartError
@@ -133,8 +133,18 @@ def test_separate_process_start_failure_reports_its_output(tmp_path) -> None:
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    service = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path / "data"), model=str(broken), separate_process=True))
-    with pytest.raises(RuntimeError, match=r"exited with status 1; last output \(.*server\.log\):\n.*Traceback"):
+    unparsable = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path / "data"), model=str(broken), separate_process=True))
+    with pytest.raises(ServiceStartError, match="config.json' is not a valid JSON file"):
+        unparsable.start()
+    assert unparsable.pid is None
+
+    # the child imports this package first, and it cannot be imported
+    shadow = tmp_path / "shadow" / "nexrl_fsdp"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('this child cannot start')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
+    service = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path / "data"), separate_process=True))
+    with pytest.raises(RuntimeError, match=r"(?s)exited with status 1; last output \(.*server\.log\):\n.*this child cannot start"):
         service.start()
     assert service.pid is None
 
