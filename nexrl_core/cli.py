@@ -71,15 +71,20 @@ def plugins(as_json: bool) -> None:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free one).")
 @click.option("--db", default=None, help="SQLAlchemy URL of the state store [default: a SQLite file in the data dir].")
 @click.option("--model", default="nexrl-tiny", show_default=True, help="Shipped model name or local HF directory.")
+@click.option(
+    "--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16"]), help="Precision the service trains and samples in."
+)
 @click.option("--api-key", default=None, envvar="NEXRL_API_KEY", help="Refuse requests without this key.")
 @click.option("--data-dir", default=None, help="Where checkpoints and the default database live.")
-def serve(name: str, host: str, port: int, db: str | None, model: str, api_key: str | None, data_dir: str | None) -> None:
+def serve(
+    name: str, host: str, port: int, db: str | None, model: str, dtype: str, api_key: str | None, data_dir: str | None
+) -> None:
     """Run the service a plugin registers as NAME (e.g. `tinker`) until Ctrl-C."""
     try:
         spec = find_spec("services", name)
     except RegistryError as exc:
         raise click.ClickException(str(exc)) from exc
-    options = ServeOptions(host=host, port=port, db=db, model=model, api_key=api_key, data_dir=data_dir)
+    options = ServeOptions(host=host, port=port, db=db, model=model, dtype=dtype, api_key=api_key, data_dir=data_dir)
     try:
         spec.build(options).serve_forever()
     except ServiceStartError as exc:

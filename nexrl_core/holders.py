@@ -7,16 +7,17 @@ the trainer last published. A holder must survive being pickled into another pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, Union
 
 import attrs
 
+from nexrl_core.capabilities import NexrlCapabilities
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import DEFAULT_ALPHA
-from nexrl_core.config.schema import ModelConfig
+from nexrl_core.config.schema import DType, ModelConfig
 from nexrl_core.types import RemoteDatum
 
 
@@ -100,20 +101,36 @@ class ServiceHolder(ChatModel, Protocol):
         """
         ...
 
+    def run_info(self) -> Mapping[str, str]:
+        """How the model really runs, as far as the holder knows (``dtype``, ``device``):
+        `nexrl_core.backend.Backend.run_info` of a backend over this holder. Empty when a
+        remote service does not say."""
+        ...
+
     def close(self) -> None:
         """Release connections and background threads."""
         ...
 
 
-def fixed_precision_refusals(model: ModelConfig, api: str) -> dict[str, str]:
-    """What a training API without dtype or LoRA-alpha settings cannot honour of ``model``
-    (NexRL's local services of such an API train in fp32 and scale adapters by the default
-    alpha), as `ServiceHolder.refused_options` entries; ``api`` names it in the reasons."""
+def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabilities | None) -> dict[str, str]:
+    """What a training API without dtype or LoRA-alpha settings cannot honour of ``model``,
+    as `ServiceHolder.refused_options` entries; ``api`` names it in the reasons.
+
+    The precision is the service's own: a NexRL service says which it trains in
+    (``service``), and ``model.dtype`` must match it; a hosted service does not say, so
+    only the default is accepted. Adapters are scaled by the default alpha.
+    """
     refused: dict[str, str] = {}
-    if model.dtype.value != "fp32":
+    requested = model.dtype.value
+    if service is not None and requested != service.dtype:
         refused["model.dtype"] = (
-            f"the {api} API has no dtype setting (NexRL's local {api} service trains in fp32); "
-            "use fp32, or backend.name=inprocess for bf16"
+            f"the {api} service trains in {service.dtype}; set model.dtype: {service.dtype}, or start it with "
+            f"`nexrl serve {api.lower()} --dtype {requested}` (the embedded service of a run without a base_url does)"
+        )
+    elif service is None and requested != DType.FP32.value:
+        refused["model.dtype"] = (
+            f"the {api} API has no dtype setting and a hosted service does not say which it trains in; "
+            "use fp32, or a NexRL service started with --dtype, or backend.name=inprocess"
         )
     if model.lora.is_lora and model.lora.alpha != DEFAULT_ALPHA:
         refused["model.lora.alpha"] = (
@@ -121,4 +138,11 @@ def fixed_precision_refusals(model: ModelConfig, api: str) -> dict[str, str]:
             "remove it, or use backend.name=inprocess"
         )
     return refused
+
+
+def service_run_info(service: NexrlCapabilities | None) -> dict[str, str]:
+    """`ServiceHolder.run_info` of a holder of a remote API: the dtype a NexRL service
+    reports (in torch's terms, as the local backends report theirs); nothing for a
+    hosted service."""
+    return {} if service is None else {"dtype": DType(service.dtype).torch_name}
 

@@ -29,6 +29,9 @@ class ServeOptions:
     """SQLAlchemy URL of the state store; None lets the service choose a SQLite file."""
     model: str = "nexrl-tiny"
     """Base model served: a shipped model's name or a local HF directory."""
+    dtype: str = attrs.field(default="fp32", validator=attrs.validators.in_(("fp32", "bf16")))
+    """Precision the service trains and samples in (a recipe's ``model.dtype`` values);
+    the service reports it, and a run whose ``model.dtype`` differs is refused."""
     api_key: str | None = None
     """When set, every request must carry this key."""
     data_dir: str | None = None

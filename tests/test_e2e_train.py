@@ -33,6 +33,18 @@ def test_shortened_quickstart_raises_validation_reward(tmp_path: Path) -> None:
     assert set(validated) == {0, 4}
     assert validated[4] >= validated[0] + 0.15, f"validation reward did not rise: {validated}"
     assert [row["step"] for row in rows if "reward/mean" in row] == [1, 2, 3, 4]
+    assert rows[0]["backend/dtype"] == "float32", "the embedded service says what it trains in"
     assert (out / "reward_curve.png").stat().st_size > 0
     assert any((out / "tensorboard").iterdir())
     assert "reward_curve.png" in completed.stdout
+
+
+@pytest.mark.slow
+def test_bf16_trains_on_the_embedded_service(tmp_path: Path) -> None:
+    """``model.dtype: bf16`` starts the embedded service in bf16; the service says so."""
+    out = tmp_path / "run"
+    command = [NEXRL, "train", "model.dtype=bf16", "schedule.steps=1", "schedule.validate_every=0", f"output.dir={out}", "--no-progress"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["backend/dtype"] == "bfloat16" and row["train/loss"] is not None

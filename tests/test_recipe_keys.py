@@ -126,7 +126,10 @@ CORE: dict[str, Entry] = {
     "model.lora.train_attn": LORA_TARGETS,
     "model.lora.train_unembed": LORA_TARGETS,
     "model.dtype": per_backend(
-        refused={"remote_api": BAD_INPUT},
+        remote_api=(
+            "tests/test_e2e_train.py::test_bf16_trains_on_the_embedded_service",
+            "nexrl_tinker/tests/test_holder_contract.py::test_model_dtype_must_be_what_the_service_trains_in",
+        ),
         inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
         self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url",
     ),

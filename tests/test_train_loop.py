@@ -122,6 +122,9 @@ class SkillHolder:
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
         return {f"loss_fn_config.{key}": "the fake has no such option" for key in config.loss_fn_config if key == "refused_by_fake"}
 
+    def run_info(self) -> dict[str, str]:
+        return {"dtype": "one float"}
+
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """The reference policy answers correctly with probability sigmoid(initial skill)."""
         return [[0.0] + [-0.5] * (len(tokens) - 1) for tokens in sequences]
@@ -327,6 +330,7 @@ def test_a_run_writes_metrics_curve_tensorboard_and_checkpoints(tmp_path: Path) 
     assert state is not None and state.step == 6 and Path(state.checkpoint_path).exists()
     assert timeless(state.metrics) == timeless(rows)
     # the embedded service was started for the holder and stopped at the end
+    assert rows[0]["backend/dtype"] == "one float" and not any("backend/dtype" in row for row in rows[1:])
     (service,) = SERVICES
     assert service.started and service.stopped and service.options.port == 0
     assert service.options.data_dir == str(run_dir / "backend" / "service")

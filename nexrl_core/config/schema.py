@@ -42,6 +42,11 @@ class DType(str, enum.Enum):
     FP32 = "fp32"
     BF16 = "bf16"
 
+    @property
+    def torch_name(self) -> str:
+        """The name torch gives it (``float32``, ``bfloat16``): what backends report running."""
+        return {"fp32": "float32", "bf16": "bfloat16"}[self.value]
+
 
 class KLController(str, enum.Enum):
     """How the KL coefficient evolves during training."""

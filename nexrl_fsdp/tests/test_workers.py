@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,6 +215,13 @@ class TestDirectZmqTransport(TransportContract):
     @pytest.fixture
     def transport(self, group: LocalWorkerGroup) -> DirectZmqTransport:
         return group.transport
+
+
+@pytest.mark.parametrize("flag", ["--db=sqlite://", "--model=/some/model", "--dtype=bf16", "--api-key=k", "--data-dir=/tmp/x"])
+def test_serve_workers_refuses_flags_it_has_no_use_for(flag: str) -> None:
+    nexrl = str(Path(sys.executable).with_name("nexrl"))
+    done = subprocess.run([nexrl, "serve", "workers", "--port", "0", flag], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and flag.split("=")[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_the_transport_and_the_api_server_are_registered() -> None:

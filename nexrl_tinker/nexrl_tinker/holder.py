@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals
+from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
+from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
@@ -37,9 +38,6 @@ HOSTED_AGGREGATION = "token-sum"
 """Hosted Tinker's losses are sums over tokens."""
 DOWNLOAD_TIMEOUT_S = 300.0
 """Per file of an exported model, for the signed-URL downloads."""
-NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
-"""Answered by NexRL's local service only: it computes every registered loss with all
-its options (``loss_fn_config`` carries them, strings in the SDK's v2 map)."""
 
 
 def _transient_errors() -> tuple[type[BaseException], ...]:
@@ -69,7 +67,8 @@ class TinkerServiceHolder:
         """Whether sampling uses the training client's current weights (what an export
         writes): true after publishing them, false after a step or a load."""
         self._reference: Any = None
-        self._nexrl_service: bool | None = None
+        self._service_capabilities: NexrlCapabilities | None = None
+        self._probed = False
         self._chat = TemplateChat(self.tokenizer, self._chat_renderer)
         self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
 
@@ -225,27 +224,24 @@ class TinkerServiceHolder:
 
         return self._retry("train", step)
 
-    def is_nexrl_service(self) -> bool:
-        """Whether the service is NexRL's own (it answers `NEXRL_CAPABILITIES_ROUTE`), which
-        computes every registered loss with all its options; hosted Tinker does not."""
+    def service_capabilities(self) -> NexrlCapabilities | None:
+        """What a NexRL service says it does (every registered loss with all its options,
+        in the precision it names); None for hosted Tinker, which says nothing."""
         with self._lock:
-            if self._nexrl_service is None:
-                import httpx
+            if not self._probed:
+                headers = {"X-API-Key": self.config.api_key} if self.config.api_key else {}
+                self._service_capabilities = probe_nexrl_capabilities(self.config.base_url, headers, "Tinker")
+                self._probed = True
+            return self._service_capabilities
 
-                base_url = (self.config.base_url or "").rstrip("/")
-                if not base_url:
-                    self._nexrl_service = False
-                else:
-                    headers = {"X-API-Key": self.config.api_key} if self.config.api_key else {}
-                    try:
-                        response = httpx.get(base_url + NEXRL_CAPABILITIES_ROUTE, headers=headers, timeout=30)
-                    except httpx.HTTPError as exc:
-                        raise RuntimeError(f"cannot reach the Tinker service at {base_url}: {exc}") from exc
-                    self._nexrl_service = response.status_code == 200
-            return self._nexrl_service
+    def is_nexrl_service(self) -> bool:
+        return self.service_capabilities() is not None
+
+    def run_info(self) -> dict[str, str]:
+        return service_run_info(self.service_capabilities())
 
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        refused = fixed_precision_refusals(self.config.model, "Tinker")
+        refused = fixed_precision_refusals(self.config.model, "Tinker", self.service_capabilities())
         if self.is_nexrl_service():
             return refused
         if config.loss_fn not in HOSTED_LOSSES:

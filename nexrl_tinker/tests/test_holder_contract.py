@@ -15,6 +15,8 @@ from nexrl_tinker.testing import TEST_API_KEY
 from collections.abc import Sequence
 
 from nexrl_core.config import ModelConfig
+from nexrl_core.config.schema import DType
+from nexrl_core.holders import TrainStepConfig
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.testing import ServiceHolderContract
 from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract
@@ -58,7 +60,7 @@ class TestHostedTinkerLossOptions(TestTinkerHolderLossOptions):
     @pytest.fixture
     def holder(self, keyed_base_url: str) -> Iterator[TinkerServiceHolder]:
         holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
-        holder._nexrl_service = False  # what a service without NexRL's capabilities route gets
+        holder._service_capabilities, holder._probed = None, True  # what a service without NexRL's capabilities route gets
         try:
             yield holder
         finally:
@@ -112,3 +114,20 @@ def test_lora_targets_reach_the_service(keyed_base_url: str, tmp_path: Path, fla
         holder.close()
     targets = set(json.loads((directory / "adapter" / "adapter_config.json").read_text())["target_modules"])
     assert adapted <= targets and not untouched & targets, targets
+
+
+def test_model_dtype_must_be_what_the_service_trains_in(keyed_base_url: str) -> None:
+    """The module's service runs in fp32 and says so; a bf16 recipe is refused with the
+    flag that would start a bf16 service, and hosted Tinker (which says nothing) takes only
+    the default."""
+    bf16 = ModelConfig(name="nexrl-tiny", dtype=DType.BF16)
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=bf16, base_url=keyed_base_url, api_key=TEST_API_KEY))
+    try:
+        assert holder.run_info() == {"dtype": "float32"}
+        refused = holder.refused_options(TrainStepConfig())
+        assert "--dtype bf16" in refused["model.dtype"] and "trains in fp32" in refused["model.dtype"]
+        holder._service_capabilities, holder._probed = None, True  # hosted: no NexRL capabilities route
+        assert "hosted service does not say" in holder.refused_options(TrainStepConfig())["model.dtype"]
+        assert holder.run_info() == {}
+    finally:
+        holder.close()

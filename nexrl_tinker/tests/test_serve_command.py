@@ -1,4 +1,4 @@
-"""`nexrl serve tinker` as a user runs it: --api-key / NEXRL_API_KEY, --host, --model,
+"""`nexrl serve tinker` as a user runs it: --api-key / NEXRL_API_KEY, --host, --model, --dtype,
 and bad options refused with a one-line message, exit status 2 and no traceback."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def stop() -> Iterator[list[subprocess.Popen[bytes]]]:
 @pytest.mark.parametrize("key_from", ["flag", "env"])
 def test_the_key_host_and_model_flags(tmp_path: Path, stop: list, key_from: str) -> None:
     port = free_port()
-    args = ["--port", str(port), "--host", "127.0.0.1", "--model", "nexrl-tiny"]
+    args = ["--port", str(port), "--host", "127.0.0.1", "--model", "nexrl-tiny", "--dtype", "bf16"]
     args, env = (args + ["--api-key", "tml-secret"], None) if key_from == "flag" else (args, {"NEXRL_API_KEY": "tml-secret"})
     stop.append(serve(tmp_path, *args, env=env))
     url = f"http://127.0.0.1:{port}"
@@ -45,6 +45,8 @@ def test_the_key_host_and_model_flags(tmp_path: Path, stop: list, key_from: str)
     assert answer.status_code == 200, answer.text
     info = httpx.get(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-secret"}, timeout=30).json()
     assert "nexrl-tiny" in str(info)
+    said = httpx.get(f"{url}/api/v1/nexrl_capabilities", headers={"X-API-Key": "tml-secret"}, timeout=30).json()
+    assert said["dtype"] == "bf16", "the service trains in the --dtype it was started with"
 
 
 @pytest.mark.parametrize(
@@ -52,6 +54,7 @@ def test_the_key_host_and_model_flags(tmp_path: Path, stop: list, key_from: str)
     [
         (["--model", "/nonexistent"], "unknown model '/nonexistent'"),
         (["--port", "70000"], "Invalid value for '--port'"),
+        (["--dtype", "fp8"], "Invalid value for '--dtype'"),
         ("taken", "--port/--host: cannot listen on 127.0.0.1"),
     ],
 )

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 from nexrl_core.chat_holder import TemplateChat
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals
+from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
+from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_weaver.holder_config import WeaverHolderConfig
@@ -41,8 +42,6 @@ HOSTED_OPTIONS = frozenset({"entropy_coeff"})
 """Loss options hosted Weaver takes (NexRL's own Weaver holder sends this one)."""
 HOSTED_AGGREGATION = "token-sum"
 """Hosted Weaver follows the Tinker design: a loss is a sum over tokens."""
-NEXRL_CAPABILITIES_ROUTE = "/api/v1/nexrl_capabilities"
-"""Answered by NexRL's local service only: it computes every registered loss with all its options."""
 EXPORT_TTL_S = 3600
 """How long the service keeps an export: the holder downloads it at once, and the Weaver
 API has no call to delete one."""
@@ -67,7 +66,8 @@ class WeaverServiceHolder:
         self._reference: Any = None
         self._tokenizer: Any = None
         self._saves = 0
-        self._nexrl_service: bool | None = None
+        self._service_capabilities: NexrlCapabilities | None = None
+        self._probed = False
         self._samples_trained_weights = sampling_path is None
         """Whether sampling uses the training model's current weights, which is what an
         export of the current weights writes."""
@@ -271,28 +271,25 @@ class WeaverServiceHolder:
         metrics.update({f"optim/{key}": float(value) for key, value in _metrics_of(optimizer).items()})
         return metrics
 
-    def is_nexrl_service(self) -> bool:
-        """Whether the service is NexRL's own (it answers `NEXRL_CAPABILITIES_ROUTE`),
-        which computes every registered loss with all its options; hosted Weaver does not."""
+    def service_capabilities(self) -> NexrlCapabilities | None:
+        """What a NexRL service says it does (every registered loss with all its options,
+        in the precision it names); None for hosted Weaver, which says nothing."""
         with self._lock:
-            if self._nexrl_service is None:
-                import httpx
+            if not self._probed:
+                api_key = self.config.api_key or os.environ.get(API_KEY_ENV)
+                headers = {"X-WEAVER-API-KEY": api_key} if api_key else {}
+                self._service_capabilities = probe_nexrl_capabilities(self.base_url, headers, "Weaver")
+                self._probed = True
+            return self._service_capabilities
 
-                base_url = (self.base_url or "").rstrip("/")
-                if not base_url:
-                    self._nexrl_service = False
-                else:
-                    api_key = self.config.api_key or os.environ.get(API_KEY_ENV)
-                    headers = {"X-WEAVER-API-KEY": api_key} if api_key else {}
-                    try:
-                        response = httpx.get(base_url + NEXRL_CAPABILITIES_ROUTE, headers=headers, timeout=30)
-                    except httpx.HTTPError as exc:
-                        raise RuntimeError(f"cannot reach the Weaver service at {base_url}: {exc}") from exc
-                    self._nexrl_service = response.status_code == 200
-            return self._nexrl_service
+    def is_nexrl_service(self) -> bool:
+        return self.service_capabilities() is not None
+
+    def run_info(self) -> dict[str, str]:
+        return service_run_info(self.service_capabilities())
 
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        refused = fixed_precision_refusals(self.config.model, "Weaver")
+        refused = fixed_precision_refusals(self.config.model, "Weaver", self.service_capabilities())
         if self.is_nexrl_service():
             return refused
         if config.loss_fn not in HOSTED_LOSSES:

@@ -72,7 +72,7 @@ class TestHostedWeaverLossOptions(TestWeaverHolderLossOptions):
     @pytest.fixture
     def holder(self, keyed_base_url: str) -> Iterator[WeaverServiceHolder]:
         holder = WeaverServiceHolder(WeaverHolderConfig(model=TINY, base_url=keyed_base_url, api_key=TEST_API_KEY))
-        holder._nexrl_service = False  # what a service without NexRL's capabilities route gets
+        holder._service_capabilities, holder._probed = None, True  # what a service without NexRL's capabilities route gets
         try:
             yield holder
         finally:

@@ -25,7 +25,7 @@ import attrs
 import zmq
 from pydantic import BaseModel, Field
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.serving import ServeOptions, ServiceStartError
 from nexrl_fsdp.direct_zmq.protocol import OPS
 
 __all__ = ["GroupRegistry", "WorkersApiServer"]
@@ -33,6 +33,8 @@ __all__ = ["GroupRegistry", "WorkersApiServer"]
 logger = logging.getLogger("nexrl_fsdp.workers_api")
 
 ENV_DEAD_AFTER = "NEXRL_WORKER_DEAD_AFTER_S"
+UNUSED_SERVE_OPTIONS = frozenset({"db", "model", "dtype", "api_key", "data_dir"})
+"""`ServeOptions` fields of other services that mean nothing here."""
 """Seconds without a heartbeat after which a rank counts as dead (default 15)."""
 _HELLO_EVERY_S = 0.2
 
@@ -245,7 +247,20 @@ class WorkersApiServer:
     """The API server as a `nexrl_core.serving.Service`: in a background thread, or in the foreground."""
 
     def __init__(self, options: ServeOptions | None = None, *, dead_after_s: float | None = None) -> None:
+        """:raises ServiceStartError: for a `ServeOptions` field the API server has no use
+        for (it keeps no database or files, loads no model: the workers do, and it takes
+        no key), so ``nexrl serve workers --db ...`` is refused rather than ignored."""
         self.options = options or ServeOptions()
+        unused = [
+            f"--{field.name.replace('_', '-')}"
+            for field in attrs.fields(ServeOptions)
+            if field.name in UNUSED_SERVE_OPTIONS and getattr(self.options, field.name) != field.default
+        ]
+        if unused:
+            raise ServiceStartError(
+                f"{', '.join(unused)}: the workers' API server keeps no database or files, loads no model (the workers "
+                "load the one a run's init_model names) and checks no key; leave them out"
+            )
         if dead_after_s is None:
             dead_after_s = float(os.environ.get(ENV_DEAD_AFTER, "15"))
         self.dead_after_s = dead_after_s

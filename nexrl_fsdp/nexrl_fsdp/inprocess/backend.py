@@ -42,13 +42,7 @@ def open_inprocess(setup: BackendSetup) -> HolderBackend:
     trainer = build_trainer(setup.recipe, options.trainer, "backend.options.trainer")
     holder = _open_holder(setup, options)
     try:
-        return HolderBackend(
-            holder,
-            trainer,
-            name="inprocess",
-            work_dir=setup.work_dir,
-            run_info={"dtype": holder.engine.trained_dtype(), "device": str(holder.engine.device)},
-        )
+        return HolderBackend(holder, trainer, name="inprocess", work_dir=setup.work_dir)
     except BaseException:
         holder.close()
         raise

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from nexrl_core.config.checks import Check, non_empty, non_negative, positive
+from nexrl_core.config.checks import Check, non_empty, non_negative
 from nexrl_core.holders import HolderTarget
 from nexrl_fsdp.config import EngineConfig
 

@@ -134,6 +134,10 @@ class EngineHolder:
 
     # --- training ------------------------------------------------------------------------------
 
+    def run_info(self) -> dict[str, str]:
+        """The dtype the engine's weights are held in and its device, read from the engine."""
+        return {"dtype": self.engine.trained_dtype(), "device": str(self.engine.device)}
+
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
         """Every registered loss with every option, every AdamW field and both dtypes run
         here; refused is only a loss that needs inputs a datum does not carry."""

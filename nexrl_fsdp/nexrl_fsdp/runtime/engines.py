@@ -72,10 +72,10 @@ class TrainingSpec:
     lora: LoraSettings = attrs.field(factory=LoraSettings)
     lora_seed: int = 0
 
-    def engine_config(self) -> Any:
+    def engine_config(self, dtype: str) -> Any:
         from nexrl_fsdp.config import EngineConfig
 
-        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed)
+        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype)
 
 
 @attrs.frozen
@@ -96,8 +96,10 @@ class WeightsRef:
 class EnginePool:
     """The loaded engines: one per training model, and an LRU of sampling engines."""
 
-    def __init__(self, base: BaseModelInfo, sampler_cache_size: int) -> None:
+    def __init__(self, base: BaseModelInfo, sampler_cache_size: int, dtype: str = "fp32") -> None:
         self.base = base
+        self.dtype = dtype
+        """Precision of every engine built here."""
         self._sampler_cache_size = max(1, sampler_cache_size)
         self._lock = threading.Lock()
         self._training: dict[str, Any] = {}
@@ -128,7 +130,7 @@ class EnginePool:
             return engine
 
     def new_training_engine(self, spec: TrainingSpec) -> Any:
-        return _new_engine(spec.engine_config())
+        return _new_engine(spec.engine_config(self.dtype))
 
     def release_training(self, model_id: str) -> bool:
         with self._lock:
@@ -168,13 +170,13 @@ class EnginePool:
 
     def _build_sampler(self, ref: WeightsRef) -> Any:
         if ref.kind == "base":
-            return _new_engine(model=self.base.name)
+            return _new_engine(model=self.base.name, dtype=self.dtype)
         if ref.kind == "hf":
             assert ref.directory is not None
-            return _new_engine(model=ref.directory)
+            return _new_engine(model=ref.directory, dtype=self.dtype)
         if ref.kind == "state":
             assert ref.directory is not None and ref.training is not None
-            engine = _new_engine(ref.training.engine_config())
+            engine = _new_engine(ref.training.engine_config(self.dtype))
             engine.load_state(ref.directory, load_optimizer=False)
             return engine
         raise ValueError(f"unknown weights kind {ref.kind!r}")

@@ -42,6 +42,8 @@ class ServerSettings:
     """SQLAlchemy URL; empty means ``sqlite:///<data_dir>/<name>.db``."""
     model: str = "nexrl-tiny"
     """The one base model served: a shipped name or a local HF directory."""
+    dtype: str = "fp32"
+    """Precision of every engine the service builds (``fp32`` or ``bf16``)."""
     api_key: str | None = None
     long_poll_s: float = 30.0
     """How long a poll for a future's outcome is held before the protocol answers "not
@@ -93,6 +95,7 @@ class ServerSettings:
             "data_dir": data_dir,
             "db_url": options.db or "",
             "model": options.model,
+            "dtype": options.dtype,
             "api_key": options.api_key or None,
         }
         values.update(overrides)

@@ -184,7 +184,7 @@ class TrainingOps:
     def create_model(self, new: NewModel, spec: TrainingSpec, answer: Callable[[], Outcome]) -> str:
         """Create a model with fresh weights as the first job of its lane; returns the request id."""
         try:
-            spec.engine_config()
+            spec.engine_config(self.state.engines.dtype)
         except ValueError as exc:
             raise BadRequest(f"invalid lora_config: {exc}") from None
 

@@ -17,6 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_fsdp.runtime.auth import Authenticator
 from nexrl_fsdp.runtime.downloads import add_download_route
 from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
@@ -150,10 +151,11 @@ def create_app(state: ServiceState) -> FastAPI:
             ]
         }
 
-    @app.get("/api/v1/nexrl_capabilities")
+    @app.get(NEXRL_CAPABILITIES_ROUTE)
     def nexrl_capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
-        """Tells NexRL's own holder that every registered loss and all its options work here."""
-        return {"loss_options": "all"}
+        """Tells NexRL's own holder that every registered loss and all its options work
+        here, and the precision this service trains in."""
+        return NexrlCapabilities(dtype=state.settings.dtype).to_json()
 
     # --- sessions -------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_fsdp.runtime.auth import Authenticator
 from nexrl_fsdp.runtime.downloads import add_download_route
 from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
@@ -119,10 +120,11 @@ def create_app(state: ServiceState) -> FastAPI:
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "operations_in_flight": book.in_flight, "epoch": book.epoch}
 
-    @app.get("/api/v1/nexrl_capabilities")
+    @app.get(NEXRL_CAPABILITIES_ROUTE)
     async def nexrl_capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
-        """Tells NexRL's own holder that every registered loss and all its options work here."""
-        return {"loss_options": "all"}
+        """Tells NexRL's own holder that every registered loss and all its options work
+        here, and the precision this service trains in."""
+        return NexrlCapabilities(dtype=state.settings.dtype).to_json()
 
     @app.get("/api/v1/supported-models")
     async def supported_models(_owner: str = Depends(owner)) -> dict[str, Any]:

@@ -94,11 +94,9 @@ class HolderBackend:
         name: str,
         work_dir: Path,
         on_close: Sequence[Callable[[], None]] = (),
-        run_info: Mapping[str, str] | None = None,
     ) -> None:
         """:param name: the backend's registered name, for messages.
         :param on_close: called after the holder is closed (stop an embedded service).
-        :param run_info: what the opener knows of how the holder's model runs (`run_info`).
         :raises ConfigError: when the holder cannot honour the trainer's settings.
         """
         self.holder = holder
@@ -106,7 +104,6 @@ class HolderBackend:
         self.name = name
         self.work_dir = work_dir
         self._on_close = list(on_close)
-        self._run_info = dict(run_info or {})
         refused = holder.refused_options(trainer.train_step)
         if refused:
             raise ConfigError(
@@ -117,7 +114,7 @@ class HolderBackend:
         return self.holder
 
     def run_info(self) -> Mapping[str, str]:
-        return self._run_info
+        return self.holder.run_info()
 
     def train(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         return self.trainer.train(self.holder, trajectories, step)

@@ -122,7 +122,12 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
             api_key = _embedded_api_key(data_dir, holder_spec.config_class)
             service = service_spec.build(
                 ServeOptions(
-                    port=0, model=setup.recipe.model.name, data_dir=str(data_dir), api_key=api_key, separate_process=True
+                    port=0,
+                    model=setup.recipe.model.name,
+                    dtype=setup.recipe.model.dtype.value,
+                    data_dir=str(data_dir),
+                    api_key=api_key,
+                    separate_process=True,
                 )
             )
             logger.info("starting the embedded service (data in %s)", data_dir)

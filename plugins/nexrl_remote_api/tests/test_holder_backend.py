@@ -34,6 +34,9 @@ class CounterHolder:
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
         return {key: "not here" for key in self.config.refuse}
 
+    def run_info(self) -> dict[str, str]:
+        return {}
+
     def save_checkpoint(self, name: str) -> str:
         return f"counter://{name}/{self.steps}"
 
