@@ -131,11 +131,14 @@ class Prepared:
         compiled = statement.compile(dialect=dialect, column_keys=column_keys)
         self.sql = compiled.string
         self._defaults = dict(compiled.params)
-        self._order = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
+        self._positional = bool(compiled.positional)
+        self._slots = [(name, self._defaults[name]) for name in compiled.positiontup or ()]
 
     def parameters(self, values: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
-        merged = {**self._defaults, **values}
-        return tuple(merged[name] for name in self._order) if self._order is not None else merged
+        """The driver's parameters: ``values`` (by bound name) over the statement's literals."""
+        if self._positional:
+            return tuple([values[name] if name in values else default for name, default in self._slots])
+        return {**self._defaults, **values}
 
 
 class EpisodeStore:
