@@ -123,8 +123,8 @@ class Prepared:
     ``end_episode`` cost. Compiled once, a write is the driver's ``execute`` and nothing
     else. The price: no bind processing, so values must be what the driver takes as they
     are (str, int, float, bool, None; JSON columns get `json.dumps` text from the caller).
-    Literal values in the statement (``status IN ('queued', 'claimed')``) stay bound
-    parameters with their values filled in here.
+    Literal values in the statement (``status = 'queued'``) stay bound parameters, with
+    their values filled in here.
     """
 
     def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
@@ -168,16 +168,25 @@ class EpisodeStore:
         self._writer.close()
         self.engine.dispose()
 
-    def _write(self, name: str, rows: Sequence[dict[str, Any]]) -> int:
-        """Run statement ``name`` once per row in one transaction, committed on return; the rows it touched."""
-        statement = self._statements[name]
+    def _write(self, name: str, values: dict[str, Any]) -> int:
+        """Run statement ``name`` in a transaction of its own, committed on return; the rows it touched."""
+        return self._transaction([(name, [values])])
+
+    def _transaction(self, batches: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> int:
+        """Run each statement once per row of its batch in one transaction, committed on return;
+        the rows the last batch touched."""
         cursor = self._writer.cursor()
+        touched = 0
         try:
-            if len(rows) == 1:
-                cursor.execute(statement.sql, statement.parameters(rows[0]))
-            else:
-                cursor.executemany(statement.sql, [statement.parameters(row) for row in rows])
-            touched = cursor.rowcount
+            for name, rows in batches:
+                if not rows:
+                    continue
+                statement = self._statements[name]
+                if len(rows) == 1:
+                    cursor.execute(statement.sql, statement.parameters(rows[0]))
+                else:
+                    cursor.executemany(statement.sql, [statement.parameters(row) for row in rows])
+                touched = cursor.rowcount
             self._writer.commit()
         except BaseException:
             self._writer.rollback()
@@ -223,21 +232,10 @@ class EpisodeStore:
             for episode in new
         ]
         again = [{"b_episode_id": episode_id, "b_attempt": attempt, "b_version": version} for episode_id, attempt, version in requeue]
-        cursor = self._writer.cursor()
-        try:
-            for name, batch in (("add", rows), ("queue_again", again)):
-                if batch:
-                    statement = self._statements[name]
-                    cursor.executemany(statement.sql, [statement.parameters(row) for row in batch])
-            self._writer.commit()
-        except BaseException:
-            self._writer.rollback()
-            raise
-        finally:
-            cursor.close()
+        self._transaction([("add", rows), ("queue_again", again)])
 
     def requeue(self, episode_id: str, attempt: int) -> None:
-        self._write("requeue", [{"b_episode_id": episode_id, "b_attempt": attempt}])
+        self._write("requeue", {"b_episode_id": episode_id, "b_attempt": attempt})
 
     def end(
         self,
@@ -256,18 +254,18 @@ class EpisodeStore:
             "b_episode_id": episode_id, "b_attempt": attempt, "b_reward": reward, "b_metrics": json.dumps(metrics),
             "b_calls": json.dumps(calls), "b_now": now, "b_client_id": client_id,
         }
-        return self._write("end", [row]) == 1
+        return self._write("end", row) == 1
 
     def count_duplicate_end(self, episode_id: str) -> None:
-        self._write("count_duplicate_end", [{"b_episode_id": episode_id}])
+        self._write("count_duplicate_end", {"b_episode_id": episode_id})
 
     def finish(self, episode_id: str, status: str, error: str) -> None:
         """Mark an episode ``failed`` or ``dropped`` with why."""
-        self._write("finish", [{"b_episode_id": episode_id, "b_status": status, "b_error": error, "b_now": time.time()}])
+        self._write("finish", {"b_episode_id": episode_id, "b_status": status, "b_error": error, "b_now": time.time()})
 
     def drop_unfinished(self) -> int:
         """Mark every queued or claimed episode ``dropped`` (a new server owns none of them); returns how many."""
-        return self._write("drop_unfinished", [{}])
+        return self._write("drop_unfinished", {})
 
     def counts(self) -> dict[str, int]:
         """Episodes by status (for tests and status pages)."""
