@@ -10,10 +10,12 @@ client measures both sides):
   (each end is committed to SQLite before its answer);
 * ceiling: two ``POST /noop`` calls with bodies of the same size.
 
+The two sides take turns (``--rounds``, 5 by default) on the same connections, so a
+burst of other work on a shared machine slows both rather than one.
 It prints both rates and their ratio against the target (episode >= 55 % of the
 ceiling) and exits 0 whatever the verdict.
 
-    .venv/bin/python benchmarks/episode_server.py              # 32 clients, 5 s per side
+    .venv/bin/python benchmarks/episode_server.py              # 32 clients, 5 s per side in 5 turns
     .venv/bin/python benchmarks/episode_server.py --clients 8 --seconds 3
 """
 
@@ -107,31 +109,45 @@ async def noop_cycle(connection: Connection) -> None:
     await connection.post("/noop", b'{"episode_id": "0123456789abcdef0123456789abcdef", "reward": 1.0}')
 
 
-async def measure(url: str, clients: int, seconds: float, cycle) -> float:
+async def measure(url: str, clients: int, seconds: float, rounds: int) -> tuple[float, float]:
+    """Cycles/s of the no-op side and the episode side, each measured in ``rounds`` alternating
+    turns of ``seconds / rounds`` on the same ``clients`` connections, so load that other
+    work puts on a shared machine meanwhile falls on both sides alike."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     connections = [await Connection.open(host, int(port)) for _ in range(clients)]
-    counts = [0] * clients
 
-    async def client(index: int, until: float, count: bool) -> None:
-        while time.monotonic() < until:
-            await cycle(connections[index])
-            if count:
+    async def turn(cycle, length: float) -> int:
+        counts = [0] * clients
+
+        async def client(index: int, until: float) -> None:
+            while time.monotonic() < until:
+                await cycle(connections[index])
                 counts[index] += 1
 
-    warm = time.monotonic() + min(1.0, seconds / 3)
-    await asyncio.gather(*(client(index, warm, False) for index in range(clients)))
-    start = time.monotonic()
-    await asyncio.gather(*(client(index, start + seconds, True) for index in range(clients)))
-    elapsed = time.monotonic() - start
+        until = time.monotonic() + length
+        await asyncio.gather(*(client(index, until) for index in range(clients)))
+        return sum(counts)
+
+    warm = min(1.0, seconds / 3)
+    for cycle in (noop_cycle, episode_cycle):
+        await turn(cycle, warm)
+    done = {noop_cycle: 0, episode_cycle: 0}
+    spent = {noop_cycle: 0.0, episode_cycle: 0.0}
+    for _ in range(rounds):
+        for cycle in (noop_cycle, episode_cycle):
+            start = time.monotonic()
+            done[cycle] += await turn(cycle, seconds / rounds)
+            spent[cycle] += time.monotonic() - start
     for connection in connections:
         connection.close()
-    return sum(counts) / elapsed
+    return done[noop_cycle] / spent[noop_cycle], done[episode_cycle] / spent[episode_cycle]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Episode server claim+end cycles/s vs a no-op endpoint")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients (connections)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per side, after a warm-up")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating turns per side (1: one block each, no-op first)")
     parser.add_argument("--episodes", type=int, default=60_000, help="episodes queued for the episode side")
     parser.add_argument("--serve", nargs=2, metavar=("DB", "EPISODES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,13 +164,15 @@ def main() -> None:
             url = child.stdout.readline().strip()
             if not url:
                 raise SystemExit("the server did not start")
-            ceiling = asyncio.run(measure(url, args.clients, args.seconds, noop_cycle))
-            episodes = asyncio.run(measure(url, args.clients, args.seconds, episode_cycle))
+            ceiling, episodes = asyncio.run(measure(url, args.clients, args.seconds, args.rounds))
         finally:
             child.stdin.close()
             child.wait(timeout=30)
     ratio = episodes / ceiling
-    print(f"clients: {args.clients}, {args.seconds:g} s per side, server: uvicorn + FastAPI, store: SQLite (WAL)")
+    print(
+        f"clients: {args.clients}, {args.seconds:g} s per side in {args.rounds} alternating turn(s), "
+        "server: uvicorn + FastAPI, store: SQLite (WAL)"
+    )
     print(f"no-op endpoint (ceiling):  {ceiling:8.0f} cycles/s (2 requests each)")
     print(f"episode claim+end:         {episodes:8.0f} cycles/s")
     print(f"ratio: {ratio:.0%} of the ceiling (target >= {TARGET:.0%}): {'PASS' if ratio >= TARGET else 'FAIL'}")

@@ -31,7 +31,7 @@ import attrs
 from nexrl_core.rollout import RunRequest, RunResult, SamplingDefaults, build_trajectories, parse_outcome
 from nexrl_core.types import SampleResult
 from nexrl_episodes.store import EpisodeStore, NewEpisode
-from nexrl_episodes.tokens import EpisodeTokens, InvalidToken
+from nexrl_episodes.tokens import EpisodeTokens, InvalidToken, TokenClaim
 
 ENGINE_STATUSES = ("offline", "booting", "rolling", "weight-syncing")
 
@@ -279,13 +279,17 @@ class EpisodeBook:
             self._queue.appendleft(episode.episode_id)
         self._notify()
 
-    def _episode_of(self, token: str | None) -> tuple[LiveEpisode, int]:
+    def _token_claim(self, token: str | None) -> TokenClaim:
+        """What ``token`` names, or a 401 saying why it is no key of this server."""
         if not token:
             raise EpisodeError(401, "missing episode key: send the api_key a claim returned as 'Authorization: Bearer <key>'")
         try:
-            claim = self.tokens.check(token)
+            return self.tokens.check(token)
         except InvalidToken as error:
             raise EpisodeError(401, str(error)) from None
+
+    def _episode_of(self, token: str | None) -> tuple[LiveEpisode, int]:
+        claim = self._token_claim(token)
         episode = self._live.get(claim.episode_id)
         if episode is None:
             raise EpisodeError(404, f"episode {claim.episode_id} is not one this server is running")
@@ -293,7 +297,10 @@ class EpisodeBook:
 
     def _claimed(self, token: str | None) -> LiveEpisode:
         """The episode ``token`` holds a live claim on (activity refreshed), or the reason why not."""
-        episode, attempt = self._episode_of(token)
+        return self._held(*self._episode_of(token))
+
+    def _held(self, episode: LiveEpisode, attempt: int) -> LiveEpisode:
+        """``episode``, if claim ``attempt`` of it is live (activity refreshed), or the reason why not."""
         if attempt != episode.attempt:
             raise EpisodeError(
                 409,
@@ -346,15 +353,18 @@ class EpisodeBook:
         repeat of an end that was already recorded, which changes nothing."""
         value, metrics = parse_reward(reward, metadata)
         with self._lock:
-            if self._ended_earlier(token, episode_id):
-                return True
-            episode, attempt = self._episode_of(token)
+            claim = self._token_claim(token)
+            episode = self._live.get(claim.episode_id)
+            if episode is None:
+                if claim.episode_id == episode_id and self._ended_earlier(claim):
+                    return True
+                raise EpisodeError(404, f"episode {claim.episode_id} is not one this server is running")
             if episode.episode_id != episode_id:
                 raise EpisodeError(403, f"this key belongs to episode {episode.episode_id}, not {episode_id}")
-            if episode.status == "ended" and attempt == episode.attempt:
+            if episode.status == "ended" and claim.attempt == episode.attempt:
                 self.store.count_duplicate_end(episode.episode_id)
                 return True
-            episode = self._claimed(token)
+            episode = self._held(episode, claim.attempt)
             calls = list(episode.calls)
             if not self.store.end(
                 episode.episode_id, episode.attempt, value, metrics, [_sample_to_json(call) for call in calls], time.time(),
@@ -367,14 +377,8 @@ class EpisodeBook:
         episode.future.set_result(_run_result(episode.request, value, metrics, calls))
         return False
 
-    def _ended_earlier(self, token: str | None, episode_id: str) -> bool:
+    def _ended_earlier(self, claim: TokenClaim) -> bool:
         """True (and counted) for a repeated end of an episode that ended in an earlier life of this server."""
-        try:
-            claim = self.tokens.check(token or "")
-        except InvalidToken:
-            return False
-        if claim.episode_id in self._live or claim.episode_id != episode_id:
-            return False
         row = self.store.get(claim.episode_id)
         if row is None or row["status"] != "ended" or row["attempt"] != claim.attempt:
             return False
