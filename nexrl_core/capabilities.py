@@ -27,9 +27,11 @@ class NexrlCapabilities:
 
     dtype: str
     """The precision it trains and samples in, in a recipe's ``model.dtype`` terms (``fp32``, ``bf16``)."""
+    max_context_length: int | None = None
+    """Tokens the served model's context holds, when its config says."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"loss_options": "all", "dtype": self.dtype}
+        return {"loss_options": "all", "dtype": self.dtype, "max_context_length": self.max_context_length}
 
 
 def probe_nexrl_capabilities(base_url: str | None, headers: Mapping[str, str], api: str) -> NexrlCapabilities | None:
@@ -48,4 +50,5 @@ def probe_nexrl_capabilities(base_url: str | None, headers: Mapping[str, str], a
         return None
     except (urllib.error.URLError, OSError) as error:
         raise RuntimeError(f"cannot reach the {api} service at {base_url}: {error}") from error
-    return NexrlCapabilities(dtype=str(answer.get("dtype", "fp32")))
+    context = answer.get("max_context_length")
+    return NexrlCapabilities(dtype=str(answer.get("dtype", "fp32")), max_context_length=int(context) if context else None)

@@ -13,6 +13,7 @@ from typing import Protocol, Union
 
 import attrs
 
+from nexrl_core.backend import CONTEXT_KEY
 from nexrl_core.capabilities import NexrlCapabilities
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.adamw import AdamWSettings
@@ -142,7 +143,12 @@ def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabil
 
 def service_run_info(service: NexrlCapabilities | None) -> dict[str, str]:
     """`ServiceHolder.run_info` of a holder of a remote API: the dtype a NexRL service
-    reports (in torch's terms, as the local backends report theirs); nothing for a
-    hosted service."""
-    return {} if service is None else {"dtype": DType(service.dtype).torch_name}
+    reports (in torch's terms, as the local backends report theirs) and its model's
+    context; nothing for a hosted service."""
+    if service is None:
+        return {}
+    info = {"dtype": DType(service.dtype).torch_name}
+    if service.max_context_length:
+        info[CONTEXT_KEY] = str(service.max_context_length)
+    return info
 

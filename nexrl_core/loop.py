@@ -38,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.backend import Backend, BackendSetup, RolloutSetup, RolloutSource
+from nexrl_core.backend import CONTEXT_KEY, Backend, BackendSetup, RolloutSetup, RolloutSource
 from nexrl_core.checkpoints import PendingCheckpoints
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
@@ -147,6 +147,24 @@ def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, tas
     work_dir.mkdir(parents=True, exist_ok=True)
     setup = RolloutSetup(recipe=config, options=options, model=backend.chat_model(), agent=task.agent, work_dir=work_dir)
     return spec.open(setup)
+
+
+def check_context(config: TrainConfig, backend: Backend) -> None:
+    """``rollout.max_tokens`` fits the context the backend reports for its model (a
+    remote service's model is known only once it answers; local models are checked
+    before they load).
+
+    :raises ConfigError: naming ``rollout.max_tokens`` when it does not fit.
+    """
+    context = backend.run_info().get(CONTEXT_KEY)
+    if context is not None and config.rollout.max_tokens >= int(context):
+        raise ConfigError(
+            [
+                f"rollout.max_tokens: {config.rollout.max_tokens} does not fit the context of model "
+                f"{config.model.name!r} ({context} tokens, as the backend reports), which must also hold the prompt; "
+                f"use at most {int(context) - 1}, well below for long prompts"
+            ]
+        )
 
 
 def _remove_run_files(out_dir: Path) -> None:
@@ -439,6 +457,7 @@ def run_training(
     try:
         try:
             backend = open_backend(config, options["backend"], out_dir)
+            check_context(config, backend)
             if state is not None:
                 logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
                 backend.load_checkpoint(state.checkpoint_path)

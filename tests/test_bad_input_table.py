@@ -48,6 +48,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("no-chat-template-self-hosted", ["backend.name=self-hosted", "model.name={untemplated}"], "has no chat template"),
     ("concurrency-with-episodes", ["rollout.source.name=episodes", "rollout.concurrency=4"], "rollout.concurrency: 4 has no effect"),
     ("max-tokens-past-context", ["backend.name=inprocess", "rollout.max_tokens=100000"], "rollout.max_tokens: 100000 does not fit"),
+    ("max-tokens-past-context-embedded-service", ["rollout.max_tokens=4096"], "rollout.max_tokens: 4096 does not fit the context"),
     ("max-tokens-past-context-self-hosted", ["backend.name=self-hosted", "rollout.max_tokens=4096"], "rollout.max_tokens: 4096"),
 ]
 """``{untemplated}`` stands for a copy of the shipped model whose tokenizer has no chat template."""
