@@ -19,7 +19,6 @@ import ast
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
@@ -401,16 +400,12 @@ def test_each_entry_covers_every_backend_with_tests_that_exist(key: str) -> None
     assert not _unknown_tests(entry), f"{key}: no such test {_unknown_tests(entry)}"
     if EVERY_BACKEND in entry.effect:
         return
-    backends = set(installed_components_backends())
+    backends = set(get_registry().specs["backends"])
     covered = set(entry.effect) | set(entry.refused)
     component = key.partition(" [")[2].rstrip("]")
     if key.startswith("backend.options.") and component:
         backends = {"remote_api"} if key.startswith(HOLDER_OPTIONS) else {component}
     assert backends <= covered, f"{key}: no effect test or refusal for backend(s) {sorted(backends - covered)}"
-
-
-def installed_components_backends() -> list[str]:
-    return sorted(get_registry().specs["backends"])
 
 
 def test_a_key_without_an_entry_fails_the_walk() -> None:
@@ -443,10 +438,6 @@ def describe(key: str) -> str:
     return f"{key}: {', '.join(parts)}"
 
 
-def _print_table() -> Any:  # pragma: no cover - `python tests/test_recipe_keys.py` prints the list
+if __name__ == "__main__":  # `python tests/test_recipe_keys.py` prints the list
     for key in KEYS:
         print(describe(key))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _print_table()
