@@ -139,7 +139,9 @@ CORE: dict[str, Entry] = {
     "algorithm.weight_decay": ADAMW,
     "algorithm.grad_clip_norm": ADAMW,
     "algorithm.advantage.name": everywhere(
-        "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe", f"{LOOP}::test_per_token_advantages_train_through_the_trainer"
+        "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe",
+        f"{LOOP}::test_per_token_advantages_train_through_the_trainer",
+        f"{INPROCESS}::test_per_token_advantages_reach_the_engine",
     ),
     "algorithm.loss.name": per_backend(
         remote_api=("plugins/nexrl_remote_api/tests/test_holder_backend.py::test_every_loss_option_travels_by_value",

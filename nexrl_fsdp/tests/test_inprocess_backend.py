@@ -160,6 +160,23 @@ def test_metrics_say_which_dtype_trained(tmp_path: Path, dtype: str, ran: str) -
     assert row["train/grad_norm"] > 0
 
 
+def test_per_token_advantages_reach_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """reinforce_plus_plus (gamma 0.5) through the remote-API trainer onto the real engine:
+    the trained tokens of a run carry different advantages, and the run trains."""
+    from nexrl_fsdp.inprocess.holder import EngineHolder
+
+    received: list = []
+    train = EngineHolder.train
+    monkeypatch.setattr(EngineHolder, "train", lambda self, datums, config: received.extend(datums) or train(self, datums, config))
+    settings = ("schedule.steps=1", "schedule.validate_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4")
+    estimator = ("algorithm.advantage.name=reinforce_plus_plus", "algorithm.advantage.options.gamma=0.5")
+    run_training(quickstart(tmp_path, *settings, *estimator), progress_bar=False)
+    (row,) = reward_rows(tmp_path / "run")
+    assert row["train/grad_norm"] > 0
+    per_run = [{a for a, m in zip(datum.advantages, datum.loss_mask) if m} for datum in received]
+    assert any(len(values) > 1 for values in per_run), "advantages vary along a run's tokens"
+
+
 @pytest.mark.slow
 def test_the_quickstart_learns_and_leaves_nothing_running(tmp_path: Path) -> None:
     before = set(threading.enumerate())
