@@ -5,12 +5,16 @@ nexrl_tinker/tests/test_serve_command.py.)"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from nexrl_core.testing.processes import processes_with
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 
@@ -70,11 +74,19 @@ def untemplated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bad_input_is_refused_cleanly(tmp_path: Path, untemplated: Path, overrides: list[str], message: str) -> None:
     out_dir = tmp_path / "run"
     overrides = [override.format(untemplated=untemplated) for override in overrides]
+    marker = uuid.uuid4().hex
     done = subprocess.run(
-        [NEXRL, "train", f"output.dir={out_dir}", "schedule.steps=1", *overrides], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
+        [NEXRL, "train", f"output.dir={out_dir}", "schedule.steps=1", *overrides],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, MARKER: marker},
+    )  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert message in output, output
     assert "Traceback" not in output, output
     assert not out_dir.exists() or not any(out_dir.iterdir()), f"left behind: {sorted(p.name for p in out_dir.iterdir())}"
+    assert processes_with(marker) == [], "a service, worker or client outlived the refused run"
+
+
+MARKER = "NEXRL_BAD_INPUT_TEST_RUN"
+"""Set to a fresh value for each row's run: every process it starts inherits it."""
+

@@ -23,6 +23,7 @@ from nexrl_core.config.components import resolve_options
 from nexrl_core.registry import find_spec
 from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
+from nexrl_core.testing.processes import processes_with
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend
 from nexrl_grpo.config import SelfHostedGrpoConfig
@@ -39,19 +40,6 @@ def recipe(tmp_path: Path, *overrides: str) -> TrainConfig:
 def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
     options = resolve_options("backends", config.backend, "backend")
     return find_spec("backends", "self-hosted").open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids of this user's processes whose environment holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize(
