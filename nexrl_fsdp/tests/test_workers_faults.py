@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -87,3 +89,17 @@ def test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs(tm
     finally:
         group.stop()
     assert _gone([*pids.values(), torchrun], 20)
+
+
+def test_a_killed_rank_not_yet_reaped_counts_as_gone() -> None:
+    """The watchdog stops beating for a rank the moment it dies, before torchrun reaps it."""
+    from nexrl_fsdp.worker.watchdog import _alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_bytes().rpartition(b")")[2].split()[0] != b"Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not _alive(child.pid), "a zombie is not alive"
+    child.wait()
+    assert not _alive(child.pid) and _alive(os.getpid())

@@ -23,13 +23,20 @@ _SERVER_GONE_AFTER_S = 30.0
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed rank that torchrun has not reaped yet (a zombie)
+    does not, so it stops beating at once and not when its agent gets round to it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc to ask: the signal's answer stands
+    return state != b"Z"
 
 
 def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> None:
