@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
 from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
+from nexrl_core.retries import call_with_retries
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
@@ -138,19 +138,14 @@ class TinkerServiceHolder:
     def _retry(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call``, retrying transient service errors with exponential backoff."""
         transient = _transient_errors()
-        for attempt in range(self.config.max_retries + 1):
-            try:
-                return call()
-            except transient as exc:
-                if attempt == self.config.max_retries:
-                    raise RuntimeError(
-                        f"Tinker service at {self.config.base_url or 'the default URL'} failed to {what} after "
-                        f"{attempt + 1} attempts: {type(exc).__name__}: {exc}"
-                    ) from exc
-                delay = self.config.retry_backoff_s * 2**attempt
-                logger.warning("could not %s (%s); retrying in %.1f s", what, exc, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return call_with_retries(
+            call,
+            what=what,
+            where=f"the Tinker service at {self.config.base_url or 'the default URL'}",
+            is_transient=lambda error: isinstance(error, transient),
+            max_retries=self.config.max_retries,
+            backoff_s=self.config.retry_backoff_s,
+        )
 
     # --- chat ----------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
 from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
+from nexrl_core.retries import RetriesExhausted, call_with_retries
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_weaver.holder_config import WeaverHolderConfig
@@ -154,22 +155,21 @@ class WeaverServiceHolder:
             return self._tokenizer
 
     def _retry(self, what: str, call: Callable[[], T]) -> T:
-        """Run ``call``, retrying transient service errors with exponential backoff."""
-        for attempt in range(self.config.max_retries + 1):
-            try:
-                return call()
-            except Exception as exc:
-                if not _is_transient(exc):
-                    raise _service_error(what, self.base_url, exc) from exc
-                if attempt == self.config.max_retries:
-                    raise RuntimeError(
-                        f"the Weaver service at {self.base_url or 'the hosted default URL'} failed to {what} after "
-                        f"{attempt + 1} attempts: {type(exc).__name__}: {exc}"
-                    ) from exc
-                delay = self.config.retry_backoff_s * 2**attempt
-                logger.warning("could not %s (%s); retrying in %.1f s", what, exc, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        """Run ``call``, retrying transient service errors with exponential backoff; any
+        other failure is reported with what the holder was doing and where."""
+        try:
+            return call_with_retries(
+                call,
+                what=what,
+                where=f"the Weaver service at {self.base_url or 'the hosted default URL'}",
+                is_transient=_is_transient,
+                max_retries=self.config.max_retries,
+                backoff_s=self.config.retry_backoff_s,
+            )
+        except RetriesExhausted:
+            raise
+        except Exception as exc:
+            raise _service_error(what, self.base_url, exc) from exc
 
     def _wait(self, what: str, submit: Callable[[], Any]) -> Any:
         """Submit an operation (``wait=False``) and wait for its response, at most
