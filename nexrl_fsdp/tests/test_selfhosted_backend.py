@@ -96,7 +96,7 @@ def contract_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SelfH
     finally:
         backend.close()
     assert backend.group is not None and backend.group.process is None
-    assert not backend.chat.compute.running
+    assert not backend.sampler.alive(), "closing the backend ends the sampler process"
 
 
 @pytest.mark.slow
@@ -120,8 +120,18 @@ def test_each_backend_option_reaches_its_part(contract_backend: SelfHostedBacken
     backend.sync_weights(1)  # later tests share the backend and expect the sampler to hold the workers' weights
     assert metrics["train/actor/optimizer_steps"] == 4.0, "two epochs of two mini-batches"
     assert "actor/old_logprob_abs_diff" not in metrics, "the sampler's logprobs were trained on as they came"
-    compute = backend.chat.compute
-    assert (compute._linger_s, compute._linger_max_s, compute._max_batch_rows) == (0.002, 0.02, 16)
+    sampler = backend.sampler.request({"kind": "info"}).header
+    assert (sampler["sample_linger_s"], sampler["sample_linger_max_s"], sampler["max_batch_rows"]) == (0.002, 0.02, 16)
+
+
+@pytest.mark.slow
+def test_the_sampler_is_a_process_of_its_own(contract_backend: SelfHostedBackend) -> None:
+    """Rollouts sample from another process (its own GIL), which lives while the backend is
+    open; the fixture checks it is gone once the backend is closed."""
+    sampler = contract_backend.sampler
+    assert sampler.pid != os.getpid() and sampler.alive()
+    assert sampler.request({"kind": "info"}).header["pid"] == sampler.pid
+    assert sampler.pid not in contract_backend.group.rank_pids().values()
 
 
 def _free_port() -> int:
