@@ -146,4 +146,7 @@ def test_it_exits_when_its_driver_dies(tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], "the sampler outlived its driver"
+    outlived = Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    if outlived:
+        os.kill(pid, signal.SIGKILL)  # leave nothing behind, even when failing
+    assert not outlived, "the sampler outlived its driver"
