@@ -6,9 +6,10 @@ an `Engine` of its own, so its compute and the rollouts' Python do not share thi
 process's GIL) and, while it loads, the workers' API server and ``torchrun`` on
 127.0.0.1 (`LocalWorkerGroup`), or connects to a group started elsewhere
 (``backend.options.workers_url``), and loads the model on every rank. After each step
-`sync_weights` gathers the policy on rank 0 (``get_weights``: raw tensor frames, no
-pickle) and forwards the same frames, uncopied, to the sampler process, which loads
-them in place and acknowledges; the next rollouts see the newest weights. Rollouts of
+`sync_weights` gathers the policy on rank 0, which sends it straight to the sampler
+process (``push_weights``: raw tensor frames, no pickle; a ``workers_url`` group's
+frames are forwarded by this process instead); the sampler loads them in place and
+acknowledges before the sync returns, so the next rollouts see the newest weights. Rollouts of
 a later step may keep sampling while the workers train (``rollout.max_staleness``).
 `close` stops the sampler process, destroys the group and stops torchrun's whole
 session; the sampler and the ranks also end themselves when this process dies.
@@ -120,9 +121,18 @@ class SelfHostedBackend:
 
     def publish(self) -> str:
         """Gather the policy on rank 0 and load it into the sampler process in place; returns
-        once the process has loaded it, so every sample asked for afterwards uses it."""
-        weights = self.trainer.transport.get_weights()
-        self.sampler.request({"kind": "load_weights"}, weights)  # the received frames, sent on uncopied
+        once the process has loaded it, so every sample asked for afterwards uses it.
+
+        A group started here pushes the weights from rank 0 straight to the sampler
+        (``push_weights``); the ranks of a ``workers_url`` group may run on other machines,
+        which cannot reach the sampler's 127.0.0.1, so their weights come through here:
+        the frames rank 0 sent, forwarded uncopied."""
+        self.sampler.check_alive("load_weights")
+        if self.group is not None:
+            assert self.sampler.endpoint is not None
+            self.transport.push_weights(self.sampler.endpoint)
+        else:
+            self.sampler.request({"kind": "load_weights"}, self.transport.get_weights())
         self.trainer.trained_since_publish = False
         self._version += 1
         return f"self-hosted://{self.transport.options.identifier}/weights/{self._version:06d}"

@@ -101,11 +101,11 @@ class SamplerProcess:
         socket = self._socket()
         request_id = next(self._ids)
         kind = header["kind"]
-        self._check_alive(kind)
+        self.check_alive(kind)
         try:
             wire.send(socket, {**header, "id": request_id}, tensors)
         except zmq.Again:
-            self._check_alive(kind)
+            self.check_alive(kind)
             raise SamplerError(f"the sampler process (pid {self.pid}) did not take a {kind} request for {_SEND_TIMEOUT_MS / 1000:.0f} s") from None
         while True:
             if socket.poll(int(_POLL_S * 1000)):
@@ -117,7 +117,7 @@ class SamplerProcess:
                         raise ValueError(reply.header["error"])
                     raise SamplerError(f"the sampler process failed a {kind} request: {reply.header['error']}")
                 return reply
-            self._check_alive(kind)
+            self.check_alive(kind)
 
     def stop(self) -> None:
         """Ask the process to exit, kill it if it has not after a timeout, and release
@@ -173,7 +173,8 @@ class SamplerProcess:
             self._local.socket = socket
         return socket
 
-    def _check_alive(self, kind: str) -> None:
+    def check_alive(self, kind: str) -> None:
+        """:raises SamplerError: naming the process and the end of its log, when it is gone."""
         if self._closed:
             raise SamplerError("the sampler process was stopped (the backend is closed)")
         code = self.process.poll()

@@ -14,6 +14,7 @@ then raw tensor frames; nothing pickled). Each request header has a ``kind`` and
   answered ``sampled`` with ``tokens``, ``logprobs`` and ``stop_reason``.
 * ``load_weights``: one raw frame per parameter, copied into the model in place;
   answered ``loaded`` once the copy is done, so sampling after the reply sees them.
+  Rank 0 of the workers sends it (``push_weights``), or the driver forwards it.
 * ``export``: ``path``; the weights, tokenizer and chat template as an HF directory.
 * ``info``: the process id and the batching settings it runs with.
 * ``close``: answered ``closing``; the process then exits.
