@@ -18,6 +18,7 @@ session; the sampler and the ranks also end themselves when this process dies.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_remote_api.holder_backend import build_trainer
 
-__all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options"]
+__all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options", "sampler_threads"]
 
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
@@ -196,6 +197,18 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
     return trainer
 
 
+def sampler_threads(options: SelfHostedBackendConfig) -> str:
+    """The sampler process's ``OMP_NUM_THREADS``: the user's, else the cores this process
+    may use less one per local worker rank and one for the driver's own Python (at
+    least 1). More threads than free cores make every torch op of the sampler wait on
+    a thread that is not running (see ``nexrl_fsdp/__init__.py``): on two cores beside
+    two ranks, two sampler threads took the quickstart's rollouts from 0.10 to 0.25 s."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return os.environ["OMP_NUM_THREADS"]
+    local_ranks = options.world_size if options.workers_url is None else 0
+    return str(max(1, len(os.sched_getaffinity(0)) - local_ranks - 1))
+
+
 def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[DirectZmqTransport, LocalWorkerGroup | None]:
     if options.workers_url is None:
         group = LocalWorkerGroup(
@@ -242,7 +255,11 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         max_batch_rows=options.sampler.max_batch_rows,
     )
     # Started first: it loads its model while the workers start.
-    sampler = SamplerProcess(SamplerSettings(engine=engine_config, batching=batching), setup.work_dir / SAMPLER_LOG)
+    sampler = SamplerProcess(
+        SamplerSettings(engine=engine_config, batching=batching),
+        setup.work_dir / SAMPLER_LOG,
+        extra_env={"OMP_NUM_THREADS": sampler_threads(options)},
+    )
     group: LocalWorkerGroup | None = None
     transport: DirectZmqTransport | None = None
     try:

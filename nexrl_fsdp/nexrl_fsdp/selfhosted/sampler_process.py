@@ -2,7 +2,7 @@
 
 It starts ``python -m nexrl_fsdp.selfhosted.sampler_server`` in its own session (so a
 Ctrl-C reaches the driver, whose `stop` then ends it in order) with the driver's
-environment, its output in a log file, and waits for the endpoint it reports. Requests
+environment (plus ``extra_env``), its output in a log file, and waits for the endpoint it reports. Requests
 travel in the direct-ZMQ wire format (JSON header, raw tensor frames). Each calling
 thread gets its own DEALER socket, so the rollouts' many threads sample concurrently
 without a lock, and the server batches what they send. While a thread waits for its
@@ -44,7 +44,7 @@ class SamplerError(RuntimeError):
 class SamplerProcess:
     """A running sampler process and the sockets this process talks to it on."""
 
-    def __init__(self, settings: SamplerSettings, log_path: Path) -> None:
+    def __init__(self, settings: SamplerSettings, log_path: Path, *, extra_env: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ class SamplerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=dict(os.environ),
+            env={**os.environ, **(extra_env or {})},
             start_new_session=True,
         )
         self.endpoint: str | None = None

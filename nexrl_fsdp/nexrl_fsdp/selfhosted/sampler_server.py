@@ -16,7 +16,7 @@ then raw tensor frames; nothing pickled). Each request header has a ``kind`` and
   answered ``loaded`` once the copy is done, so sampling after the reply sees them.
   Rank 0 of the workers sends it (``push_weights``), or the driver forwards it.
 * ``export``: ``path``; the weights, tokenizer and chat template as an HF directory.
-* ``info``: the process id and the batching settings it runs with.
+* ``info``: the process id, its torch threads and the batching settings it runs with.
 * ``close``: answered ``closing``; the process then exits.
 
 Any failure is answered ``error`` with the exception's type and message. Every torch
@@ -151,7 +151,7 @@ class SamplerServer:
                 self._answer_when_done(identity, request_id, future, lambda done: {"kind": "exported", "path": str(done)})
             elif kind == "info":
                 wire.send(self.socket, {"kind": "info", "id": request_id, "pid": os.getpid(), "endpoint": self.endpoint,
-                                        **attrs.asdict(self.batching)}, prefix=[identity])
+                                        "threads": torch.get_num_threads(), **attrs.asdict(self.batching)}, prefix=[identity])
             elif kind == "close":
                 wire.send(self.socket, {"kind": "closing", "id": request_id}, prefix=[identity])
                 return True
