@@ -40,7 +40,7 @@ def nexrl_backends() -> list[BackendSpec]:
             name="self-hosted",
             factory="nexrl_fsdp.selfhosted.backend:open_self_hosted",
             config_class=SelfHostedBackendConfig,
-            description="FSDP2 workers under torchrun driven over direct ZMQ, an in-process sampler fed their weights",
+            description="FSDP2 workers under torchrun driven over direct ZMQ, a sampler process fed their weights",
         ),
     ]
 

@@ -25,7 +25,8 @@ from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.processes import processes_with
 from nexrl_core.testing.rollouts import sampled_group
-from nexrl_fsdp.selfhosted.backend import SelfHostedBackend
+from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
+from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_grpo.config import SelfHostedGrpoConfig
 from nexrl_grpo.trainers import SelfHostedGrpoTrainer
 
@@ -84,7 +85,7 @@ def contract_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SelfH
     finally:
         backend.close()
     assert backend.group is not None and backend.group.process is None
-    assert not backend.chat.compute.running
+    assert not backend.sampler.alive(), "closing the backend ends the sampler process"
 
 
 @pytest.mark.slow
@@ -108,8 +109,34 @@ def test_each_backend_option_reaches_its_part(contract_backend: SelfHostedBacken
     backend.sync_weights(1)  # later tests share the backend and expect the sampler to hold the workers' weights
     assert metrics["train/actor/optimizer_steps"] == 4.0, "two epochs of two mini-batches"
     assert "actor/old_logprob_abs_diff" not in metrics, "the sampler's logprobs were trained on as they came"
-    compute = backend.chat.compute
-    assert (compute._linger_s, compute._linger_max_s, compute._max_batch_rows) == (0.002, 0.02, 16)
+    sampler = backend.sampler.request({"kind": "info"}).header
+    assert (sampler["sample_linger_s"], sampler["sample_linger_max_s"], sampler["max_batch_rows"]) == (0.002, 0.02, 16)
+    assert sampler["threads"] == int(sampler_threads(backend_options(backend))), "the sampler runs on the cores left to it"
+
+
+def backend_options(backend: SelfHostedBackend) -> SelfHostedBackendConfig:
+    return SelfHostedBackendConfig(world_size=2, workers_url=None if backend.group is not None else "http://elsewhere")
+
+
+def test_the_sampler_gets_the_cores_the_local_ranks_and_the_driver_leave(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
+    assert sampler_threads(SelfHostedBackendConfig(world_size=4)) == "11"
+    assert sampler_threads(SelfHostedBackendConfig(world_size=4, workers_url="http://elsewhere:8000")) == "15", "remote ranks use no core here"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert sampler_threads(SelfHostedBackendConfig(world_size=2)) == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert sampler_threads(SelfHostedBackendConfig(world_size=2)) == "3", "the user's setting wins"
+
+
+@pytest.mark.slow
+def test_the_sampler_is_a_process_of_its_own(contract_backend: SelfHostedBackend) -> None:
+    """Rollouts sample from another process (its own GIL), which lives while the backend is
+    open; the fixture checks it is gone once the backend is closed."""
+    sampler = contract_backend.sampler
+    assert sampler.pid != os.getpid() and sampler.alive()
+    assert sampler.request({"kind": "info"}).header["pid"] == sampler.pid
+    assert sampler.pid not in contract_backend.group.rank_pids().values()
 
 
 def _free_port() -> int:

@@ -25,11 +25,15 @@ from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
+from nexrl_fsdp.config import EngineConfig
+from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
+from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
+from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
 
 pytestmark = pytest.mark.slow
 
-PACKAGES = [Path(__file__).parents[1] / "nexrl_fsdp" / name for name in ("direct_zmq", "worker")]
+PACKAGES = [Path(__file__).parents[1] / "nexrl_fsdp" / name for name in ("direct_zmq", "worker", "selfhosted")]
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +189,24 @@ def test_bad_update_options_are_refused_by_name(group: LocalWorkerGroup) -> None
         group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-mean"}})
     with pytest.raises(WorkerGroupError, match="unknown update_actor options"):
         group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
+
+
+def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: LocalWorkerGroup, tmp_path: Path) -> None:
+    settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0), batching=BatchedSamplingOptions())
+    sampler = SamplerProcess(settings, tmp_path / "sampler.log")
+    try:
+        sampler.wait_ready()
+        assert sampler.endpoint is not None
+        with pytest.raises(WorkerGroupError, match="push_weights refused: push_weights needs options.endpoint"):
+            group.transport.push_weights("http://127.0.0.1:1")
+        gathered = group.transport.get_weights()
+        sampler.request({"kind": "load_weights"}, {name: tensor * 0.5 for name, tensor in gathered.items()})
+        assert group.transport.push_weights(sampler.endpoint) == len(gathered)
+        exported, _ = load_exported(Path(sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]))
+        loaded = dict(exported.named_parameters())
+        assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), "the sampler holds the trained weights, exactly"
+    finally:
+        sampler.stop()
 
 
 def test_no_pickle_on_the_driver_side(group: LocalWorkerGroup, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ OPS = (
     "compute_log_prob",
     "compute_ref_log_prob",
     "get_weights",
+    "push_weights",
     "save_checkpoint",
     "load_checkpoint",
     "barrier",

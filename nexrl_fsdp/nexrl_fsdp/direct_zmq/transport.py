@@ -123,6 +123,13 @@ class DirectZmqTransport:
         """Every parameter of the policy, whole, by name (for a sampler)."""
         return self._call("get_weights", {}).tensors
 
+    def push_weights(self, endpoint: str) -> int:
+        """Gather the policy on rank 0 and send it from there straight to the sampler
+        process at ``endpoint`` (it must be reachable from rank 0); returns once the
+        sampler has loaded it, with the number of parameters sent."""
+        options = {"endpoint": endpoint, "timeout_s": self.options.op_timeout_s}
+        return int(self._call("push_weights", options).header["parameters"])
+
     def save_checkpoint(self, path: str) -> str:
         """Sharded model and optimizer state (torch.distributed.checkpoint) under ``path``."""
         return str(self._call("save_checkpoint", {"path": str(path)}).header["path"])

@@ -7,7 +7,9 @@ remaining frames are the bytes of the tensors it lists, in order::
     {"kind": "...", ..., "tensors": [{"name": "input_ids", "dtype": "int64", "shape": [8, 40]}, ...]}
 
 Sending is zero-copy: each tensor frame is the tensor's own memory (a contiguous CPU
-tensor is not copied; pyzmq keeps a reference until the bytes are on the wire).
+tensor is not copied; pyzmq keeps a reference until the bytes are on the wire). The
+memory is exposed through numpy, which leaves the tensor's storage unresizable: send
+a copy of a buffer something later resizes (an FSDP parameter held unsharded).
 Receiving is zero-copy too: each tensor is built over the received frame's buffer, so
 the decoded tensors are read-only views; clone one before writing into it.
 """

@@ -131,15 +131,24 @@ class ComputeThread:
 
     def call(self, run: Callable[[], T]) -> T:
         """``run()`` on the compute thread, after everything queued before it; its result or exception."""
+        return self.submit(run).result()
+
+    def submit(self, run: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Queue ``run()`` for the compute thread without waiting; a future of its result."""
         job: _Call[T] = _Call(run)
         self._put(job)
-        return job.future.result()
+        return job.future
 
     def sample(self, prompt: Sequence[int], params: SamplingParams, seed: int | None) -> SampledSequence:
         """One sample of ``prompt``, drawn with whatever other requests are queued with it."""
+        return self.submit_sample(prompt, params, seed).result()
+
+    def submit_sample(self, prompt: Sequence[int], params: SamplingParams, seed: int | None) -> concurrent.futures.Future[SampledSequence]:
+        """Queue one sample of ``prompt`` without waiting (a server answering many clients
+        from one thread does this); a future of the sample."""
         request = SampleRequest(tuple(prompt), params, seed)
         self._put(request)
-        return request.future.result()
+        return request.future
 
     def close(self) -> None:
         """Fail whatever is still queued, let the running job finish, and stop the thread."""

@@ -1,5 +1,5 @@
-"""The ``self-hosted`` backend: FSDP workers under torchrun driven over direct ZMQ, and an
-in-process sampler whose weights come from the workers after each step.
+"""The ``self-hosted`` backend: FSDP workers under torchrun driven over direct ZMQ, and a
+sampler process whose weights come from the workers after each step.
 
 `config` is light (no torch) so the plugin can register the backend and recipes can be
 checked anywhere; `backend` loads torch and is imported only when a recipe picks it.

@@ -1,23 +1,27 @@
-"""``open_self_hosted``: FSDP workers trained by a `SelfHostedTrainer`, sampled through an in-process engine.
+"""``open_self_hosted``: FSDP workers trained by a `SelfHostedTrainer`, sampled through a sampler process.
 
 Opening the backend checks every recipe option the workers cannot honour (and refuses
-it by key) before anything starts, then starts the workers' API server and ``torchrun``
-on 127.0.0.1 (`LocalWorkerGroup`), or connects to a group started elsewhere
-(``backend.options.workers_url``), loads the model on every rank, and loads a sampling
-engine in this process. After each step `sync_weights` gathers the policy on rank 0
-(``get_weights``: raw tensor frames, no pickle) and copies it into the sampler in place,
-so the next rollouts see the newest weights; rollouts of a later step may keep sampling
-while the workers train (``rollout.max_staleness``). `close` destroys the group and
-stops torchrun's whole session; the ranks also end themselves when this process dies.
+it by key) before anything starts, then starts the sampler process (`SamplerProcess`:
+an `Engine` of its own, so its compute and the rollouts' Python do not share this
+process's GIL) and, while it loads, the workers' API server and ``torchrun`` on
+127.0.0.1 (`LocalWorkerGroup`), or connects to a group started elsewhere
+(``backend.options.workers_url``), and loads the model on every rank. After each step
+`sync_weights` gathers the policy on rank 0, which sends it straight to the sampler
+process (``push_weights``: raw tensor frames, no pickle; a ``workers_url`` group's
+frames are forwarded by this process instead); the sampler loads them in place and
+acknowledges before the sync returns, so the next rollouts see the newest weights. Rollouts of
+a later step may keep sampling while the workers train (``rollout.max_staleness``).
+`close` stops the sampler process, destroys the group and stops torchrun's whole
+session; the sampler and the ranks also end themselves when this process dies.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import torch
 
 from nexrl_core.backend import BackendSetup
 from nexrl_core.chat_model import ChatModel
@@ -30,17 +34,21 @@ from nexrl_fsdp.config import EngineConfig
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport
-from nexrl_fsdp.engine import Engine
-from nexrl_fsdp.inprocess.chat import EngineChat
+from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
+from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
 from nexrl_fsdp.loss_fns import build_loss_fn
 from nexrl_fsdp.recipe_checks import check_device, check_model_name
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
+from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
+from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
+from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_remote_api.holder_backend import build_trainer
 
-__all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options"]
+__all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options", "sampler_threads"]
 
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
+SAMPLER_LOG = "sampler.log"
 WORKER_AGGREGATIONS = ("token-sum", "token-mean")
 """Loss aggregations that stay exact when a batch's rows are split over ranks."""
 WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
@@ -74,13 +82,13 @@ def refused_options(recipe: TrainConfig, train_step: TrainStepConfig) -> list[st
 
 
 class SelfHostedBackend:
-    """A worker group trained by a `SelfHostedTrainer`, and the sampler rollouts use."""
+    """A worker group trained by a `SelfHostedTrainer`, and the sampler process rollouts use."""
 
     def __init__(
         self,
         trainer: SelfHostedTrainer,
         transport: DirectZmqTransport,
-        chat: EngineChat,
+        chat: SamplerChat,
         *,
         work_dir: Path,
         group: LocalWorkerGroup | None,
@@ -89,6 +97,7 @@ class SelfHostedBackend:
         self.trainer = trainer
         self.transport = transport
         self.chat = chat
+        self.sampler = chat.process
         self.work_dir = work_dir
         self.group = group
         self._run_info = dict(run_info)
@@ -106,15 +115,25 @@ class SelfHostedBackend:
         return self.trainer.train(trajectories, step)
 
     def sync_weights(self, step: int) -> str | None:
-        """Copy the workers' weights into the sampler, if an update changed them."""
+        """Load the workers' weights into the sampler process, if an update changed them."""
         if not self.trainer.trained_since_publish:
             return None
         return self.publish()
 
     def publish(self) -> str:
-        """Gather the policy on rank 0 and load it into the sampler in place."""
-        weights = self.trainer.transport.get_weights()
-        self.chat.compute.call(lambda: _load_in_place(self.chat.sampler.model, weights))
+        """Gather the policy on rank 0 and load it into the sampler process in place; returns
+        once the process has loaded it, so every sample asked for afterwards uses it.
+
+        A group started here pushes the weights from rank 0 straight to the sampler
+        (``push_weights``); the ranks of a ``workers_url`` group may run on other machines,
+        which cannot reach the sampler's 127.0.0.1, so their weights come through here:
+        the frames rank 0 sent, forwarded uncopied."""
+        self.sampler.check_alive("load_weights")
+        if self.group is not None:
+            assert self.sampler.endpoint is not None
+            self.transport.push_weights(self.sampler.endpoint)
+        else:
+            self.sampler.request({"kind": "load_weights"}, self.transport.get_weights())
         self.trainer.trained_since_publish = False
         self._version += 1
         return f"self-hosted://{self.transport.options.identifier}/weights/{self._version:06d}"
@@ -132,8 +151,10 @@ class SelfHostedBackend:
         self.publish()
 
     def export_model(self, directory: Path) -> Path:
-        """The sampler's weights (the workers' policy as of the last sync) as an HF directory."""
-        return self.chat.compute.call(lambda: self.chat.sampler.export_hf(directory))
+        """The sampler's weights (the workers' policy as of the last sync) as an HF directory,
+        written by the sampler process."""
+        reply = self.sampler.request({"kind": "export", "path": str(Path(directory).resolve())})
+        return Path(reply.header["path"])
 
     def close(self) -> None:
         """Let a running save finish, then stop the sampler, the workers and the API server."""
@@ -143,7 +164,7 @@ class SelfHostedBackend:
         try:
             self.trainer.close()
         finally:
-            self.chat.close()
+            self.sampler.stop()
             if self.group is not None:
                 self.group.stop()
             else:
@@ -151,16 +172,6 @@ class SelfHostedBackend:
                     self.transport.destroy()
                 finally:
                     self.transport.close()
-
-
-def _load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
-    parameters = dict(model.named_parameters())
-    if set(parameters) != set(weights):
-        missing, extra = sorted(set(parameters) - set(weights)), sorted(set(weights) - set(parameters))
-        raise RuntimeError(f"the workers' weights do not match the sampler's model: missing {missing[:5]}, unexpected {extra[:5]}")
-    with torch.no_grad():
-        for name, parameter in parameters.items():
-            parameter.copy_(weights[name])
 
 
 def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedTrainer:
@@ -184,6 +195,18 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
         trainer.close()
         raise ConfigError(problems)
     return trainer
+
+
+def sampler_threads(options: SelfHostedBackendConfig) -> str:
+    """The sampler process's ``OMP_NUM_THREADS``: the user's, else the cores this process
+    may use less one per local worker rank and one for the driver's own Python (at
+    least 1). More threads than free cores make every torch op of the sampler wait on
+    a thread that is not running (see ``nexrl_fsdp/__init__.py``): on two cores beside
+    two ranks, two sampler threads took the quickstart's rollouts from 0.10 to 0.25 s."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return os.environ["OMP_NUM_THREADS"]
+    local_ranks = options.world_size if options.workers_url is None else 0
+    return str(max(1, len(os.sched_getaffinity(0)) - local_ranks - 1))
 
 
 def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[DirectZmqTransport, LocalWorkerGroup | None]:
@@ -225,26 +248,35 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     trainer = _check(setup, options)
     recipe = setup.recipe
     setup.work_dir.mkdir(parents=True, exist_ok=True)
-    transport, group = _connect(setup, options)
-    chat: EngineChat | None = None
+    engine_config = EngineConfig(model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=options.sampler.device)
+    batching = BatchedSamplingOptions(
+        sample_linger_s=options.sampler.sample_linger_s,
+        sample_linger_max_s=options.sampler.sample_linger_max_s,
+        max_batch_rows=options.sampler.max_batch_rows,
+    )
+    # Started first: it loads its model while the workers start.
+    sampler = SamplerProcess(
+        SamplerSettings(engine=engine_config, batching=batching),
+        setup.work_dir / SAMPLER_LOG,
+        extra_env={"OMP_NUM_THREADS": sampler_threads(options)},
+    )
+    group: LocalWorkerGroup | None = None
+    transport: DirectZmqTransport | None = None
     try:
-        engine_config = EngineConfig(
-            model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=options.sampler.device
-        )
+        transport, group = _connect(setup, options)
         info = transport.init_model(engine_config.model, dtype=engine_config.dtype, seed=recipe.seed)
         trainer.bind(transport, world_size=options.world_size, pad_token_id=int(info["pad_token_id"]))
-        sampler = Engine(engine_config)
-        chat = EngineChat(sampler, options.sampler, name="nexrl-self-hosted-sampler")
+        chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
+        sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
         backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info)
         backend.publish()
         return backend
     except BaseException:
-        if chat is not None:
-            chat.close()
+        sampler.stop()
         trainer.close()
         if group is not None:
             group.stop()
-        else:
+        elif transport is not None:
             transport.close()
         raise

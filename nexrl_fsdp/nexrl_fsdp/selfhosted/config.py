@@ -13,7 +13,7 @@ __all__ = ["SamplerOptions", "SelfHostedBackendConfig"]
 
 @attrs.frozen(kw_only=True)
 class SamplerOptions(BatchedSamplingOptions):
-    """The in-process sampling engine rollouts sample from."""
+    """The sampler process rollouts sample from: its device and how it batches concurrent requests."""
 
     device: str = attrs.field(default="cpu", validator=non_empty)
     """torch device of the sampler: ``cpu``, ``cuda``, ``cuda:1``, ..."""

@@ -92,7 +92,11 @@ def _shard(model: torch.nn.Module, mesh: Any) -> None:
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    """A whole parameter in memory of its own. A parameter FSDP holds unsharded (the root
+    module's, after a forward) is FSDP's own buffer, which it frees later by resizing its
+    storage; sending that buffer zero-copy exposes it to numpy, which makes the storage
+    unresizable for good, and the next backward fails. So it is copied."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.clone()
 
 
 class FsdpActor:

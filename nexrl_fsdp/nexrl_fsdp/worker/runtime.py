@@ -5,8 +5,9 @@ header and tensors there, rank 0 checks them and answers ACK (or the reason it r
 them, so a malformed batch never reaches the other ranks). The driver then asks the API
 server to broadcast "execute"; every rank gets it on its command subscription, rank 0
 broadcasts the op's header over torch.distributed and scatters the batch by rows, every
-rank runs the op, and rank 0 sends the result back on the data socket. Nothing is
-pickled: headers are JSON (as uint8 tensors between ranks), tensors are raw frames.
+rank runs the op, and rank 0 sends the result back on the data socket (``push_weights``
+first sends the gathered policy straight to a sampler process, `weights_push`). Nothing
+is pickled: headers are JSON (as uint8 tensors between ranks), tensors are raw frames.
 
 A watchdog process (`watchdog`) beats for the rank and ends it when the API server is
 gone or calls the group dead, so no worker outlives its run.
@@ -41,6 +42,7 @@ from nexrl_fsdp.direct_zmq.protocol import (
 )
 from nexrl_fsdp.worker.actor import ActorOptions, FsdpActor, ModelOptions
 from nexrl_fsdp.worker.rows import BatchError, check_batch
+from nexrl_fsdp.worker.weights_push import push_weights
 
 __all__ = ["WorkerRank"]
 
@@ -150,9 +152,16 @@ class WorkerRank:
             raise BatchError(f"unknown op {op!r}; the workers run {', '.join(OPS)}")
         if not header.get("op_id"):
             raise BatchError("the message has no op_id")
-        if op in BATCH_OPS or op in ("get_weights", "save_checkpoint", "load_checkpoint"):
+        if op in BATCH_OPS or op in ("get_weights", "push_weights", "save_checkpoint", "load_checkpoint"):
             if self.actor is None:
                 raise BatchError("the model is not initialised; call init_model first")
+        if op == "push_weights":
+            options = header.get("options", {})
+            endpoint, timeout_s = options.get("endpoint"), options.get("timeout_s")
+            if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
+                raise BatchError(f"push_weights needs options.endpoint, the sampler's tcp:// or ipc:// address; got {endpoint!r}")
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+                raise BatchError(f"push_weights needs options.timeout_s, a positive number of seconds; got {timeout_s!r}")
         if op in BATCH_OPS:
             options = ActorOptions.from_json(header.get("options", {})) if op == "update_actor" else None
             check_batch(tensors, self.actor.needed_tensors(op, options), self.world_size, self.actor.vocab_size)
@@ -259,6 +268,11 @@ class WorkerRank:
         if op == "get_weights":
             weights = actor.full_weights()
             return {}, (weights if self.rank == 0 else {})
+        if op == "push_weights":
+            weights = actor.full_weights()
+            if self.rank == 0:
+                push_weights(self.context, options["endpoint"], weights, header["op_id"], float(options["timeout_s"]))
+            return {"parameters": len(weights)}, {}
         if op == "save_checkpoint":
             path = Path(options["path"])
             path.mkdir(parents=True, exist_ok=True)
