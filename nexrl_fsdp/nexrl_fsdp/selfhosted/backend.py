@@ -22,7 +22,6 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-
 from nexrl_core.backend import BackendSetup
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
