@@ -31,11 +31,12 @@ class Transport(Protocol):
         """Train on ``batch`` with the loss and optimizer in ``options``; returns float metrics."""
         ...
 
-    def compute_log_prob(self, batch: Batch) -> torch.Tensor:
-        """[B, L] logprob of each token under the policy (0 on padding and first tokens)."""
+    def compute_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
+        """[B, L] logprob of each token under the policy (0 on padding and first tokens),
+        ``micro_batch_rows`` rows per forward on a worker."""
         ...
 
-    def compute_ref_log_prob(self, batch: Batch) -> torch.Tensor:
+    def compute_ref_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
         """[B, L] logprobs under the frozen reference weights."""
         ...
 
