@@ -78,6 +78,7 @@ from grpo_sides import (  # first: sets the offline environment before torch loa
 )
 
 MODEL_NAME = "nexrl-tiny"
+REPO = Path(__file__).resolve().parents[1]
 NEXRL_SIDES = ("remote_api", "inprocess", "self-hosted")
 """NexRL's backends, each run through the quickstart recipe with ``backend.name`` set.
 Every side's final weights are evaluated from the run's ``final_model`` directory."""
@@ -92,15 +93,22 @@ def model_dir() -> Path:
     return resolve_model_dir(MODEL_NAME)
 
 
+BACKEND_RECIPES = {"inprocess": "quickstart_inprocess.yaml", "self-hosted": "quickstart_fsdp.yaml"}
+"""The recipe whose ``backend.options`` a side uses: what a user runs on that backend."""
+
+
 def quickstart_config(args: argparse.Namespace, out_dir: Path, backend: str = "remote_api") -> Any:
-    """The built-in quickstart recipe on ``backend`` with the shared settings as overrides."""
+    """The built-in quickstart recipe on ``backend`` (with the options of that backend's
+    own quickstart recipe) and the shared settings as overrides."""
     from importlib.resources import as_file, files
 
     from nexrl_core.config import load_config
+    from nexrl_core.config.load import read_recipe
 
     overrides = [f"model.name={MODEL_NAME}", *common_overrides(args, out_dir)]
     if backend != "remote_api":
-        overrides += [f"backend.name={backend}", "backend.options={}"]
+        options = read_recipe(REPO / "recipes" / BACKEND_RECIPES[backend])["backend"].get("options", {})
+        overrides += [f"backend.name={backend}", f"backend.options={json.dumps(options)}"]
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
         return load_config(recipe, overrides)
 
