@@ -17,11 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,44 +28,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # no torch) sets its default in os.environ before anything loads torch, and child
 # processes inherit it.
 import nexrl_fsdp  # noqa: E402, F401
+from service_overhead import Row, print_table, serve, timed_pair  # noqa: E402 - after the environment is set
 
 
-def timed_pair(a: Callable[[], object], b: Callable[[], object], reps: int, warmup: int) -> tuple[float, float]:
-    """Median wall times of ``a`` and ``b`` in milliseconds, measured alternately so
-    that load from other processes drifts into both columns alike."""
-    for _ in range(warmup):
-        a()
-        b()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(reps):
-        for fn, out in ((a, times[0]), (b, times[1])):
-            start = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
-def start_server(data_dir: Path, in_process: bool):
-    from nexrl_tinker.testing import free_port, start_service, wait_healthy
-
+def start_server(data_dir: Path, in_process: bool) -> tuple[str, Callable[[], None]]:
     if in_process:
+        from nexrl_tinker.testing import start_service
+
         service = start_service(data_dir)
         return service.base_url, service.stop
-    port = free_port()
-    nexrl = Path(sys.executable).with_name("nexrl")
-    process = subprocess.Popen(
-        [str(nexrl), "serve", "tinker", "--port", str(port), "--data-dir", str(data_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, timeout=120)
-
-    def stop() -> None:
-        process.terminate()
-        process.wait(timeout=60)
-
-    return url, stop
+    return serve("tinker", data_dir, "/api/v1/healthz")
 
 
 def main() -> None:
@@ -94,7 +62,7 @@ def main() -> None:
     def tokens(b: int, t: int) -> list[list[int]]:
         return [[(5 * i + 3 * j) % 60 + 3 for j in range(t + 1)] for i in range(b)]
 
-    rows = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         url, stop = start_server(Path(tmp), args.in_process)
         try:
@@ -146,16 +114,12 @@ def main() -> None:
         finally:
             stop()
 
-    print(f"\nTinker service overhead (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"LoRA rank {args.rank}, server {'in-process' if args.in_process else 'subprocess'}, median of runs)\n")
-    header = f"{'operation':<30}{'shape':>8}{'service ms':>13}{'engine ms':>12}{'ratio':>8}{'added ms/call':>15}"
-    print(header)
-    print("-" * len(header))
-    for name, shape, service_ms, engine_ms, calls in rows:
-        added = (service_ms - engine_ms) / calls
-        print(f"{name:<30}{shape:>8}{service_ms:>13.2f}{engine_ms:>12.2f}{service_ms / engine_ms:>8.2f}{added:>15.2f}")
-    print("\nTargets: ratio <= 1.25 at 32x64; added latency <= 10 ms per call at 1x16.")
-
+    print_table(
+        f"Tinker service overhead (torch {torch.__version__}, {torch.get_num_threads()} threads, LoRA rank {args.rank}, "
+        f"server {'in-process' if args.in_process else 'subprocess'}, median of runs)",
+        rows,
+        "ratio <= 1.25 at 32x64; added latency <= 10 ms per call at 1x16.",
+    )
 
 if __name__ == "__main__":
     main()

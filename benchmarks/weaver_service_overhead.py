@@ -19,63 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import nexrl_fsdp  # noqa: E402, F401 - the same OpenMP wait policy in every process
-
-
-def timed_pair(a: Callable[[], object], b: Callable[[], object], reps: int, warmup: int) -> tuple[float, float]:
-    """Median wall times of ``a`` and ``b`` in milliseconds, measured alternately."""
-    for _ in range(warmup):
-        a()
-        b()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(reps):
-        for fn, out in ((a, times[0]), (b, times[1])):
-            start = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
-def start_server(data_dir: Path) -> tuple[str, Callable[[], None]]:
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    nexrl = Path(sys.executable).with_name("nexrl")
-    process = subprocess.Popen(
-        [str(nexrl), "serve", "weaver", "--port", str(port), "--data-dir", str(data_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            raise RuntimeError("nexrl serve weaver did not start")
-        time.sleep(0.1)
-
-    def stop() -> None:
-        process.terminate()
-        process.wait(timeout=60)
-
-    return url, stop
+from service_overhead import Row, print_table, serve, timed_pair  # noqa: E402 - after the environment is set
 
 
 def main() -> None:
@@ -100,9 +49,9 @@ def main() -> None:
     def tokens(b: int, t: int) -> list[list[int]]:
         return [[(5 * i + 3 * j) % 60 + 3 for j in range(t + 1)] for i in range(b)]
 
-    rows = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        url, stop = start_server(Path(tmp))
+        url, stop = serve("weaver", Path(tmp), "/api/v1/healthz")
         client = weaver.ServiceClient(base_url=url, tensor_transport=args.transport)
         try:
             client.connect()
@@ -111,7 +60,7 @@ def main() -> None:
             else:
                 training = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")
             sampler = client.create_sampling_client(base_model="nexrl-tiny")
-            engine = Engine(model="nexrl-tiny", lora_rank=args.rank)
+            engine = Engine(model="nexrl-tiny", lora={"rank": args.rank})
             base_engine = Engine(model="nexrl-tiny")
             for b, t in shapes:
                 seqs = tokens(b, t)
@@ -158,16 +107,12 @@ def main() -> None:
             client.close()
             stop()
 
-    print(f"\nWeaver service overhead (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"LoRA rank {args.rank}, {args.transport} tensors, server subprocess, median of runs)\n")
-    header = f"{'operation':<30}{'shape':>8}{'service ms':>13}{'engine ms':>12}{'ratio':>8}{'added ms/call':>15}"
-    print(header)
-    print("-" * len(header))
-    for name, shape, service_ms, engine_ms, calls in rows:
-        added = (service_ms - engine_ms) / calls
-        print(f"{name:<30}{shape:>8}{service_ms:>13.2f}{engine_ms:>12.2f}{service_ms / engine_ms:>8.2f}{added:>15.2f}")
-    print("\nTargets: ratio <= 1.25 at 32x64; added latency <= 15 ms per call at 1x16.")
-
+    print_table(
+        f"Weaver service overhead (torch {torch.__version__}, {torch.get_num_threads()} threads, LoRA rank {args.rank}, "
+        f"{args.transport} tensors, server subprocess, median of runs)",
+        rows,
+        "ratio <= 1.25 at 32x64; added latency <= 15 ms per call at 1x16.",
+    )
 
 if __name__ == "__main__":
     main()
