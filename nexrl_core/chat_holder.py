@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nexrl_core.chat import RenderCache, end_of_turn_marker, stop_token_ids
+from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.toolcalls import parse_tool_calls
 from nexrl_core.types import FinishReason, SampleResult
 
-__all__ = ["TemplateChat"]
+__all__ = ["TemplateChat", "TemplateChatModel"]
 
 
 class TemplateChat:
@@ -100,3 +101,32 @@ class TemplateChat:
             tool_calls=parsed.tool_calls,
             finish_reason=finish_reason,
         )
+
+
+class TemplateChatModel:
+    """The `nexrl_core.chat_model.ChatModel` methods every model over a `TemplateChat`
+    shares: rendering and sampling from messages. A subclass sets ``_chat`` and
+    implements `sample_from_prompt`, the one step that differs (a service, an engine, a
+    process)."""
+
+    _chat: TemplateChat
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+    ) -> str | list[int]:
+        return self._chat.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
+
+    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement sample_from_prompt")
+
+    def sample_from_messages(
+        self,
+        messages: Sequence[dict[str, Any]],
+        options: SamplingOptions,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> SampleResult:
+        return self.sample_from_prompt(self._chat.prompt_tokens(messages, tools), options)

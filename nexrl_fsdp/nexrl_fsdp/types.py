@@ -7,9 +7,12 @@ the callers (a JSON/protobuf service, a trainer) never need torch to build or re
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
 
 import attrs
+
+if TYPE_CHECKING:
+    from nexrl_core.chat_model import SamplingOptions
 
 __all__ = [
     "Datum",
@@ -79,6 +82,14 @@ class SamplingParams:
     top_k: int = attrs.field(default=-1)
     stop: tuple[str, ...] | tuple[int, ...] | None = attrs.field(default=None, converter=_stop_converter)
     seed: int | None = attrs.field(default=None)
+
+    @classmethod
+    def from_options(cls, options: SamplingOptions, default_stop: Sequence[str] | Sequence[int]) -> SamplingParams:
+        """A chat model's `SamplingOptions` as engine parameters (without the seed, which
+        the engine takes per request); no stop means ``default_stop``, the chat
+        template's end-of-turn markers, never the engine's EOS-only default."""
+        stop = options.stop if options.stop is not None else default_stop
+        return cls(max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p, top_k=options.top_k, stop=stop)
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens is not None and (

@@ -30,6 +30,7 @@ from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
+from nexrl_fsdp.selfhosted.backend import WORKER_AGGREGATIONS
 
 pytestmark = pytest.mark.slow
 
@@ -253,9 +254,6 @@ def test_the_transport_and_the_api_server_are_registered() -> None:
     assert find_spec("services", "workers").resolve_factory().__name__ == "WorkersApiServer"
 
 
-WORKER_AGGREGATIONS = {"token-sum", "token-mean"}
-"""What the workers run; `refused_options` refuses every other aggregation (and so
-``norm_constant``, which only a sequence aggregation reads) before a run starts."""
 RATIO_SHIFTS = torch.tensor([0.5, -0.5, 2.0, -0.1, 0.3, -2.0, 0.05, 1.0, -1.0])
 """Log importance ratios laid over the response tokens: inside and outside every clip
 range, huge ones on the rows with negative advantages (dual clip)."""
@@ -273,7 +271,8 @@ def _probe_batch(group: LocalWorkerGroup) -> Batch:
 
 def test_every_loss_option_the_workers_run_reaches_their_gradient(group: LocalWorkerGroup) -> None:
     """Each option of each registered loss (`LOSS_OPTION_CASES`) changes the gradient the
-    workers compute, with an optimizer that cannot move the weights."""
+    workers compute, with an optimizer that cannot move the weights; the workers run only
+    `WORKER_AGGREGATIONS` (the backend refuses the others, and so ``norm_constant``)."""
     from nexrl_grpo.option_cases import LOSS_OPTION_CASES
 
     frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0).to_json()
@@ -282,7 +281,7 @@ def test_every_loss_option_the_workers_run_reaches_their_gradient(group: LocalWo
     for case in LOSS_OPTION_CASES:
         config = {**case.fixed}
         if config.get("agg_mode", "token-sum") not in WORKER_AGGREGATIONS or (
-            case.option == "agg_mode" and {case.value, case.other} - WORKER_AGGREGATIONS
+            case.option == "agg_mode" and {case.value, case.other} - set(WORKER_AGGREGATIONS)
         ):
             continue
         norms = [

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nexrl_core.chat_holder import TemplateChat
+from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
@@ -46,7 +46,7 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     return (tinker.APIConnectionError, tinker.APITimeoutError, tinker.InternalServerError, tinker.RateLimitError)
 
 
-class TinkerServiceHolder:
+class TinkerServiceHolder(TemplateChatModel):
     """A `nexrl_core.holders.ServiceHolder` on the ``tinker`` SDK.
 
     It pickles to its config plus the current sampling weights and reconnects on first
@@ -147,18 +147,7 @@ class TinkerServiceHolder:
             backoff_s=self.config.retry_backoff_s,
         )
 
-    # --- chat ----------------------------------------------------------------------------------
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-    ) -> str | list[int]:
-        return self._chat.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
-
-    # --- sampling ------------------------------------------------------------------------------
+    # --- sampling (chat templates: `TemplateChatModel`) ------------------------------------- ------------------------------------------------------------------------------
 
     def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[Any]:
         """``num_samples`` Tinker sequences of ``prompt`` in one request."""
@@ -188,14 +177,6 @@ class TinkerServiceHolder:
             raise RuntimeError(f"Tinker returned {len(tokens)} tokens but {len(logprobs)} logprobs; sampling logprobs are required")
         finish_reason = "length" if sequence.stop_reason == "length" else "stop"
         return self._chat.sample_result(prompt, tokens, logprobs, finish_reason)
-
-    def sample_from_messages(
-        self,
-        messages: Sequence[dict[str, Any]],
-        options: SamplingOptions,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> SampleResult:
-        return self.sample_from_prompt(self._chat.prompt_tokens(messages, tools), options)
 
     # --- training ------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nexrl_core.chat_holder import TemplateChat
+from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
@@ -50,7 +50,7 @@ API_KEY_ENV = "WEAVER_API_KEY"
 BASE_URL_ENV = "WEAVER_BASE_URL"
 
 
-class WeaverServiceHolder:
+class WeaverServiceHolder(TemplateChatModel):
     """A `nexrl_core.holders.ServiceHolder` on the ``nex-weaver`` SDK.
 
     It pickles to its config plus the current sampling weights and reconnects on first
@@ -195,18 +195,7 @@ class WeaverServiceHolder:
 
         return self._retry(what, run)
 
-    # --- chat ----------------------------------------------------------------------------------
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-    ) -> str | list[int]:
-        return self._chat.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
-
-    # --- sampling ------------------------------------------------------------------------------
+    # --- sampling (chat templates: `TemplateChatModel`) ------------------------------------- ------------------------------------------------------------------------------
 
     def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[dict[str, Any]]:
         """``num_samples`` Weaver sequences of ``prompt`` in one operation."""
@@ -240,14 +229,6 @@ class WeaverServiceHolder:
             raise RuntimeError(f"Weaver returned {len(tokens)} tokens but {len(logprobs)} logprobs; sampling logprobs are required")
         finish_reason = "length" if sequence.get("stop_reason") == "length" else "stop"
         return self._chat.sample_result(prompt, tokens, logprobs, finish_reason)
-
-    def sample_from_messages(
-        self,
-        messages: Sequence[dict[str, Any]],
-        options: SamplingOptions,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> SampleResult:
-        return self.sample_from_prompt(self._chat.prompt_tokens(messages, tools), options)
 
     # --- training ------------------------------------------------------------------------------
 

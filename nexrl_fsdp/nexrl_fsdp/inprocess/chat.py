@@ -9,9 +9,8 @@ sampler's weights come from (the training engine in memory, or the workers' fram
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from nexrl_core.chat_holder import TemplateChat
+from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.types import SampleResult
 from nexrl_fsdp.engine import Engine
@@ -22,7 +21,7 @@ from nexrl_fsdp.types import SampledSequence, SamplingParams
 __all__ = ["EngineChat"]
 
 
-class EngineChat:
+class EngineChat(TemplateChatModel):
     """Samples ``sampler`` for rollouts; every torch call runs on `compute`."""
 
     def __init__(self, sampler: Engine, options: BatchedSamplingOptions, *, name: str = "nexrl-inprocess-compute") -> None:
@@ -37,34 +36,11 @@ class EngineChat:
         )
         """The one thread every torch call of the owner runs on."""
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-    ) -> str | list[int]:
-        return self._chat.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
-
     def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
         prompt = [int(token) for token in prompt_tokens]
-        params = SamplingParams(
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            top_k=options.top_k,
-            stop=options.stop if options.stop is not None else self._chat.default_stop(),
-        )
+        params = SamplingParams.from_options(options, self._chat.default_stop())
         sequence = self.compute.sample(prompt, params, options.seed)
         return self._chat.sample_result(prompt, sequence.tokens, sequence.logprobs, sequence.stop_reason)
-
-    def sample_from_messages(
-        self,
-        messages: Sequence[dict[str, Any]],
-        options: SamplingOptions,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> SampleResult:
-        return self.sample_from_prompt(self._chat.prompt_tokens(messages, tools), options)
 
     def _sample_many(self, requests: Sequence[SampleRequest]) -> list[SampledSequence]:
         """One sample per request from the sampler's weights (runs on the compute thread)."""
