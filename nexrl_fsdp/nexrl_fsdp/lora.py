@@ -6,9 +6,11 @@ for any architecture whose projections use the usual names (Qwen, Llama, Mistral
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,13 @@ __all__ = [
     "ATTN_MODULES",
     "MLP_MODULES",
     "UNEMBED_MODULES",
+    "adapters_disabled",
     "apply_training_mode",
     "lora_target_modules",
     "merged_copy",
+    "output_embeddings_tied",
     "save_adapter",
+    "untie_output_embeddings",
 ]
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj_attn")
@@ -89,6 +94,40 @@ def apply_training_mode(model: torch.nn.Module, settings: LoraSettings, seed: in
     return inner, peft_model
 
 
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` (with peft's LoRA layers injected) as its base model for the duration:
+    a LoRA run's KL reference is its own frozen base, so no second copy is loaded."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def output_embeddings_tied(model: torch.nn.Module, head: torch.nn.Module) -> bool:
+    """Whether ``head`` (the output projection, or its LoRA base layer) shares its weight
+    with the input embeddings."""
+    embeddings = model.get_input_embeddings()
+    return embeddings is not None and head.weight.data_ptr() == embeddings.weight.data_ptr()
+
+
+def untie_output_embeddings(model: torch.nn.Module, head: torch.nn.Module) -> None:
+    """Give ``head`` a weight of its own and mark ``model``'s config untied, so that a
+    changed output projection (a merged ``lm_head`` adapter) leaves the input embeddings
+    as they are, and a save writes both."""
+    head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    text_config = getattr(model.config, "get_text_config", None)
+    if callable(text_config):
+        text_config().tie_word_embeddings = False
+
+
 def merged_copy(peft_model: Any) -> torch.nn.Module:
     """A plain HF model with the adapters folded in; the training model is untouched.
 
@@ -99,18 +138,9 @@ def merged_copy(peft_model: Any) -> torch.nn.Module:
     clone = copy.deepcopy(peft_model)
     inner = clone.get_base_model()
     head = inner.get_output_embeddings()
-    embeddings = inner.get_input_embeddings()
     head_base = getattr(head, "base_layer", head)
-    if (
-        head_base is not head
-        and embeddings is not None
-        and head_base.weight.data_ptr() == embeddings.weight.data_ptr()
-    ):
-        head_base.weight = torch.nn.Parameter(head_base.weight.detach().clone(), requires_grad=False)
-        inner.config.tie_word_embeddings = False
-        text_config = getattr(inner.config, "get_text_config", None)
-        if callable(text_config):
-            text_config().tie_word_embeddings = False
+    if head_base is not head and output_embeddings_tied(inner, head_base):
+        untie_output_embeddings(inner, head_base)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
         return clone.merge_and_unload()

@@ -1,12 +1,17 @@
 """FSDP workers under real torchrun (2 gloo ranks), driven over direct ZMQ, against the single-process engine.
 
 One worker group serves the whole module; tests run in file order (the update test
-trains it once, later tests compare against an engine trained the same way).
+trains it once, later tests compare against an engine trained the same way). The LoRA
+tests come last: they load LoRA models on the same group (``init_model``), whose
+adapters come from the engine's own `LoraSettings` record, so on the same data the
+workers reach the engine's weights, train only the adapters, resume from a sharded
+checkpoint and export what `Engine.export_hf` writes (merged weights plus the adapter).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import pickle
 import subprocess
 import sys
@@ -19,6 +24,8 @@ import zmq
 
 from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_core.types import Trajectory
 from nexrl_fsdp import Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
@@ -27,6 +34,8 @@ from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_fsdp.config import EngineConfig
 from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
+from nexrl_fsdp.loading import load_model, resolve_model_dir
+from nexrl_fsdp.lora import ATTN_MODULES, merged_copy
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
@@ -293,3 +302,173 @@ def test_every_loss_option_the_workers_run_reaches_their_gradient(group: LocalWo
         assert norms[0] != pytest.approx(norms[1], rel=1e-6), f"{case.loss}.{case.option} left the workers' gradient unchanged: {norms}"
         checked.append(f"{case.loss}.{case.option}")
     assert len(checked) == 14, checked  # the rest need an aggregation the workers refuse
+
+
+# --- LoRA: the engine's `LoraSettings` on the same group (init_model loads a fresh model) ---
+
+LORA = LoraSettings(rank=4, alpha=8.0)
+"""Every target (the tied ``lm_head`` too) and an alpha other than the default."""
+ATTN_ONLY = LoraSettings(rank=2, alpha=4.0, train_mlp=False, train_unembed=False)
+LORA_OPTIMIZER = AdamWSettings(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=1.0)
+"""A rate large enough that one step moves every adapter (B starts at zero)."""
+LORA_UPDATE = {"loss_fn": "importance_sampling", "optimizer": LORA_OPTIMIZER.to_json(), "micro_batch_rows": 2}
+
+
+@pytest.fixture(scope="module")
+def base_engine() -> Engine:
+    """The untrained base model (full fine-tuning engine, never trained)."""
+    return Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
+
+
+def _lora_engine(lora: LoraSettings) -> Engine:
+    return Engine(EngineConfig(model="nexrl-tiny", seed=0, share_prefixes=False, lora=lora))
+
+
+def _lora_engine_step(engine: Engine) -> None:
+    engine.forward_backward(_datums(), "importance_sampling")
+    engine.optim_step(LORA_OPTIMIZER)
+
+
+def _merged(engine: Engine) -> dict[str, torch.Tensor]:
+    return {name: p.detach() for name, p in merged_copy(engine._peft).named_parameters()}
+
+
+def _worst(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+    assert set(got) == set(expected)
+    return max(float((got[name] - expected[name]).abs().max()) for name in expected)
+
+
+def test_a_lora_update_on_two_ranks_equals_the_engines(group: LocalWorkerGroup) -> None:
+    info = group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=LORA)
+    assert info["world_size"] == 2
+    engine = _lora_engine(LORA)
+    metrics = group.transport.update_actor(_batch(), LORA_UPDATE)
+    reference = engine.forward_backward(_datums(), "importance_sampling")
+    step = engine.optim_step(LORA_OPTIMIZER)
+    assert metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], abs=1e-5)
+    assert metrics["actor/grad_norm"] == pytest.approx(step.grad_norm, rel=1e-5)
+    weights = group.transport.get_weights()
+    assert "lm_head.weight" in weights, "the merged lm_head adapter gives the head a weight of its own"
+    assert _worst(weights, _merged(engine)) < 1e-5
+    batch = _batch()
+    torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
+
+
+def test_the_reference_of_a_lora_policy_is_its_base(group: LocalWorkerGroup, base_engine: Engine) -> None:
+    batch = _batch()
+    reference = group.transport.compute_ref_log_prob(batch)
+    torch.testing.assert_close(reference, _engine_log_probs(base_engine, batch), atol=1e-5, rtol=0)
+    assert not torch.allclose(group.transport.compute_log_prob(batch), reference, atol=1e-4), "the policy has moved"
+
+
+def test_pushed_lora_weights_are_the_merged_policy(group: LocalWorkerGroup, tmp_path: Path) -> None:
+    """The sampler (a plain model with tied embeddings) takes the merged weights, its
+    head untied, and scores as the workers' policy does."""
+    settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0), batching=BatchedSamplingOptions())
+    sampler = SamplerProcess(settings, tmp_path / "sampler.log")
+    try:
+        sampler.wait_ready()
+        assert sampler.endpoint is not None
+        gathered = group.transport.get_weights()
+        assert group.transport.push_weights(sampler.endpoint) == len(gathered)
+        exported, _ = load_exported(Path(sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]))
+        loaded = dict(exported.named_parameters())
+        assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), "the sampler holds the merged weights, exactly"
+        assert not torch.equal(loaded["lm_head.weight"], loaded["model.embed_tokens.weight"]), "the input embeddings kept their own"
+    finally:
+        sampler.stop()
+
+
+def _adapter_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "adapter_model.safetensors"))
+
+
+def test_a_lora_checkpoint_resumes_and_exports_like_the_engine(group: LocalWorkerGroup, tmp_path: Path) -> None:
+    """Save after one step, take a second; load the save into a freshly loaded model and
+    take the second again: the same loss and weights. The checkpoint holds the adapters
+    and their optimizer state, and its ``hf`` export is `Engine.export_hf`'s."""
+    engine = _lora_engine(LORA)
+    _lora_engine_step(engine)
+    saved = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint")))
+    engine.export_hf(tmp_path / "engine")
+    export = saved / HF_EXPORT_DIR
+    assert _adapter_tensors(export / ADAPTER_DIR).keys() == _adapter_tensors(tmp_path / "engine" / ADAPTER_DIR).keys()
+    worst = max(
+        float((_adapter_tensors(export / ADAPTER_DIR)[name] - tensor).abs().max())
+        for name, tensor in _adapter_tensors(tmp_path / "engine" / ADAPTER_DIR).items()
+    )
+    assert worst < 1e-5
+    assert json.loads((export / ADAPTER_DIR / "adapter_config.json").read_text()) == json.loads(
+        (tmp_path / "engine" / ADAPTER_DIR / "adapter_config.json").read_text()
+    )
+    saved_tensors = _checkpoint_tensors(saved)
+    assert saved_tensors and all("lora_" in name for name in saved_tensors), "only what trains is in the sharded checkpoint"
+
+    second = group.transport.update_actor(_batch(), LORA_UPDATE)
+    after_second = group.transport.get_weights()
+    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=LORA)
+    group.transport.load_checkpoint(str(saved))
+    again = group.transport.update_actor(_batch(), LORA_UPDATE)
+    assert again["loss:sum"] == pytest.approx(second["loss:sum"], abs=1e-6)
+    assert again["actor/grad_norm"] == pytest.approx(second["actor/grad_norm"], rel=1e-6)
+    assert _worst(group.transport.get_weights(), after_second) < 1e-6
+
+
+def _checkpoint_tensors(path: Path) -> list[str]:
+    """Names of the model tensors a DCP checkpoint holds."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return [key.removeprefix("model.") for key in FileSystemReader(str(path)).read_metadata().state_dict_metadata if key.startswith("model.")]
+
+
+def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: LocalWorkerGroup, tmp_path: Path) -> None:
+    """Plain transformers loads the merged weights, peft the adapter onto the base model,
+    and both score as the workers' policy does."""
+    from peft import PeftModel
+
+    export = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint"))) / HF_EXPORT_DIR
+    merged, tokenizer = load_exported(export)
+    assert tokenizer.chat_template, "the export must carry the chat template"
+    assert not any("lora" in name for name, _ in merged.named_parameters()), "the weights must be merged"
+    gathered = group.transport.get_weights()
+    assert all(torch.equal(p.detach(), gathered[name]) for name, p in merged.named_parameters())
+    adapted = PeftModel.from_pretrained(load_model(resolve_model_dir("nexrl-tiny"), torch.float32), str(export / ADAPTER_DIR))
+    batch = _batch()
+    workers = group.transport.compute_log_prob(batch)
+    for row, trajectory in enumerate(_trajectories()):
+        columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()[1:]
+        for model in (merged, adapted):
+            expected = torch.tensor(sequence_logprobs(model, trajectory.tokens))
+            torch.testing.assert_close(workers[row, columns], expected, atol=1e-5, rtol=0)
+
+
+def test_a_checkpoint_with_other_lora_settings_is_refused(group: LocalWorkerGroup, tmp_path: Path) -> None:
+    saved = group.transport.save_checkpoint(str(tmp_path / "checkpoint"))
+    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=ATTN_ONLY)
+    with pytest.raises(WorkerGroupError, match="was saved with LoRA settings"):
+        group.transport.load_checkpoint(saved)
+
+
+def test_only_the_attention_adapters_train(group: LocalWorkerGroup, base_engine: Engine, tmp_path: Path) -> None:
+    """LoRA on q/k/v/o alone: after a step the merged policy differs from the base in the
+    attention projections only, and the adapter names exactly those."""
+    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=ATTN_ONLY)
+    group.transport.update_actor(_batch(), LORA_UPDATE)
+    weights = group.transport.get_weights()
+    own = {name: p.detach() for name, p in base_engine.model.named_parameters()}
+    assert set(weights) == set(own), "no head of its own: lm_head was not adapted"
+    changed = {name for name in own if not torch.equal(weights[name], own[name])}
+    attention = {name for name in own if name.rsplit(".", 2)[-2] in ATTN_MODULES and name.endswith(".weight")}
+    assert changed == attention
+    export = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint"))) / HF_EXPORT_DIR
+    config = json.loads((export / ADAPTER_DIR / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (2, 4.0, ["k_proj", "o_proj", "q_proj", "v_proj"])
+
+
+def test_bad_lora_settings_are_refused_by_name(group: LocalWorkerGroup) -> None:
+    with pytest.raises(WorkerGroupError, match=r"unknown init_model lora fields \['dropout'\]"):
+        group.transport._call("init_model", {"model": "nexrl-tiny", "lora": {"rank": 4, "dropout": 0.1}})
+    with pytest.raises(WorkerGroupError, match="needs at least one of train_mlp, train_attn, train_unembed"):
+        group.transport._call("init_model", {"model": "nexrl-tiny", "lora": {"rank": 4, "train_mlp": False, "train_attn": False, "train_unembed": False}})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import zmq
+from nexrl_core.config.lora import LoraSettings
 
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
@@ -101,10 +102,12 @@ class DirectZmqTransport:
         self.socket.connect(info["endpoints"]["0"])
         return info
 
-    def init_model(self, model: str, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
-        """Load (and shard) the model on every rank; returns its vocab size, pad id, the
-        dtype the weights were loaded in and the ranks' device type."""
-        return self._call("init_model", {"model": model, "dtype": dtype, "seed": seed}).header
+    def init_model(self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None) -> dict[str, Any]:
+        """Load (and shard) the model on every rank, training every weight or the LoRA
+        adapters ``lora`` asks for; returns its vocab size, pad id, the dtype the weights
+        were loaded in and the ranks' device type."""
+        options = {"model": model, "dtype": dtype, "seed": seed, "lora": (lora or LoraSettings()).to_json()}
+        return self._call("init_model", options).header
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:
         """Train on ``batch`` (needs ``loss_mask`` and what the loss needs); returns metrics."""

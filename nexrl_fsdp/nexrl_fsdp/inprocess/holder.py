@@ -20,9 +20,8 @@ replies from `TemplateChat`) is shared with the self-hosted backend's sampler.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_fsdp.engine import Engine
 from nexrl_fsdp.inprocess.chat import EngineChat
 from nexrl_fsdp.inprocess.config import EngineHolderConfig
+from nexrl_fsdp.lora import adapters_disabled
 from nexrl_fsdp.loss_fns import build_loss_fn
 from nexrl_fsdp.types import Datum
 
@@ -57,21 +57,6 @@ def engine_datum(datum: RemoteDatum) -> Datum:
             "advantages": datum.advantages,
         },
     )
-
-
-@contextlib.contextmanager
-def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
-    """Run ``model`` (with peft's LoRA layers injected) as its base model for the duration."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
-    for layer in layers:
-        layer.enable_adapters(False)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.enable_adapters(True)
 
 
 class EngineHolder:

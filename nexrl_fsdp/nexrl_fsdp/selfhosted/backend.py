@@ -25,7 +25,6 @@ from pathlib import Path
 from nexrl_core.backend import BackendSetup
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.config.schema import TrainConfig
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
 from nexrl_core.types import Trajectory
@@ -53,15 +52,10 @@ WORKER_AGGREGATIONS = ("token-sum", "token-mean")
 WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
 
 
-def refused_options(recipe: TrainConfig, train_step: TrainStepConfig) -> list[str]:
-    """What the workers cannot honour of the recipe and the trainer's step, as
-    ``key: why`` lines (empty when everything runs)."""
+def refused_options(train_step: TrainStepConfig) -> list[str]:
+    """What the workers cannot honour of the trainer's step, as ``key: why`` lines (empty
+    when everything runs). Everything else of the recipe reaches them, LoRA included."""
     problems = []
-    if recipe.model.lora.is_lora:
-        problems.append(
-            "model.lora.rank: the self-hosted workers train every weight (FSDP2 full fine-tuning); "
-            "set 0, or use backend inprocess or remote_api for LoRA"
-        )
     config = dict(train_step.loss_fn_config)
     aggregation = str(config.get("agg_mode", "token-sum"))
     if aggregation not in WORKER_AGGREGATIONS:
@@ -187,7 +181,7 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
             "recompute_old_logprobs": ("backend.options.recompute_old_logprobs", options.recompute_old_logprobs),
         },
     )
-    problems = refused_options(setup.recipe, trainer.train_step)
+    problems = refused_options(trainer.train_step)
     if setup.recipe.algorithm.kl.coef > 0 and not trainer.supports_kl:
         problems.append(f"algorithm.kl.coef: trainer {options.trainer!r} applies no KL penalty; set it to 0 or use self_hosted_grpo")
     if problems:
@@ -263,7 +257,7 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     transport: DirectZmqTransport | None = None
     try:
         transport, group = _connect(setup, options)
-        info = transport.init_model(engine_config.model, dtype=engine_config.dtype, seed=recipe.seed)
+        info = transport.init_model(engine_config.model, dtype=engine_config.dtype, seed=recipe.seed, lora=recipe.model.lora)
         trainer.bind(transport, world_size=options.world_size, pad_token_id=int(info["pad_token_id"]))
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()

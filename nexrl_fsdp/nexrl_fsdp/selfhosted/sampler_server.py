@@ -51,6 +51,7 @@ from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.engine import Engine
 from nexrl_fsdp.inprocess.chat import EngineChat
 from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
+from nexrl_fsdp.lora import output_embeddings_tied, untie_output_embeddings
 from nexrl_fsdp.types import SampledSequence, SamplingParams
 
 __all__ = ["SamplerSettings", "SamplerServer", "load_in_place", "main"]
@@ -80,8 +81,16 @@ class SamplerSettings:
 def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
     """Copy ``weights`` (every parameter, by name) into ``model``'s parameters.
 
+    A LoRA run that adapts ``lm_head`` of a model with tied embeddings sends the output
+    projection merged, as a weight of its own: the model's head is then untied first
+    (as `nexrl_fsdp.lora.merged_copy` unties it), so the input embeddings keep theirs.
+
     :raises RuntimeError: naming missing or unexpected parameters, before anything is copied.
     """
+    head = model.get_output_embeddings()
+    head_name = next((f"{name}.weight" for name, module in model.named_modules() if module is head), None)
+    if head_name in weights and head_name not in dict(model.named_parameters()) and output_embeddings_tied(model, head):
+        untie_output_embeddings(model, head)
     parameters = dict(model.named_parameters())
     if set(parameters) != set(weights):
         missing, extra = sorted(set(parameters) - set(weights)), sorted(set(weights) - set(parameters))

@@ -7,13 +7,23 @@ parallelism: every rank runs the same passes on its rows, and the loss is a sum 
 tokens (``token-sum``) or that sum over the mini-batch's trained tokens on all ranks
 (``token-mean``), so two ranks reach the weights one process reaches on the whole batch.
 FSDP averages gradients over ranks; the loss is multiplied by the world size to undo it.
+
+LoRA is the engine's too: `nexrl_fsdp.lora.apply_training_mode` injects the adapters the
+`LoraSettings` record asks for into the model on the CPU (same seed, same adapters as
+the engine) before FSDP2 shards it, so frozen base weights and trainable adapters share
+each layer's unit and only the adapters get gradients and optimizer state. Rank 0 keeps
+an unsharded CPU copy of the adapted model: its base never changes, so exporting or
+handing weights to a sampler gathers only the adapters into it and merges there
+(`merged_copy`, `save_adapter`), exactly as `Engine.export_hf` writes them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +32,11 @@ import torch
 import torch.distributed as dist
 
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_fsdp.engine import _MetricSum
-from nexrl_fsdp.loading import load_model, load_tokenizer, resolve_model_dir, save_hf_directory, torch_dtype
+from nexrl_fsdp.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
+from nexrl_fsdp.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, collate, policy_loss_inputs, target_logprobs
 from nexrl_fsdp.optim import AdamW
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
@@ -38,6 +51,18 @@ HF_EXPORT_DIR = "hf"
 """Where, in a worker checkpoint, the policy is written as a plain Hugging Face directory."""
 
 
+def _lora_settings(value: Any) -> LoraSettings:
+    if isinstance(value, LoraSettings):
+        return value
+    if not isinstance(value, Mapping):
+        raise BatchError(f"init_model option lora must be an object of LoraSettings fields, got {value!r}")
+    known = {field.name for field in attrs.fields(LoraSettings)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise BatchError(f"unknown init_model lora fields {unknown}; valid: {', '.join(sorted(known))}")
+    return LoraSettings(**value)
+
+
 @attrs.frozen(kw_only=True)
 class ModelOptions:
     """What ``init_model`` loads."""
@@ -46,6 +71,20 @@ class ModelOptions:
     """A shipped model name or a local HF directory (the same on every node)."""
     dtype: str = "float32"
     seed: int = 0
+    """Seeds the rank's RNG and the LoRA adapters' initialisation (as the engine's seed does)."""
+    lora: LoraSettings = attrs.field(factory=LoraSettings, converter=_lora_settings)
+    """Full fine-tuning (rank 0) or LoRA adapters: the engine's record, applied before sharding."""
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> ModelOptions:
+        known = {field.name for field in attrs.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise BatchError(f"unknown init_model options {unknown}; valid: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "dtype": self.dtype, "seed": self.seed, "lora": self.lora.to_json()}
 
 
 @attrs.frozen(kw_only=True)
@@ -110,7 +149,7 @@ class FsdpActor:
         self.model_dir = resolve_model_dir(options.model)
         self.tokenizer = load_tokenizer(self.model_dir)
         torch.manual_seed(options.seed)
-        self.model = self._load()
+        self.model, self._adapted = self._load_policy()
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
@@ -118,7 +157,22 @@ class FsdpActor:
         self._reference: torch.nn.Module | None = None
         self._losses: dict[str, LossFn] = {}
 
-    def _load(self) -> torch.nn.Module:
+    @property
+    def is_lora(self) -> bool:
+        return self.options.lora.is_lora
+
+    def _load_policy(self) -> tuple[torch.nn.Module, Any]:
+        """The policy, sharded, with only what `LoraSettings` trains requiring gradients;
+        and for LoRA on rank 0 the unsharded CPU copy of the adapted peft model that
+        `_adapted_on_rank_0` brings up to date (None elsewhere and for full fine-tuning)."""
+        base = load_model(self.model_dir, torch_dtype(self.options.dtype), device="cpu")
+        model, peft = apply_training_mode(base, self.options.lora, self.options.seed)
+        adapted = copy.deepcopy(peft) if peft is not None and dist.get_rank() == 0 else None
+        model.to(self.device)
+        _shard(model, self.mesh)
+        return model, adapted
+
+    def _load_base(self) -> torch.nn.Module:
         model = load_model(self.model_dir, torch_dtype(self.options.dtype), device=self.device)
         _shard(model, self.mesh)
         return model
@@ -150,10 +204,9 @@ class FsdpActor:
 
     def log_probs(self, shard: Mapping[str, torch.Tensor], reference: bool, micro_batch_rows: int) -> torch.Tensor:
         """[rows, L] logprob of each token given the ones before it (0 on padding and first tokens)."""
-        model = self._reference_model() if reference else self.model
         datums, columns = row_datums(shard, self.pad_id)
         values: list[torch.Tensor] = []
-        with torch.no_grad():
+        with self._scoring_model(reference) as model, torch.no_grad():
             for start in range(0, len(datums), micro_batch_rows):
                 chunk = datums[start : start + micro_batch_rows]
                 logprobs, _ = target_logprobs(model, collate(chunk, self.pad_id, self.device))
@@ -224,39 +277,96 @@ class FsdpActor:
         dist.all_reduce(tensor)
         return float(tensor[0])
 
-    def _reference_model(self) -> torch.nn.Module:
-        """The base weights, frozen; loaded (and sharded) the first time a reference is asked for."""
-        if self._reference is None:
-            self._reference = self._load()
-            self._reference.requires_grad_(False)
-        return self._reference
+    @contextlib.contextmanager
+    def _scoring_model(self, reference: bool) -> Iterator[torch.nn.Module]:
+        """The policy, or the frozen base weights: for LoRA the policy with its adapters
+        switched off, otherwise a second sharded model loaded the first time it is asked for."""
+        if not reference:
+            yield self.model
+        elif self.is_lora:
+            with adapters_disabled(self.model):
+                yield self.model
+        else:
+            if self._reference is None:
+                self._reference = self._load_base()
+                self._reference.requires_grad_(False)
+            yield self._reference
+
+    # --- weights out -------------------------------------------------------------------------
+
+    def _adapted_on_rank_0(self) -> Any:
+        """Rank 0's CPU peft model holding the trained adapters as they are now (every rank
+        takes part in gathering them; the others get None)."""
+        with torch.no_grad():
+            trained = {name: _full(p.detach()) for name, p in self.model.named_parameters() if p.requires_grad}
+            if self._adapted is None:
+                return None
+            own = dict(self._adapted.get_base_model().named_parameters())
+            for name, tensor in trained.items():
+                own[name].copy_(tensor)
+        return self._adapted
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter, gathered whole (every rank takes part; rank 0 sends them)."""
+        """The policy as a plain HF model names its parameters, whole, on rank 0 (every rank
+        takes part; the others get an empty dict). For LoRA the adapters are merged into
+        the base, as `Engine.export_hf` writes them."""
+        if self.is_lora:
+            adapted = self._adapted_on_rank_0()
+            if adapted is None:
+                return {}
+            return {name: p.detach() for name, p in merged_copy(adapted).named_parameters()}
         with torch.no_grad():
-            return {name: _full(p.detach()).to("cpu") for name, p in self.model.named_parameters()}
+            weights = {name: _full(p.detach()).to("cpu") for name, p in self.model.named_parameters()}
+        return weights if dist.get_rank() == 0 else {}
+
+    def export_hf(self, path: Path) -> None:
+        """Write the policy as `Engine.export_hf` does: a plain HF directory (weights,
+        tokenizer, chat template), for LoRA with the adapters merged in and the adapter
+        itself, in PEFT layout, in ``path / ADAPTER_DIR``. Every rank takes part; rank 0 writes."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.is_lora:
+            adapted = self._adapted_on_rank_0()
+            if adapted is not None:
+                path.mkdir(parents=True, exist_ok=True)
+                with quiet_progress():
+                    merged = merged_copy(adapted)
+                    save_adapter(adapted, path / ADAPTER_DIR)
+                    save_hf_directory(path, merged, self.tokenizer)
+            return
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            save_hf_directory(path, self.model, self.tokenizer, state_dict=full)
 
     # --- checkpoints -------------------------------------------------------------------------
 
-    def save(self, path: Path) -> None:
-        """Sharded model and optimizer state with torch.distributed.checkpoint, the policy
-        as a plain HF directory in ``path / HF_EXPORT_DIR`` (gathered whole on rank 0;
-        every rank takes part), and last the step count, which `load` requires."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    def _sharded_state(self) -> dict[str, Any]:
+        """This rank's shards of what trains (every weight, or only the LoRA adapters: the
+        frozen base is loaded again by ``init_model``) and of its optimizer state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer, options=StateDictOptions(ignore_frozen_params=True))
+        trained = {name for name, p in self.model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        return {"model": {name: value for name, value in model_state.items() if name in trained}, "optimizer": optimizer_state}
+
+    def save(self, path: Path) -> None:
+        """Sharded state of what trains (every weight, or the LoRA adapters) and its
+        optimizer with torch.distributed.checkpoint, the policy exported in
+        ``path / HF_EXPORT_DIR`` (`export_hf`), and last the step count and the model and
+        LoRA settings, which `load` requires."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded_state(), checkpoint_id=str(path))
+        self.export_hf(path / HF_EXPORT_DIR)
         if dist.get_rank() == 0:
-            save_hf_directory(path / HF_EXPORT_DIR, self.model, self.tokenizer, state_dict=full)
-            (path / _STEP_FILE).write_text(json.dumps({"steps": self.optimizer.steps, "model": self.options.model}))
+            record = {"steps": self.optimizer.steps, "model": self.options.model, "lora": self.options.lora.to_json()}
+            (path / _STEP_FILE).write_text(json.dumps(record))
         dist.barrier()
 
     def load(self, path: Path) -> None:
-        """Restore what `save` wrote (same model, any matching world size)."""
+        """Restore what `save` wrote (same model and LoRA settings, any matching world size)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         record_path = path / _STEP_FILE
         if not record_path.is_file():
@@ -264,9 +374,16 @@ class FsdpActor:
         record = json.loads(record_path.read_text())
         if record.get("model") != self.options.model:
             raise BatchError(f"checkpoint {str(path)!r} was saved from model {record.get('model')!r}; the workers run {self.options.model!r}")
+        saved_lora = record.get("lora", LoraSettings().to_json())
+        if saved_lora != self.options.lora.to_json():
+            raise BatchError(
+                f"checkpoint {str(path)!r} was saved with LoRA settings {saved_lora}; the workers run {self.options.lora.to_json()} "
+                f"(init_model with the checkpoint's settings to load it)"
+            )
         self.optimizer.zero_grad()
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
+        state = self._sharded_state()
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(self.model, self.optimizer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        # Not strict: the frozen base stays the model's own (DCP has checked that every trained tensor was saved).
+        set_state_dict(self.model, self.optimizer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(strict=False))
         self.optimizer.steps = int(record["steps"])

@@ -166,7 +166,7 @@ class WorkerRank:
             options = ActorOptions.from_json(header.get("options", {})) if op == "update_actor" else None
             check_batch(tensors, self.actor.needed_tensors(op, options), self.world_size, self.actor.vocab_size)
         if op == "init_model":
-            ModelOptions(**header.get("options", {}))
+            ModelOptions.from_json(header.get("options", {}))
 
     def _execute(self, command: dict[str, Any]) -> str:
         """Run one op on every rank; rank 0 replies. Returns the op's name."""
@@ -247,7 +247,7 @@ class WorkerRank:
     def _run(self, op: str, header: dict[str, Any], shard: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         options = header.get("options", {})
         if op == "init_model":
-            self.actor = FsdpActor(ModelOptions(**options), self.mesh, self.device)
+            self.actor = FsdpActor(ModelOptions.from_json(options), self.mesh, self.device)
             dtype = str(next(self.actor.model.parameters()).dtype).removeprefix("torch.")
             return {
                 "world_size": self.world_size,
