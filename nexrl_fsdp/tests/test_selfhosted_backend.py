@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from nexrl_core.backend import BackendSetup
 from nexrl_core.batch import Batch
@@ -23,8 +24,10 @@ from nexrl_core.config.components import resolve_options
 from nexrl_core.registry import find_spec
 from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
+from nexrl_core.testing.hf_model import load_exported
 from nexrl_core.testing.processes import processes_with
 from nexrl_core.testing.rollouts import sampled_group
+from nexrl_fsdp.loading import load_model, resolve_model_dir
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_grpo.config import SelfHostedGrpoConfig
@@ -47,7 +50,6 @@ def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
     ("override", "problem"),
     [
         ("algorithm.loss.options.agg_mode=seq-mean-token-mean", "algorithm.loss.options.agg_mode: 'seq-mean-token-mean'"),
-        ("model.lora.rank=4", "model.lora.rank: the self-hosted workers train every weight"),
         ("backend.options.trainer=remote_api_grpo", "backend.options.trainer: trainer 'remote_api_grpo' does not fit"),
         ("model.name=/no/such/model", "model.name: unknown model"),
         ("backend.options.sampler.device=no-such-device", "backend.options.sampler.device:"),
@@ -225,3 +227,37 @@ def test_quickstart_fsdp_learns_and_leaves_no_process(tmp_path: Path) -> None:
     state = load_run_state(out)
     assert state is not None and state.step == 10 and state.checkpoint_path == str(last), "the last background save is recorded"
     assert processes_with(marker) == [], "a worker, torchrun or watchdog outlived the run"
+
+
+@pytest.mark.slow
+def test_quickstart_fsdp_trains_lora_adapters_end_to_end(tmp_path: Path) -> None:
+    """The recipe's LoRA settings reach the workers (the adapter's rank, alpha and targets:
+    the MLP alone), the sampler samples the merged policy the workers train (the
+    recomputed old logprobs agree with the sampler's), and the run leaves merged weights
+    plus the adapter, in its checkpoints and as its final model."""
+    from peft import PeftModel
+
+    out = tmp_path / "run"
+    command = [
+        str(Path(sys.executable).parent / "nexrl"), "train", str(RECIPE), f"output.dir={out}",
+        "schedule.steps=3", "schedule.validate_every=0", "schedule.checkpoint_every=3", "task.val_size=4",
+        "rollout.prompts_per_step=8", "rollout.group_size=4", "algorithm.learning_rate=1e-3",
+        "model.lora.rank=4", "model.lora.alpha=8", "model.lora.train_attn=false", "model.lora.train_unembed=false",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    differences = [row["actor/old_logprob_abs_diff"] for row in rows if row["step"] >= 1]
+    assert len(differences) == 3 and max(differences) < 1e-4, "the sampler samples the workers' merged policy"
+    final = out / "final_model"
+    for export in (out / "backend" / "checkpoints" / "step_000003" / "workers" / "hf", final):
+        adapter = json.loads((export / "adapter" / "adapter_config.json").read_text())
+        assert (adapter["r"], adapter["lora_alpha"], adapter["target_modules"]) == (4, 8.0, ["down_proj", "gate_proj", "up_proj"])
+    merged, _ = load_exported(final)
+    base = load_model(resolve_model_dir("nexrl-tiny"), torch.float32)
+    trained = {name for name, p in merged.named_parameters() if not torch.equal(p, dict(base.named_parameters())[name])}
+    assert trained and all(name.rsplit(".", 2)[-2] in ("gate_proj", "up_proj", "down_proj") for name in trained)
+    adapted = PeftModel.from_pretrained(base, str(final / "adapter"))
+    probe = torch.tensor([[1, 40, 50, 60, 70]])
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(input_ids=probe).logits, merged(input_ids=probe).logits, atol=1e-5, rtol=0)

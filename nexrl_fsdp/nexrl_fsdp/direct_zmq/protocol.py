@@ -27,6 +27,7 @@ OPS = (
     "push_weights",
     "save_checkpoint",
     "load_checkpoint",
+    "export_hf",
     "barrier",
     "destroy",
 )

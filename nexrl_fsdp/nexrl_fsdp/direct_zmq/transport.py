@@ -140,6 +140,11 @@ class DirectZmqTransport:
     def load_checkpoint(self, path: str) -> None:
         self._call("load_checkpoint", {"path": str(path)})
 
+    def export_hf(self, path: str) -> str:
+        """The policy as `Engine.export_hf` writes it (a plain HF directory; for LoRA the
+        adapters merged in and the adapter in PEFT layout beside), written by rank 0 at ``path``."""
+        return str(self._call("export_hf", {"path": str(path)}).header["path"])
+
     def barrier(self) -> None:
         self._call("barrier", {})
 

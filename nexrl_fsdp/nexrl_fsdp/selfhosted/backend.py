@@ -25,7 +25,9 @@ from pathlib import Path
 from nexrl_core.backend import BackendSetup
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.lora import LoraSettings
 from nexrl_core.holders import TrainStepConfig
+from nexrl_core.model_export import ModelExportError
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.config import EngineConfig
@@ -86,8 +88,10 @@ class SelfHostedBackend:
         work_dir: Path,
         group: LocalWorkerGroup | None,
         run_info: Mapping[str, str],
+        lora: LoraSettings,
     ) -> None:
         self.trainer = trainer
+        self.lora = lora
         self.transport = transport
         self.chat = chat
         self.sampler = chat.process
@@ -145,8 +149,22 @@ class SelfHostedBackend:
 
     def export_model(self, directory: Path) -> Path:
         """The sampler's weights (the workers' policy as of the last sync) as an HF directory,
-        written by the sampler process."""
-        reply = self.sampler.request({"kind": "export", "path": str(Path(directory).resolve())})
+        written by the sampler process. A LoRA policy is written by rank 0 of the workers
+        (where checkpoints go), which holds the adapter as well as the merged weights the
+        sampler got: merged weights plus the adapter, as `Engine.export_hf` writes them.
+
+        :raises ModelExportError: for LoRA, when the workers trained since the last sync
+            (their policy is then not the one sampling uses).
+        """
+        target = str(Path(directory).resolve())
+        if self.lora.is_lora:
+            if self.trainer.trained_since_publish:
+                raise ModelExportError(
+                    "self-hosted backend: the workers trained since the sampler's last sync, so their LoRA policy is not "
+                    "the one sampling uses; call sync_weights before export_model"
+                )
+            return Path(self.transport.export_hf(target))
+        reply = self.sampler.request({"kind": "export", "path": target})
         return Path(reply.header["path"])
 
     def close(self) -> None:
@@ -262,7 +280,7 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
-        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info)
+        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info, lora=recipe.model.lora)
         backend.publish()
         return backend
     except BaseException:

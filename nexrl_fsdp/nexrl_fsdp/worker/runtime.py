@@ -152,7 +152,7 @@ class WorkerRank:
             raise BatchError(f"unknown op {op!r}; the workers run {', '.join(OPS)}")
         if not header.get("op_id"):
             raise BatchError("the message has no op_id")
-        if op in BATCH_OPS or op in ("get_weights", "push_weights", "save_checkpoint", "load_checkpoint"):
+        if op in BATCH_OPS or op in ("get_weights", "push_weights", "save_checkpoint", "load_checkpoint", "export_hf"):
             if self.actor is None:
                 raise BatchError("the model is not initialised; call init_model first")
         if op == "push_weights":
@@ -165,6 +165,10 @@ class WorkerRank:
         if op in BATCH_OPS:
             options = ActorOptions.from_json(header.get("options", {})) if op == "update_actor" else None
             check_batch(tensors, self.actor.needed_tensors(op, options), self.world_size, self.actor.vocab_size)
+        if op in ("save_checkpoint", "load_checkpoint", "export_hf"):
+            path = header.get("options", {}).get("path")
+            if not isinstance(path, str) or not path:
+                raise BatchError(f"{op} needs options.path, a directory on rank 0's file system; got {path!r}")
         if op == "init_model":
             ModelOptions.from_json(header.get("options", {}))
 
@@ -280,6 +284,9 @@ class WorkerRank:
             return {"path": str(path)}, {}
         if op == "load_checkpoint":
             actor.load(Path(options["path"]))
+            return {"path": options["path"]}, {}
+        if op == "export_hf":
+            actor.export_hf(Path(options["path"]))
             return {"path": options["path"]}, {}
         if op in ("barrier", "destroy", "skip"):
             dist.barrier()
