@@ -92,13 +92,14 @@ KL_ADAPTIVE = everywhere(
     "plugins/nexrl_grpo/tests/test_trainers.py::test_the_adaptive_controller_moves_the_coefficient_towards_the_target_and_resumes",
     f"{SELF_HOSTED}::test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers",
 )
+SELF_HOSTED_LORA = f"{SELF_HOSTED}::test_quickstart_fsdp_trains_lora_adapters_end_to_end"
 LORA_TARGETS = per_backend(
-    refused={"self-hosted": SELF_HOSTED_REFUSALS},
     inprocess=(f"{INPROCESS}::test_lora_settings_reach_the_engine", "nexrl_fsdp/tests/test_lora.py::test_target_flags"),
     remote_api=(
         "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
         "nexrl_weaver/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
     ),
+    self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_only_the_attention_adapters_train"),
 )
 
 CORE: dict[str, Entry] = {
@@ -110,16 +111,14 @@ CORE: dict[str, Entry] = {
     "backend.name": everywhere(f"{INPROCESS}::test_metrics_say_which_dtype_trained", BAD_INPUT),
     "model.name": everywhere(f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url", BAD_INPUT),
     "model.lora.rank": per_backend(
-        refused={"self-hosted": SELF_HOSTED_REFUSALS},
         inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
         remote_api=(HOLDER_CONFIG, "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service"),
+        self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
     "model.lora.alpha": per_backend(
-        refused={
-            "remote_api": "nexrl_tinker/tests/test_holder_contract.py::test_lora_alpha_is_refused_where_the_tinker_api_has_none",
-            "self-hosted": SELF_HOSTED_REFUSALS,
-        },
+        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::test_lora_alpha_is_refused_where_the_tinker_api_has_none"},
         inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
+        self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
     "model.lora.train_mlp": LORA_TARGETS,
     "model.lora.train_attn": LORA_TARGETS,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from nexrl_fsdp import Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+from nexrl_core.testing.processes import process_tree, tcp_listeners
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_fsdp.config import EngineConfig
 from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
@@ -239,6 +241,21 @@ def test_no_module_of_the_transport_or_the_workers_can_pickle() -> None:
             assert not imported & {"pickle", "cloudpickle", "dill"}, path
             calls = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
             assert not calls & {"send_pyobj", "recv_pyobj", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"}, path
+
+
+def test_a_local_group_listens_on_the_loopback_only(group: LocalWorkerGroup) -> None:
+    """Every socket the group listens on (the process group's store, gloo's sockets, the
+    ranks' data sockets, this process's API server and command socket) is on 127.0.0.1
+    or ::1: nothing of a local run is reachable from another machine."""
+    import os
+
+    pids = process_tree(group.process.pid) + [os.getpid()]
+    listeners = tcp_listeners(pids)
+    ranks = set(group.rank_pids().values())
+    beyond = [(pid, address, port) for pid, address, port in listeners if address not in ("127.0.0.1", "::1")]
+    assert beyond == [], f"listening beyond the loopback: {beyond}"
+    assert {pid for pid, _, _ in listeners} >= ranks | {os.getpid()}, listeners
+    assert len([pid for pid, _, _ in listeners if pid == group.rank_pids()[0]]) >= 3, "rank 0: the store, gloo and its data socket"
 
 
 class TestDirectZmqTransport(TransportContract):

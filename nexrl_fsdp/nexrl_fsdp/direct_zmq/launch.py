@@ -1,9 +1,11 @@
-"""Start a worker group on this machine for one run (API server + ``torchrun``) and end it again.
+"""Start a worker group on this machine for one run (API server + ranks) and end it again.
 
 `LocalWorkerGroup` is what the self-hosted backend and the tests use: an API server in a
-thread of this process, ``torchrun --standalone --nproc_per_node=N -m nexrl_fsdp.worker``
-in its own session (so stopping it ends every rank), and a connected transport. Ranks
-also exit on their own when the API server goes away, so nothing outlives the run.
+thread of this process (on 127.0.0.1), ``python -m nexrl_fsdp.worker.loopback --nproc=N``
+in its own session (it starts the ranks as torchrun would, with every socket they
+listen on bound to 127.0.0.1, and stopping it ends every rank), and a connected
+transport. Ranks also exit on their own when the API server goes away, so nothing
+outlives the run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ _STOP_TIMEOUT_S = 15.0
 
 
 class LocalWorkerGroup:
-    """An API server, ``nproc`` worker ranks under torchrun, and a transport to them."""
+    """An API server, ``nproc`` worker ranks on the loopback, and a transport to them."""
 
     def __init__(
         self,
@@ -51,8 +53,8 @@ class LocalWorkerGroup:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop()
             env = {**os.environ, ENV_HEARTBEAT_INTERVAL: str(heartbeat_s), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(extra_env or {})}
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                 "-m", "nexrl_fsdp.worker", "--api-server-url", url, "--identifier", identifier],
+                [sys.executable, "-m", "nexrl_fsdp.worker.loopback", f"--nproc={nproc}",
+                 "--", "--api-server-url", url, "--identifier", identifier],
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
@@ -73,7 +75,7 @@ class LocalWorkerGroup:
         return {int(rank): pid for rank, pid in self.transport.info()["pids"].items()}
 
     def stop(self) -> None:
-        """Destroy the group if it still answers, then end torchrun's session and the server."""
+        """Destroy the group if it still answers, then end the launcher's session and the server."""
         transport = getattr(self, "transport", None)
         if transport is not None and self.process is not None and self.process.poll() is None:
             try:

@@ -13,6 +13,7 @@ __all__ = [
     "ENV_COLLECTIVE_TIMEOUT",
     "ENV_DATA_BASE_PORT",
     "ENV_HEARTBEAT_INTERVAL",
+    "ENV_STORE_FD",
     "ENV_WORKER_IP",
     "OPS",
     "OPTIONAL_BATCH_TENSORS",
@@ -58,3 +59,7 @@ ENV_HEARTBEAT_INTERVAL = "NEXRL_WORKER_HEARTBEAT_S"
 """Seconds between a worker's heartbeats (default 5)."""
 ENV_COLLECTIVE_TIMEOUT = "NEXRL_WORKER_COLLECTIVE_TIMEOUT_S"
 """torch.distributed timeout of the worker group's collectives (default 600)."""
+ENV_STORE_FD = "NEXRL_WORKER_STORE_FD"
+"""Set by the loopback launcher on every rank (`nexrl_fsdp.worker.loopback`): the ranks
+build the process group's TCPStore themselves, rank 0 serving it on this inherited
+descriptor (a socket bound on 127.0.0.1), the others connecting to MASTER_ADDR:MASTER_PORT."""

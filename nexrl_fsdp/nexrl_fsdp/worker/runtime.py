@@ -41,6 +41,7 @@ from nexrl_fsdp.direct_zmq.protocol import (
     OPS,
 )
 from nexrl_fsdp.worker.actor import ActorOptions, FsdpActor, ModelOptions
+from nexrl_fsdp.worker.loopback import process_group_store
 from nexrl_fsdp.worker.rows import BatchError, check_batch
 from nexrl_fsdp.worker.weights_push import push_weights
 
@@ -78,7 +79,12 @@ class WorkerRank:
     def start(self) -> None:
         use_cuda = torch.cuda.is_available()
         timeout = timedelta(seconds=float(os.environ.get(ENV_COLLECTIVE_TIMEOUT, "600")))
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
+        backend = "nccl" if use_cuda else "gloo"
+        store = process_group_store(self.rank, self.world_size, timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout, store=store, rank=self.rank, world_size=self.world_size)
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
