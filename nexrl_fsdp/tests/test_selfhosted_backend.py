@@ -25,7 +25,7 @@ from nexrl_core.registry import find_spec
 from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.hf_model import load_exported
-from nexrl_core.testing.processes import processes_with
+from nexrl_core.testing.processes import process_tree, processes_with, tcp_listeners
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_fsdp.loading import load_model, resolve_model_dir
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
@@ -139,6 +139,17 @@ def test_the_sampler_is_a_process_of_its_own(contract_backend: SelfHostedBackend
     assert sampler.pid != os.getpid() and sampler.alive()
     assert sampler.request({"kind": "info"}).header["pid"] == sampler.pid
     assert sampler.pid not in contract_backend.group.rank_pids().values()
+
+
+@pytest.mark.slow
+def test_a_self_hosted_run_listens_on_the_loopback_only(contract_backend: SelfHostedBackend) -> None:
+    """The driver (the workers' API server), the worker group and the sampler process
+    listen on 127.0.0.1 or ::1 only."""
+    assert contract_backend.group is not None and contract_backend.group.process is not None
+    pids = [os.getpid(), contract_backend.sampler.pid, *process_tree(contract_backend.group.process.pid)]
+    listeners = tcp_listeners(pids)
+    assert {contract_backend.sampler.pid, *contract_backend.group.rank_pids().values()} <= {pid for pid, _, _ in listeners}
+    assert [entry for entry in listeners if entry[1] not in ("127.0.0.1", "::1")] == []
 
 
 def _free_port() -> int:
