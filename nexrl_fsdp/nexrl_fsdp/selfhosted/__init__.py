@@ -1,4 +1,4 @@
-"""The ``self-hosted`` backend: FSDP workers under torchrun driven over direct ZMQ, and a
+"""The ``self-hosted`` backend: FSDP workers (full fine-tuning or LoRA) driven over direct ZMQ, and a
 sampler process whose weights come from the workers after each step.
 
 `config` is light (no torch) so the plugin can register the backend and recipes can be

@@ -3,15 +3,16 @@
 Opening the backend checks every recipe option the workers cannot honour (and refuses
 it by key) before anything starts, then starts the sampler process (`SamplerProcess`:
 an `Engine` of its own, so its compute and the rollouts' Python do not share this
-process's GIL) and, while it loads, the workers' API server and ``torchrun`` on
-127.0.0.1 (`LocalWorkerGroup`), or connects to a group started elsewhere
-(``backend.options.workers_url``), and loads the model on every rank. After each step
+process's GIL) and, while it loads, the workers' API server and ranks on 127.0.0.1
+(`LocalWorkerGroup`), or connects to a group started elsewhere
+(``backend.options.workers_url``), and loads the model on every rank (with the recipe's
+LoRA adapters, if any: the sampler then gets the merged weights). After each step
 `sync_weights` gathers the policy on rank 0, which sends it straight to the sampler
 process (``push_weights``: raw tensor frames, no pickle; a ``workers_url`` group's
 frames are forwarded by this process instead); the sampler loads them in place and
 acknowledges before the sync returns, so the next rollouts see the newest weights. Rollouts of
 a later step may keep sampling while the workers train (``rollout.max_staleness``).
-`close` stops the sampler process, destroys the group and stops torchrun's whole
+`close` stops the sampler process, destroys the group and stops the ranks' whole
 session; the sampler and the ranks also end themselves when this process dies.
 """
 

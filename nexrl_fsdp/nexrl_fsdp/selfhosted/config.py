@@ -24,8 +24,8 @@ class SelfHostedBackendConfig:
     """``backend.options`` of the ``self-hosted`` backend."""
 
     world_size: int = attrs.field(default=2, validator=positive_int)
-    """Worker ranks. With ``workers_url`` null the run starts ``torchrun
-    --nproc_per_node=world_size`` on this machine (gloo on CPU, NCCL on GPUs)."""
+    """Worker ranks. With ``workers_url`` null the run starts them on this machine, every
+    socket on 127.0.0.1 (`nexrl_fsdp.worker.loopback`; gloo on CPU, NCCL on GPUs)."""
     workers_url: str | None = attrs.field(default=None, validator=optional_non_empty)
     """URL of a workers API server (``nexrl serve workers``) whose ``world_size`` ranks
     were started elsewhere (several machines, Kubernetes); null starts both here."""

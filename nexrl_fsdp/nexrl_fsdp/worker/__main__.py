@@ -1,4 +1,6 @@
-"""``torchrun --nproc_per_node=N -m nexrl_fsdp.worker --api-server-url URL --identifier NAME``."""
+"""One rank: ``python -m nexrl_fsdp.worker --api-server-url URL --identifier NAME``, started by
+``python -m nexrl_fsdp.worker.loopback --nproc=N -- ...`` on one machine or by ``torchrun -m
+nexrl_fsdp.worker ...`` across several."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before torch loads
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m nexrl_fsdp.worker", description="One rank of a NexRL FSDP worker group (run it under torchrun).")
+    parser = argparse.ArgumentParser(prog="python -m nexrl_fsdp.worker", description="One rank of a NexRL FSDP worker group (run it under torchrun or nexrl_fsdp.worker.loopback).")
     parser.add_argument("--api-server-url", required=True, help="base URL of `nexrl serve workers`, e.g. http://127.0.0.1:8100")
     parser.add_argument("--identifier", required=True, help="the worker group's name (a driver names the same)")
     args = parser.parse_args()

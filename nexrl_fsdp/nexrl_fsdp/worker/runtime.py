@@ -61,7 +61,7 @@ def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -
 
 
 class WorkerRank:
-    """One rank of a worker group under torchrun."""
+    """One rank of a worker group (under torchrun or the loopback launcher)."""
 
     def __init__(self, api_server_url: str, identifier: str) -> None:
         self.api = api_server_url.rstrip("/") + "/api/v1"

@@ -3,7 +3,8 @@
 A separate process, not a thread of the rank: a rank blocked in a collective or in a
 long op may not let a Python thread run for minutes, and liveness must not depend on
 it. The watchdog posts a heartbeat every interval while the rank's process exists
-(so a killed rank stops beating at once), and kills the rank when its torchrun agent is gone, when the API server
+(so a killed rank stops beating at once), and kills the rank when its launcher (torchrun's agent, or
+`nexrl_fsdp.worker.loopback`) is gone, when the API server
 stops answering or calls the group dead or destroyed, so no rank outlives its run.
 
 ``python -m nexrl_fsdp.worker.watchdog --pid PID --parent PPID --rank R --group-url URL --interval S``
@@ -41,7 +42,7 @@ def _alive(pid: int) -> bool:
 
 def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> None:
     """Beat for ``pid`` until it exits; kill it when its run is gone (the API server, or
-    ``parent``, the torchrun agent that started it)."""
+    ``parent``, the launcher that started it)."""
     last_ok = time.monotonic()
     body = json.dumps({"rank": rank}).encode()
     while _alive(pid):
