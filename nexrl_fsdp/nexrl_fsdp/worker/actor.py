@@ -83,9 +83,6 @@ class ModelOptions:
             raise BatchError(f"unknown init_model options {unknown}; valid: {', '.join(sorted(known))}")
         return cls(**values)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "dtype": self.dtype, "seed": self.seed, "lora": self.lora.to_json()}
-
 
 @attrs.frozen(kw_only=True)
 class ActorOptions:
