@@ -147,7 +147,7 @@ CORE: dict[str, Entry] = {
         remote_api=("plugins/nexrl_remote_api/tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
                     "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions"),  # fmt: skip
         inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
-        self_hosted=f"{WORKERS}::test_every_loss_option_the_workers_run_reaches_their_gradient",
+        self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
     ),
     "algorithm.kl.coef": KL_REWARD,
     "algorithm.kl.controller": KL_ADAPTIVE,
@@ -179,16 +179,8 @@ LOSS_OPTION_TESTS = per_backend(
     remote_api=("nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
                 "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolderLossOptions"),  # fmt: skip
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
-    self_hosted=f"{WORKERS}::test_every_loss_option_the_workers_run_reaches_their_gradient",
+    self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
 )
-SEQUENCE_AGGREGATION = attrs.evolve(
-    LOSS_OPTION_TESTS,
-    effect={name: tests for name, tests in LOSS_OPTION_TESTS.effect.items() if name != "self-hosted"},
-    refused={"self-hosted": SELF_HOSTED_REFUSALS},
-)
-"""An option that needs a sequence aggregation, which the workers refuse."""
-
-
 def _loss_options() -> dict[str, Entry]:
     entries = {}
     for loss, options in {
@@ -199,7 +191,7 @@ def _loss_options() -> dict[str, Entry]:
         "gspo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
     }.items():
         for option in options:
-            entries[f"algorithm.loss.options.{option} [{loss}]"] = SEQUENCE_AGGREGATION if option == "norm_constant" else LOSS_OPTION_TESTS
+            entries[f"algorithm.loss.options.{option} [{loss}]"] = LOSS_OPTION_TESTS
     return entries
 
 

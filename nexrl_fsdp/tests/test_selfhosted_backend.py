@@ -46,7 +46,6 @@ def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
 @pytest.mark.parametrize(
     ("override", "problem"),
     [
-        ("algorithm.loss.options.agg_mode=seq-mean-token-mean", "algorithm.loss.options.agg_mode: 'seq-mean-token-mean'"),
         ("model.lora.rank=4", "model.lora.rank: the self-hosted workers train every weight"),
         ("backend.options.trainer=remote_api_grpo", "backend.options.trainer: trainer 'remote_api_grpo' does not fit"),
         ("model.name=/no/such/model", "model.name: unknown model"),

@@ -48,8 +48,6 @@ __all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options", "sampler_
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
 SAMPLER_LOG = "sampler.log"
-WORKER_AGGREGATIONS = ("token-sum", "token-mean")
-"""Loss aggregations that stay exact when a batch's rows are split over ranks."""
 WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
 
 
@@ -62,16 +60,8 @@ def refused_options(recipe: TrainConfig, train_step: TrainStepConfig) -> list[st
             "model.lora.rank: the self-hosted workers train every weight (FSDP2 full fine-tuning); "
             "set 0, or use backend inprocess or remote_api for LoRA"
         )
-    config = dict(train_step.loss_fn_config)
-    aggregation = str(config.get("agg_mode", "token-sum"))
-    if aggregation not in WORKER_AGGREGATIONS:
-        problems.append(
-            f"algorithm.loss.options.agg_mode: {aggregation!r} is not supported by the self-hosted workers; use "
-            f"{' or '.join(WORKER_AGGREGATIONS)} (they stay exact when rows are split over ranks)"
-        )
-        return problems
     try:
-        loss = build_loss_fn(train_step.loss_fn, config)
+        loss = build_loss_fn(train_step.loss_fn, dict(train_step.loss_fn_config))
     except ValueError as error:
         return [*problems, f"algorithm.loss: {error}"]
     missing = sorted(loss.requires - WORKER_LOSS_INPUTS)
