@@ -118,3 +118,26 @@ def test_split_step_loss_is_the_modes_formula(engines: dict[int, Engine], mode: 
     metrics = engine.forward(datums, "cross_entropy", {"agg_mode": mode}).metrics
     reported = metrics["loss:sum" if mode == "token-sum" else "loss:mean"]
     assert reported == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_separate_calls_are_separate_steps_whose_gradients_add(engines: dict[int, Engine], mode: str) -> None:
+    """What docs/aggregation.md promises for a step sent in several ``forward_backward``
+    calls (as Tinker's SDK does with a large one): each call is aggregated over its own
+    datums, and the gradients of the calls add up until ``optim_step``."""
+    engine = engines[ONE_PASS]
+    datums = _step(engine)
+    halves = (datums[:10], datums[10:])
+    separately = []
+    for half in halves:
+        engine.forward_backward(half, "cross_entropy", {"agg_mode": mode})
+        separately.append(_gradients(engine))
+    for half in halves:
+        engine.forward_backward(half, "cross_entropy", {"agg_mode": mode})
+    together = _gradients(engine)
+    for name, grad in together.items():
+        torch.testing.assert_close(grad, separately[0][name] + separately[1][name], rtol=1e-5, atol=1e-7)
+    engine.forward_backward(datums, "cross_entropy", {"agg_mode": mode})
+    one_call = torch.cat([grad.flatten() for grad in _gradients(engine).values()])
+    two_calls = torch.cat([grad.flatten() for grad in together.values()])
+    assert float(two_calls.norm()) > 1.5 * float(one_call.norm()), "two calls of a mean are two means, not one"
