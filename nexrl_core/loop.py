@@ -38,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.backend import CONTEXT_KEY, Backend, BackendSetup, RolloutSetup, RolloutSource
+from nexrl_core.backend import CONTEXT_KEY, Backend, BackendLost, BackendSetup, RolloutSetup, RolloutSource
 from nexrl_core.checkpoints import PendingCheckpoints
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
@@ -99,6 +99,22 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__()
         self.output_dir = output_dir
         self.checkpoint_step = checkpoint_step
+
+
+class TrainingGaveUp(RuntimeError):
+    """The backend was lost and could not be restarted (restarts spent, or it cannot
+    heal); the last checkpoint is intact and ``--resume`` continues from it."""
+
+    def __init__(self, output_dir: Path, checkpoint_step: int | None, reason: str, restarts: int) -> None:
+        super().__init__(reason)
+        self.output_dir = output_dir
+        self.checkpoint_step = checkpoint_step
+        self.reason = reason
+        self.restarts = restarts
+
+
+RESTARTS_METRIC = "backend/restarts"
+"""How many times the backend was restarted so far in the run, on every row after the first."""
 
 
 @attrs.frozen(kw_only=True)
@@ -222,8 +238,12 @@ class TrainingLoop:
         display: ProgressDisplay,
         out_dir: Path,
         state: RunState | None,
+        restarts: int = 0,
     ) -> None:
         self.config = config
+        self.restarts = restarts
+        """Backend restarts before this loop started; every row of a run that had one
+        says how many (`RESTARTS_METRIC`)."""
         self.backend = backend
         self.loader = loader
         self.runner = runner
@@ -313,6 +333,8 @@ class TrainingLoop:
         """Log ``row``; the first row of a fresh run also says how the backend runs the model."""
         row.update(self._run_info)
         self._run_info = {}
+        if self.restarts:
+            row[RESTARTS_METRIC] = self.restarts
         self.metrics.write(row)
 
     # -- the run
@@ -381,6 +403,33 @@ def write_final_model(backend: Backend, out_dir: Path) -> tuple[Path | None, str
         return written, None
     logger.error("the final model was not written: %s", reason)
     return None, reason
+
+
+def _restart(backend: Backend, loop: TrainingLoop, out_dir: Path, lost: BackendLost, restarts: int) -> RunState | None:
+    """Restart a lost backend from the last complete checkpoint; returns the run state
+    to go on from (None: from the start, when no checkpoint was complete yet).
+
+    :raises TrainingGaveUp: when the backend cannot restart (or will not: restarts spent).
+    """
+    with contextlib.suppress(Exception):  # a save that needed the lost part fails; the one before stays
+        loop.saving.settle()
+    for pending in loop.pending.values():  # rollouts already asked for finish against the sampler
+        with contextlib.suppress(Exception):
+            pending.result()
+    restart = getattr(backend, "restart", None)
+    state = load_run_state(out_dir)
+    checkpoint_step = state.step if state else None
+    if restart is None or not restart():
+        raise TrainingGaveUp(out_dir, checkpoint_step, str(lost), restarts - 1) from lost
+    logger.warning(
+        "restart %d: %s; the backend restarted, going on from %s",
+        restarts,
+        lost,
+        f"the checkpoint of step {checkpoint_step}" if state else "the start (no checkpoint was complete yet)",
+    )
+    if state is not None:
+        backend.load_checkpoint(state.checkpoint_path)
+    return state
 
 
 def _check_resumable(state: RunState, config: TrainConfig) -> None:
@@ -471,19 +520,29 @@ def run_training(
                 if not any(out_dir.iterdir()):
                     out_dir.rmdir()
             raise
-        metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
-        display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
-        loop = TrainingLoop(
-            config,
-            backend=backend,
-            loader=loader,
-            runner=runner,
-            metrics=metrics,
-            display=display,
-            out_dir=out_dir,
-            state=state,
-        )
-        loop.run()
+        restarts = 0
+        while True:
+            metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
+            display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
+            loop = TrainingLoop(
+                config,
+                backend=backend,
+                loader=loader,
+                runner=runner,
+                metrics=metrics,
+                display=display,
+                out_dir=out_dir,
+                state=state,
+                restarts=restarts,
+            )
+            try:
+                loop.run()
+                break
+            except BackendLost as lost:
+                restarts += 1
+                state = _restart(backend, loop, out_dir, lost, restarts)
+                _close_quietly("progress display", display.close)
+                _close_quietly("metrics log", metrics.close)
         final_model, final_model_error = write_final_model(backend, out_dir)
     except KeyboardInterrupt:
         if loop is not None:
