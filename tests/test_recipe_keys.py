@@ -250,6 +250,12 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.heartbeat_s [self-hosted]": per_backend(
         self_hosted="nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs"
     ),
+    "backend.options.max_restarts [self-hosted]": per_backend(
+        self_hosted=(
+            "tests/test_resume_real.py::test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one",
+            "tests/test_resume_real.py::test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line",
+        )
+    ),
     "backend.options.dead_after_s [self-hosted]": per_backend(
         self_hosted=(SELF_HOSTED_OPTIONS, "nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs")
     ),
