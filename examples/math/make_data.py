@@ -1,7 +1,7 @@
 """Write the grade-school math items of this example: JSON lines and parquet, in verl's layout.
 
 Every item is drawn from a template by a seeded generator, so running this again writes
-the same items. Each row has ``prompt`` (chat messages), ``reward_model.ground_truth``
+the same items; no question appears twice, and none of the held-out ones in training. Each row has ``prompt`` (chat messages), ``reward_model.ground_truth``
 (the answer: an integer, a price like ``7.50``, or a reduced fraction like ``3/4``), and ``id``, ``data_source``, ``ability``,
 ``extra_info`` as verl's data pipeline writes them.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -102,13 +102,19 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, str]]] = {
 }
 
 
-def make_items(split: str, count: int, seed: int = SEED) -> list[dict[str, Any]]:
-    """``count`` items of ``split``, the same every time for the same seed."""
+def make_items(split: str, count: int, exclude: AbstractSet[str] = frozenset(), seed: int = SEED) -> list[dict[str, Any]]:
+    """``count`` distinct items of ``split``, none asking a question in ``exclude``; the same
+    every time for the same arguments."""
     rng = random.Random(f"{seed}:{split}")
-    items = []
-    for index in range(count):
+    items: list[dict[str, Any]] = []
+    seen = set(exclude)
+    while len(items) < count:
         template = rng.choice(sorted(TEMPLATES))
         question, answer = TEMPLATES[template](rng)
+        if question in seen:
+            continue
+        seen.add(question)
+        index = len(items)
         items.append(
             {
                 "id": f"{split}-{index:04d}",
@@ -122,14 +128,19 @@ def make_items(split: str, count: int, seed: int = SEED) -> list[dict[str, Any]]
     return items
 
 
+def question_of(item: dict[str, Any]) -> str:
+    return item["prompt"][0]["content"].removesuffix(f"\n{INSTRUCTION}")
+
+
 def write(out_dir: Path) -> list[Path]:
     """Write ``<split>.jsonl`` and ``<split>.parquet`` for every split; returns the files."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    val = make_items("val", SPLITS["val"])
+    train = make_items("train", SPLITS["train"], exclude={question_of(item) for item in val})
     written = []
-    for split, count in SPLITS.items():
-        items = make_items(split, count)
+    for split, items in (("train", train), ("val", val)):
         jsonl = out_dir / f"{split}.jsonl"
         jsonl.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
         parquet = out_dir / f"{split}.parquet"

@@ -17,6 +17,7 @@ from nexrl_math.reward import MAX_REPLY_CHARS
     [
         ("The answer is \\boxed{\\frac{3}{4}}.", "\\frac{3}{4}"),
         ("First 3+4=7, then \\boxed{8}", "8"),  # \boxed wins over an earlier result
+        ("The final answer is 7. Checking again: \\boxed{8}", "8"),  # ... and over "the final answer is"
         ("\\boxed{1/2} and later 7", "\\frac{1}{2}"),
         ("So she has \\boxed{12\\text{ apples}}.", "12"),  # units dropped
         ("The answer is: 6 boxes.", "6"),
