@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from nexrl_core.commands.eval import choose_model, default_report_path, find_target
 from nexrl_core.config import load_config
 from nexrl_core.evaluation import build_report, pass_at_k, pass_at_k_sizes
 from nexrl_core.loop import run_training
@@ -77,6 +78,31 @@ def test_the_report_groups_samples_by_item_and_counts_a_failed_sample_as_not_pas
     assert report.agent_errors == 1 and report.metrics["val/count"] == 4.0
     strict = build_report(validation, model="m", recipe="r", temperature=1.0, seed=0, pass_reward=1.0)
     assert strict.pass_at_k == {"pass@1": pytest.approx(0.25), "pass@2": pytest.approx(0.5)}
+
+
+# --- the command's choices and refusals ---------------------------------------------------------
+
+
+def test_the_model_and_the_report_path_follow_the_command_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "final_model").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("model: {name: nexrl-tiny}\noutput: {dir: elsewhere}\n")
+    (run_dir / "recipe_dir.txt").write_text(f"{tmp_path / 'recipes'}\n")
+    target = find_target(run_dir)
+    assert (target.recipe, target.recipe_dir) == (run_dir / "config.yaml", tmp_path / "recipes")
+    config = load_config(target.recipe, [])
+    final = choose_model(target, config, None, None)
+    assert final.model_dir == str((run_dir / "final_model").resolve()) and final.checkpoint is None
+    assert default_report_path(target, config, final, None, 1) == run_dir / "eval" / "final_model.json"
+    assert default_report_path(target, config, final, "sets/hard.jsonl", 8) == run_dir / "eval" / "final_model-hard-samples8.json"
+    named = choose_model(target, config, "nexrl-tiny", None)
+    assert (named.model_dir, named.label) == ("nexrl-tiny", "model-nexrl-tiny")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: {name: nexrl-tiny}\noutput: {dir: runs/mine}\n")
+    base_target = find_target(recipe)
+    base = choose_model(base_target, load_config(recipe, []), None, None)
+    assert (base.model_dir, base.description) == (None, "base model nexrl-tiny")
+    assert default_report_path(base_target, load_config(recipe, []), base, None, 1) == Path("runs/mine/eval/base.json")
 
 
 # --- the command's refusals -----------------------------------------------------------------------

@@ -79,10 +79,13 @@ def choose_model(target: EvalTarget, config: TrainConfig, model: str | None, ste
     return ModelChoice(label="base", description=f"base model {config.model.name}")
 
 
-def default_report_path(target: EvalTarget, config: TrainConfig, choice: ModelChoice, data: str | None) -> Path:
+def default_report_path(
+    target: EvalTarget, config: TrainConfig, choice: ModelChoice, data: str | None, samples: int
+) -> Path:
+    """``<run or output.dir>/eval/<model>[-<data>][-samples<K>].json``, so different evaluations keep their reports."""
     base = target.run_dir if target.run_dir is not None else Path(config.output.dir)
-    suffix = f"-{Path(data).stem}" if data is not None else ""
-    return base / EVAL_DIR / f"{choice.label}{suffix}.json"
+    name = choice.label + (f"-{Path(data).stem}" if data is not None else "") + (f"-samples{samples}" if samples > 1 else "")
+    return base / EVAL_DIR / f"{name}.json"
 
 
 @click.command(name="eval")
@@ -93,7 +96,7 @@ def default_report_path(target: EvalTarget, config: TrainConfig, choice: ModelCh
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per item (pass@k up to k=SAMPLES).")
 @click.option("--data", default=None, help="Held-out items to use instead of the recipe's (any form task.val_data_path takes).")
 @click.option("--pass-reward", type=float, default=1.0, show_default=True, help="A sample passes when its reward is at least this.")
-@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="JSON report [default: RUN_OR_OUTPUT_DIR/eval/<model>.json].")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="JSON report [default: RUN_OR_OUTPUT_DIR/eval/<model>[-<data>][-samples<K>].json].")
 @click.pass_context
 def eval_command(
     ctx: click.Context,
@@ -141,7 +144,7 @@ def eval_command(
         ctx.exit(USAGE_ERROR_EXIT_CODE)
     except (TrainingError, RolloutError, RegistryError) as error:
         raise click.ClickException(str(error)) from error
-    written = write_report(report, out if out is not None else default_report_path(target, config, choice, data))
+    written = write_report(report, out if out is not None else default_report_path(target, config, choice, data, samples))
     table = Table(title="nexrl eval", show_header=False)
     table.add_column("what")
     table.add_column("value")
