@@ -94,7 +94,7 @@ def default_report_path(
 @click.option("--model", default=None, help="A Hugging Face model directory (or a model name the backend knows) to evaluate.")
 @click.option("--step", type=click.IntRange(min=0), default=None, help="Evaluate the run's checkpoint of this step.")
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per item (pass@k up to k=SAMPLES).")
-@click.option("--data", default=None, help="Held-out items to use instead of the recipe's (any form task.val_data_path takes).")
+@click.option("--data", default=None, help="Held-out items to use instead of the recipe's: a JSONL or parquet file, or a save_to_disk directory (other forms: task.val_data_path={...}).")
 @click.option("--pass-reward", type=float, default=1.0, show_default=True, help="A sample passes when its reward is at least this.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="JSON report [default: RUN_OR_OUTPUT_DIR/eval/<model>[-<data>][-samples<K>].json].")
 @click.pass_context
