@@ -71,10 +71,14 @@ from nexrl_core.run_state import (
     save_run_state,
 )
 from nexrl_core.serving import ServiceStartError
+from nexrl_core.validation import run_validation
 
 logger = logging.getLogger("nexrl.train")
 
 CONFIG_FILE = "config.yaml"
+RECIPE_DIR_FILE = "recipe_dir.txt"
+"""The directory of the recipe a run was started from, where its relative data and agent
+paths are also looked up; ``nexrl eval RUN`` reads it."""
 BACKEND_DIR = "backend"
 ROLLOUT_DIR = "rollout"
 RESUMABLE_CHANGES = ("schedule.", "output.")
@@ -83,6 +87,7 @@ RUN_FILES = (
     METRICS_FILE,
     RUN_STATE_FILE,
     CONFIG_FILE,
+    RECIPE_DIR_FILE,
     REWARD_CURVE_FILE,
     TENSORBOARD_DIR,
     BACKEND_DIR,
@@ -286,16 +291,11 @@ class TrainingLoop:
         )
 
     def validate(self, step: int) -> dict[str, float]:
-        requests = self.loader.val_requests(step)
-        if not requests:
+        validation = run_validation(self.runner, self.loader, step, temperature=self.config.rollout.val_temperature)
+        if validation is None:
             return {}
-        started = time.monotonic()
-        batch = self.runner.submit(step, requests, temperature=self.config.rollout.val_temperature).result()
-        self._account(batch, f"validation after step {step}")
-        metrics = batch.metrics(prefix="val/")
-        metrics["val/count"] = float(len(requests))
-        metrics["time/val_s"] = time.monotonic() - started
-        return metrics
+        self._account(validation.batch, f"validation after step {step}")
+        return validation.metrics()
 
     def _submit_until(self, last: int) -> None:
         while self.next_batch <= min(last, self.config.schedule.steps):
@@ -482,6 +482,8 @@ def run_training(
     import yaml
 
     write_atomic(out_dir / CONFIG_FILE, yaml.safe_dump(dump_config(config), sort_keys=False))
+    if recipe_dir is not None:
+        write_atomic(out_dir / RECIPE_DIR_FILE, f"{recipe_dir.resolve()}\n")
     if state is not None and state.step >= config.schedule.steps:
         logger.info("the run in %s already completed %d steps; nothing to do", out_dir, state.step)
         curve = plot_reward_curve(state.metrics, out_dir / REWARD_CURVE_FILE)

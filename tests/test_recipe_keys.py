@@ -69,6 +69,7 @@ LOOP = "tests/test_train_loop.py"
 SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
 RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
+DATA = "tests/test_data_formats.py"
 INPROCESS = "nexrl_fsdp/tests/test_inprocess_backend.py"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
 SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
@@ -103,8 +104,18 @@ LORA_TARGETS = per_backend(
 
 CORE: dict[str, Entry] = {
     "task.name": everywhere("tests/test_e2e_train.py::test_shortened_quickstart_raises_validation_reward", BAD_INPUT),
-    "task.data_path": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module", BAD_INPUT),
-    "task.val_data_path": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module"),
+    "task.data_path": everywhere(
+        f"{LOOP}::test_jsonl_data_with_an_agent_module",
+        f"{DATA}::test_one_training_step_gets_the_same_rewards_from_every_form",
+        BAD_INPUT,
+    ),
+    "task.val_data_path": everywhere(
+        f"{LOOP}::test_jsonl_data_with_an_agent_module", f"{DATA}::test_every_form_yields_the_same_items_in_the_same_order"
+    ),
+    "task.columns": everywhere(
+        f"{DATA}::test_a_missing_column_is_refused_naming_the_file_and_the_column",
+        f"{DATA}::test_the_held_out_file_is_checked_too",
+    ),
     "task.agent": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module", BAD_INPUT),
     "task.val_size": everywhere(SAMPLING),
     "backend.name": everywhere(f"{INPROCESS}::test_metrics_say_which_dtype_trained", BAD_INPUT),
