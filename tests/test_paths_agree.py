@@ -13,7 +13,7 @@ import pytest
 
 from nexrl_core.config import ModelConfig
 from nexrl_core.holders import ServiceHolder, TrainStepConfig
-from nexrl_core.testing.aggregation_cases import loss_aggregation_cases
+from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.loss_option_contract import FROZEN, gradient_norm, probe_datums
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ def _loss(metrics: dict[str, float]) -> float:
 
 @pytest.mark.parametrize(("loss", "options"), CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in CASES])
 def test_one_step_is_the_same_on_every_path(holders: dict[str, ServiceHolder], loss: str, options: dict[str, Any]) -> None:
-    step = TrainStepConfig(loss_fn=loss, loss_fn_config=options, optimizer=FROZEN)
+    step = TrainStepConfig(loss_fn=loss, loss_fn_config=with_entropy_bonus(loss, options), optimizer=FROZEN)
     first = next(iter(holders.values()))
     datums = probe_datums(first)
     results = {name: holder.train(datums, step) for name, holder in holders.items()}

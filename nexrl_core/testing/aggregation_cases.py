@@ -15,10 +15,12 @@ import attrs
 
 from nexrl_core.registry import get_registry
 
-__all__ = ["AGGREGATION_FIELD", "loss_aggregation_cases"]
+__all__ = ["AGGREGATION_FIELD", "ENTROPY_FIELD", "loss_aggregation_cases", "with_entropy_bonus"]
 
 AGGREGATION_FIELD = "agg_mode"
 """The loss config field that picks how per-token losses are reduced."""
+ENTROPY_FIELD = "entropy_coeff"
+"""The loss config field of an entropy bonus, aggregated like the loss."""
 
 
 def _aggregation_values(config_class: type) -> list[str] | None:
@@ -43,3 +45,11 @@ def loss_aggregation_cases() -> list[tuple[str, dict[str, Any]]]:
         values = _aggregation_values(registry.find_spec("policy_losses", name).config_class)
         cases.extend([(name, {})] if values is None else [(name, {AGGREGATION_FIELD: value}) for value in values])
     return cases
+
+
+def with_entropy_bonus(loss: str, options: dict[str, Any], coeff: float = 0.1) -> dict[str, Any]:
+    """``options`` plus an entropy bonus where the loss has one, so that a test of the
+    loss's aggregation checks the entropy term's too."""
+    config_class = get_registry().find_spec("policy_losses", loss).config_class
+    has_bonus = attrs.has(config_class) and ENTROPY_FIELD in attrs.fields_dict(config_class)
+    return {**options, ENTROPY_FIELD: coeff} if has_bonus else dict(options)

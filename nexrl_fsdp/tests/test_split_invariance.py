@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from nexrl_core.testing.aggregation_cases import loss_aggregation_cases
+from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_fsdp import Datum, Engine
 
 CASES = loss_aggregation_cases()
@@ -62,20 +62,9 @@ def _gradients(engine: Engine) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _with_entropy(loss: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The case's options plus an entropy bonus where the loss has one, so the entropy
-    term's aggregation is checked too."""
-    from nexrl_core.registry import find_spec
-
-    import attrs
-
-    fields = attrs.fields_dict(find_spec("policy_losses", loss).config_class)
-    return {**options, "entropy_coeff": 0.1} if "entropy_coeff" in fields else options
-
-
 @pytest.mark.parametrize(("loss", "options"), CASES, ids=[f"{loss}-{options.get('agg_mode', 'none')}" for loss, options in CASES])
 def test_micro_batches_do_not_change_the_step(engines: dict[int, Engine], loss: str, options: dict[str, Any]) -> None:
-    options = _with_entropy(loss, options)
+    options = with_entropy_bonus(loss, options)
     datums = _step(engines[ONE_PASS])
     results, grads = {}, {}
     for limit, engine in engines.items():

@@ -24,7 +24,7 @@ from nexrl_core.types import Trajectory
 from nexrl_fsdp import Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
-from nexrl_core.testing.aggregation_cases import loss_aggregation_cases
+from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_fsdp.config import EngineConfig
@@ -291,16 +291,6 @@ def test_every_loss_option_reaches_the_workers_gradient(group: LocalWorkerGroup)
     assert len(checked) == len(LOSS_OPTION_CASES), checked
 
 
-def _with_entropy(loss: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The case's options plus an entropy bonus where the loss has one."""
-    import attrs
-
-    from nexrl_core.registry import find_spec
-
-    fields = attrs.fields_dict(find_spec("policy_losses", loss).config_class)
-    return {**options, "entropy_coeff": 0.1} if "entropy_coeff" in fields else options
-
-
 AGGREGATION_CASES = loss_aggregation_cases()
 
 
@@ -309,7 +299,7 @@ def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: Local
     """Every registered loss under every aggregation: the 2-rank group's gradient norm and
     loss are the same with one row or every row per pass, and equal to one process's
     (the engine's) on the whole batch; an optimizer with learning rate 0 keeps the weights."""
-    options = _with_entropy(loss, options)
+    options = with_entropy_bonus(loss, options)
     frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
     engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
     weights = group.transport.get_weights()
