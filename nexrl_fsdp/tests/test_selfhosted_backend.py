@@ -49,7 +49,6 @@ def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
 @pytest.mark.parametrize(
     ("override", "problem"),
     [
-        ("algorithm.loss.options.agg_mode=seq-mean-token-mean", "algorithm.loss.options.agg_mode: 'seq-mean-token-mean'"),
         ("backend.options.trainer=remote_api_grpo", "backend.options.trainer: trainer 'remote_api_grpo' does not fit"),
         ("model.name=/no/such/model", "model.name: unknown model"),
         ("backend.options.sampler.device=no-such-device", "backend.options.sampler.device:"),

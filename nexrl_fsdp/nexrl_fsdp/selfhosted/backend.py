@@ -19,14 +19,15 @@ session; the sampler and the ranks also end themselves when this process dies.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from nexrl_core.backend import BackendSetup
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.config.lora import LoraSettings
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.model_export import ModelExportError
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
@@ -47,34 +48,25 @@ from nexrl_remote_api.holder_backend import build_trainer
 
 __all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options", "sampler_threads"]
 
+logger = logging.getLogger(__name__)
+
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
 SAMPLER_LOG = "sampler.log"
-WORKER_AGGREGATIONS = ("token-sum", "token-mean")
-"""Loss aggregations that stay exact when a batch's rows are split over ranks."""
 WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
 
 
 def refused_options(train_step: TrainStepConfig) -> list[str]:
     """What the workers cannot honour of the trainer's step, as ``key: why`` lines (empty
     when everything runs). Everything else of the recipe reaches them, LoRA included."""
-    problems = []
-    config = dict(train_step.loss_fn_config)
-    aggregation = str(config.get("agg_mode", "token-sum"))
-    if aggregation not in WORKER_AGGREGATIONS:
-        problems.append(
-            f"algorithm.loss.options.agg_mode: {aggregation!r} is not supported by the self-hosted workers; use "
-            f"{' or '.join(WORKER_AGGREGATIONS)} (they stay exact when rows are split over ranks)"
-        )
-        return problems
     try:
-        loss = build_loss_fn(train_step.loss_fn, config)
+        loss = build_loss_fn(train_step.loss_fn, dict(train_step.loss_fn_config))
     except ValueError as error:
-        return [*problems, f"algorithm.loss: {error}"]
+        return [f"algorithm.loss: {error}"]
     missing = sorted(loss.requires - WORKER_LOSS_INPUTS)
     if missing:
-        problems.append(f"algorithm.loss.name: loss {train_step.loss_fn!r} needs {', '.join(missing)}, which the workers do not compute")
-    return problems
+        return [f"algorithm.loss.name: loss {train_step.loss_fn!r} needs {', '.join(missing)}, which the workers do not compute"]
+    return []
 
 
 class SelfHostedBackend:
@@ -89,10 +81,13 @@ class SelfHostedBackend:
         work_dir: Path,
         group: LocalWorkerGroup | None,
         run_info: Mapping[str, str],
-        lora: LoraSettings,
+        setup: BackendSetup,
     ) -> None:
+        self.setup = setup
+        self.options: SelfHostedBackendConfig = setup.options
+        self.restarts_left = self.options.max_restarts
+        self._initial_trainer_state = trainer.state()
         self.trainer = trainer
-        self.lora = lora
         self.transport = transport
         self.chat = chat
         self.sampler = chat.process
@@ -148,6 +143,21 @@ class SelfHostedBackend:
         self.trainer.load_checkpoint(Path(path))
         self.publish()
 
+    def restart(self) -> bool:
+        """Stop the lost group, start a new one at the base weights and give those to the
+        sampler (the loop then loads the last checkpoint); False when ``max_restarts``
+        are spent or the group is not one this backend started (``workers_url``)."""
+        if self.group is None or self.restarts_left <= 0:
+            return False
+        self.restarts_left -= 1
+        logger.warning("the lost worker group's last output (%s):\n%s", self.group.log_path, self.group.log_tail(2000))
+        self.group.stop()
+        self.transport, self.group = _connect(self.setup, self.options)
+        _init_workers(self.setup, self.trainer, self.transport)
+        self.trainer.load_state(self._initial_trainer_state)
+        self.publish()
+        return True
+
     def export_model(self, directory: Path) -> Path:
         """The sampler's weights (the workers' policy as of the last sync) as an HF directory,
         written by the sampler process. A LoRA policy is written by rank 0 of the workers
@@ -158,7 +168,7 @@ class SelfHostedBackend:
             (their policy is then not the one sampling uses).
         """
         target = str(Path(directory).resolve())
-        if self.lora.is_lora:
+        if self.setup.recipe.model.lora.is_lora:
             if self.trainer.trained_since_publish:
                 raise ModelExportError(
                     "self-hosted backend: the workers trained since the sampler's last sync, so their LoRA policy is not "
@@ -250,6 +260,20 @@ def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[Dir
     return transport, None
 
 
+def _init_workers(setup: BackendSetup, trainer: SelfHostedTrainer, transport: DirectZmqTransport) -> Mapping[str, Any]:
+    """Load the recipe's model on the group's ranks and bind the trainer to them."""
+    engine = _engine_config(setup)
+    info = transport.init_model(engine.model, dtype=engine.dtype, seed=setup.recipe.seed, lora=setup.recipe.model.lora)
+    trainer.bind(transport, world_size=setup.options.world_size, pad_token_id=int(info["pad_token_id"]))
+    return info
+
+
+def _engine_config(setup: BackendSetup) -> EngineConfig:
+    """The recipe's model as the sampler's engine and the workers load it."""
+    recipe = setup.recipe
+    return EngineConfig(model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=setup.options.sampler.device)
+
+
 def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     """Open the ``self-hosted`` backend for one run.
 
@@ -260,7 +284,7 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     trainer = _check(setup, options)
     recipe = setup.recipe
     setup.work_dir.mkdir(parents=True, exist_ok=True)
-    engine_config = EngineConfig(model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=options.sampler.device)
+    engine_config = _engine_config(setup)
     batching = BatchedSamplingOptions(
         sample_linger_s=options.sampler.sample_linger_s,
         sample_linger_max_s=options.sampler.sample_linger_max_s,
@@ -276,12 +300,11 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     transport: DirectZmqTransport | None = None
     try:
         transport, group = _connect(setup, options)
-        info = transport.init_model(engine_config.model, dtype=engine_config.dtype, seed=recipe.seed, lora=recipe.model.lora)
-        trainer.bind(transport, world_size=options.world_size, pad_token_id=int(info["pad_token_id"]))
+        info = _init_workers(setup, trainer, transport)
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
-        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info, lora=recipe.model.lora)
+        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info, setup=setup)
         backend.publish()
         return backend
     except BaseException:
