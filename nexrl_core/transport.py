@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from nexrl_core.batch import Batch
+    from nexrl_core.config.lora import LoraSettings
 
 
 class Transport(Protocol):
@@ -23,8 +24,9 @@ class Transport(Protocol):
         """Wait until every worker has reported itself; returns what the group reported."""
         ...
 
-    def init_model(self, model: str, dtype: str = "float32", seed: int = 0) -> dict[str, Any]:
-        """Load the model on every worker; returns at least ``vocab_size`` and ``pad_token_id``."""
+    def init_model(self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None) -> dict[str, Any]:
+        """Load the model on every worker, training every weight or the LoRA adapters
+        ``lora`` asks for; returns at least ``vocab_size`` and ``pad_token_id``."""
         ...
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:
