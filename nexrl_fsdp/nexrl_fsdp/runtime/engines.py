@@ -28,7 +28,9 @@ from typing import Any
 import attrs
 from nexrl_core.config.lora import LoraSettings
 
-__all__ = ["BaseModelInfo", "EnginePool", "GroupLimits", "TrainingSpec", "WeightsRef"]
+from nexrl_fsdp.runtime.errors import RequestFailed, TooManyRequests
+
+__all__ = ["BaseModelInfo", "EnginePool", "GroupLimits", "ModelReleased", "TrainingSpec", "WeightsRef"]
 
 log = logging.getLogger("nexrl_fsdp.runtime")
 
@@ -39,6 +41,13 @@ def _new_engine(*args: Any, **kwargs: Any) -> Any:
     from nexrl_fsdp.engine import Engine
 
     return Engine(*args, **kwargs)
+
+
+class ModelReleased(RequestFailed):
+    """A model's engine was released while it was being built; nothing of it is kept."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "user")
 
 
 @attrs.frozen
@@ -125,6 +134,8 @@ class EnginePool:
         self._group_slots: set[str] = set()
         """Models holding one of the ``max_groups`` places (their group runs or starts)."""
         self._stopping: list[threading.Thread] = []
+        self._releases: dict[str, int] = {}
+        """How often each model was released: a build that sees this change was overtaken."""
 
     def _build_lock(self, key: str) -> threading.Lock:
         with self._lock:
@@ -137,16 +148,28 @@ class EnginePool:
             return self._training.get(model_id)
 
     def training_or_build(self, model_id: str, build: Callable[[], Any]) -> Any:
-        """The model's engine, building it with ``build()`` the first time."""
+        """The model's engine, building it with ``build()`` the first time.
+
+        :raises ModelReleased: when the model was released while it was being built (its
+            session ended meanwhile); the new engine is dropped, a new group stopped.
+        """
         engine = self.training(model_id)
         if engine is not None:
             return engine
         with self._build_lock(f"train:{model_id}"):
             engine = self.training(model_id)
             if engine is None:
+                with self._lock:
+                    releases = self._releases.get(model_id, 0)
                 engine = build()
                 with self._lock:
-                    self._training[model_id] = engine
+                    released = self._releases.get(model_id, 0) != releases
+                    if not released:
+                        self._training[model_id] = engine
+                if released:
+                    if self.groups is not None:
+                        engine.stop()
+                    raise ModelReleased(f"model {model_id!r} was released (its session ended) while it was being loaded")
             return engine
 
     def new_training_engine(self, model_id: str, spec: TrainingSpec) -> Any:
@@ -183,8 +206,6 @@ class EnginePool:
         """
         if self.groups is None:
             return
-        from nexrl_fsdp.runtime.errors import TooManyRequests
-
         with self._lock:
             if model_id in self._group_slots:
                 return
@@ -202,6 +223,7 @@ class EnginePool:
         its call in flight is done) and its place freed."""
         with self._lock:
             engine = self._training.pop(model_id, None)
+            self._releases[model_id] = self._releases.get(model_id, 0) + 1
             self._group_slots.discard(model_id)
             if self.groups is not None and engine is not None:
                 thread = threading.Thread(target=engine.stop, name=f"stop-group-{model_id}", daemon=True)
