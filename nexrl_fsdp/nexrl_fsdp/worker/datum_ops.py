@@ -81,8 +81,9 @@ class ForwardOptions:
 
 
 def rank_shares(lengths: Sequence[int], world_size: int) -> list[range]:
-    """Each rank's datums: contiguous, in order, of about equal token counts (a rank may
-    get none when there are fewer datums than ranks)."""
+    """Each rank's datums: contiguous, in order, of about equal token counts. Rank 0
+    always has one (its metric names are the request's); another rank may get none
+    when there are fewer datums than ranks."""
     total = sum(lengths)
     ends = list(itertools.accumulate(lengths))
     shares, start = [], 0
@@ -91,8 +92,8 @@ def rank_shares(lengths: Sequence[int], world_size: int) -> list[range]:
             stop = len(lengths)
         else:
             target = total * (rank + 1) / world_size
-            stop = start
-            while stop < len(lengths) and ends[stop] - lengths[stop] / 2 < target:
+            stop = start + 1 if rank == 0 else start
+            while stop < len(lengths) and ends[stop] - lengths[stop] / 2 <= target:
                 stop += 1
         shares.append(range(start, stop))
         start = stop
