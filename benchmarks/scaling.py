@@ -56,13 +56,17 @@ from grpo_sides import STEP_PARTS, fmt, median_after_first, ratio
 
 NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "remote_api": ("nexrl_tinker", ()),
+    "remote_api_workers1": ("nexrl_tinker", ("backend.options.workers=1",)),
+    "remote_api_workers2": ("nexrl_tinker", ("backend.options.workers=2",)),
     "inprocess": ("nexrl_fsdp", ("backend.name=inprocess", "backend.options={}")),
     "weaver": ("nexrl_weaver", ("backend.options.service_holder=weaver",)),
     "self-hosted": ("nexrl_fsdp", ("backend.name=self-hosted",)),
+    "self-hosted_1rank": ("nexrl_fsdp", ("backend.name=self-hosted", "backend.options.world_size=1")),
 }
 """NexRL's local backends: side name -> (module that must be installed, recipe overrides
 on top of the quickstart, whose backend is ``remote_api`` on the embedded Tinker
-service). A new backend is one more line."""
+service; ``_workersN``: that service training the model on a worker group of N ranks).
+A new backend is one more line."""
 TRL = "trl"
 SIZES: dict[str, dict[str, int] | None] = {
     "tiny": None,

@@ -77,15 +77,48 @@ def plugins(as_json: bool) -> None:
 )
 @click.option("--api-key", default=None, envvar="NEXRL_API_KEY", help="Refuse requests without this key.")
 @click.option("--data-dir", default=None, help="Where checkpoints and the default database live.")
+@click.option(
+    "--workers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Ranks per training model: 0 trains in the service process, N gives each model its own worker group of N processes.",
+)
+@click.option(
+    "--max-worker-groups",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --workers: most training models (worker groups) at once; one more is refused.",
+)
 def serve(
-    name: str, host: str, port: int, db: str | None, model: str, dtype: str, api_key: str | None, data_dir: str | None
+    name: str,
+    host: str,
+    port: int,
+    db: str | None,
+    model: str,
+    dtype: str,
+    api_key: str | None,
+    data_dir: str | None,
+    workers: int,
+    max_worker_groups: int,
 ) -> None:
     """Run the service a plugin registers as NAME (e.g. `tinker`) until Ctrl-C."""
     try:
         spec = find_spec("services", name)
     except RegistryError as exc:
         raise click.ClickException(str(exc)) from exc
-    options = ServeOptions(host=host, port=port, db=db, model=model, dtype=dtype, api_key=api_key, data_dir=data_dir)
+    options = ServeOptions(
+        host=host,
+        port=port,
+        db=db,
+        model=model,
+        dtype=dtype,
+        api_key=api_key,
+        data_dir=data_dir,
+        workers=workers,
+        max_worker_groups=max_worker_groups,
+    )
     try:
         spec.build(options).serve_forever()
     except ServiceStartError as exc:

@@ -36,6 +36,11 @@ class ServeOptions:
     """When set, every request must carry this key."""
     data_dir: str | None = None
     """Where checkpoints and the default database live; None lets the service choose."""
+    workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Ranks per training model: 0 trains every model in the service's own process; N
+    gives each training model its own worker group of N processes (torchrun, FSDP)."""
+    max_worker_groups: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    """With ``workers``: most worker groups (training models) at once; one more is refused."""
     separate_process: bool = False
     """Ask `Service.start` to serve from a child process instead of a thread of the caller
     (the embedded service of ``nexrl train`` does, so the server's Python work does not

@@ -244,6 +244,12 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.api_key_env [remote_api]": per_backend(remote_api=f"{LOOP}::test_api_key_env_is_the_key_the_holder_gets"),
     "backend.options.service [remote_api]": per_backend(remote_api=(RUN_FILES, f"{LOOP}::test_bad_recipes_fail_with_the_key")),
     "backend.options.trainer [remote_api]": per_backend(remote_api=f"{LOOP}::test_bad_recipes_fail_with_the_key"),
+    "backend.options.workers [remote_api]": per_backend(
+        remote_api=(
+            "tests/test_e2e_workers.py::test_the_embedded_service_trains_on_a_worker_group",
+            "tests/test_e2e_workers.py::test_workers_with_a_service_url_is_refused_before_step_1",
+        )
+    ),
     "backend.options.holder [remote_api]": per_backend(remote_api=HOLDER_CONFIG),
     # backend: self-hosted
     **{

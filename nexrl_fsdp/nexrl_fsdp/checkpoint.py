@@ -28,6 +28,8 @@ __all__ = [
     "MANIFEST_NAME",
     "OPTIMIZER_NAME",
     "WEIGHTS_NAME",
+    "LoadedState",
+    "read_for_loading",
     "read_manifest",
     "read_optimizer",
     "read_weights",
@@ -113,3 +115,52 @@ def read_optimizer(directory: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ValueError(f"checkpoint {str(directory)!r} was saved without optimizer state")
     return load_file(str(path))
+
+
+@attrs.frozen
+class LoadedState:
+    """A checkpoint read for loading, checked against the model it goes into."""
+
+    manifest: CheckpointManifest
+    weights: dict[str, torch.Tensor]
+    optimizer_state: dict[str, torch.Tensor] | None
+    """None unless the optimizer was asked for."""
+
+
+def read_for_loading(
+    directory: str | Path,
+    *,
+    base_model: str,
+    lora: dict[str, Any] | None,
+    shapes: Mapping[str, tuple[int, ...]],
+    load_optimizer: bool,
+) -> LoadedState:
+    """Read a checkpoint for a model of ``base_model`` with ``lora`` settings (None: full
+    fine-tuning) whose trainable parameters have ``shapes``, and the optimizer state
+    with ``load_optimizer``.
+
+    :raises ValueError: naming what does not match: the base model, the LoRA settings,
+        a missing optimizer state, missing or unexpected parameters, a shape.
+    """
+    manifest = read_manifest(directory)
+    if manifest.base_model != base_model:
+        raise ValueError(
+            f"checkpoint {str(directory)!r} was saved from base model {manifest.base_model!r}, "
+            f"this model runs {base_model!r}"
+        )
+    if manifest.lora != lora:
+        raise ValueError(f"checkpoint {str(directory)!r} has LoRA settings {manifest.lora}, this model has {lora}")
+    if load_optimizer and not manifest.has_optimizer:
+        raise ValueError(f"checkpoint {str(directory)!r} was saved without optimizer state; load it with load_optimizer=False")
+    weights = read_weights(directory)
+    missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {str(directory)!r} does not match the trainable parameters of this model: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    for name, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(shapes[name]):
+            raise ValueError(f"checkpoint parameter {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shapes[name])}")
+    return LoadedState(manifest, weights, read_optimizer(directory) if load_optimizer else None)

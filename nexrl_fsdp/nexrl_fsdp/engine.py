@@ -70,7 +70,7 @@ from nexrl_fsdp.types import (
     SamplingParams,
 )
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "adam_settings"]
 
 _DEFAULT_MAX_POSITIONS = 4096
 _MAX_RECYCLED_COPIES = 8
@@ -97,6 +97,29 @@ def _token_list(value: Any, what: str) -> list[int]:
     if any(isinstance(token, bool) for token in value):
         raise ValueError(f"{what} must contain integer token ids, not booleans")
     return tokens
+
+
+def adam_settings(adam_params: AdamWSettings | Mapping[str, Any] | None = None, **overrides: float) -> AdamWSettings:
+    """`optim_step`'s arguments as one `AdamWSettings`: a record or a dict of its fields
+    (None: the defaults), with keyword overrides on top.
+
+    :raises ValueError: naming unknown fields and listing the valid ones.
+    """
+    if adam_params is None:
+        adam_params = AdamWSettings()
+    elif isinstance(adam_params, Mapping):
+        adam_params = _adam_from(dict(adam_params))
+    if overrides:
+        adam_params = _adam_from({**attrs.asdict(adam_params), **overrides})
+    return adam_params
+
+
+def _adam_from(values: dict[str, Any]) -> AdamWSettings:
+    valid = [field.name for field in attrs.fields(AdamWSettings)]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown AdamW fields {unknown}; valid: {', '.join(valid)}")
+    return AdamWSettings(**values)
 
 
 class _MetricSum:
@@ -402,22 +425,9 @@ class Engine:
         e.g. ``optim_step(learning_rate=1e-3, grad_clip_norm=1.0)``; unspecified fields
         take `AdamWSettings`' defaults. Hyper-parameters apply to this step only.
         """
-        if adam_params is None:
-            adam_params = AdamWSettings()
-        elif isinstance(adam_params, Mapping):
-            adam_params = self._adam_from(dict(adam_params))
-        if overrides:
-            adam_params = self._adam_from({**attrs.asdict(adam_params), **overrides})
+        settings = adam_settings(adam_params, **overrides)
         with self._lock:
-            return self._optimizer_or_new().step(adam_params)
-
-    @staticmethod
-    def _adam_from(values: dict[str, Any]) -> AdamWSettings:
-        valid = [field.name for field in attrs.fields(AdamWSettings)]
-        unknown = sorted(set(values) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown AdamW fields {unknown}; valid: {', '.join(valid)}")
-        return AdamWSettings(**values)
+            return self._optimizer_or_new().step(settings)
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping."""
@@ -450,30 +460,15 @@ class Engine:
         The checkpoint must come from the same base model and LoRA settings.
         Accumulated gradients are dropped.
         """
-        manifest = ckpt.read_manifest(path)
-        own_lora = self.config.lora.to_json() if self.is_lora else None
-        if manifest.base_model != self.base_model_id:
-            raise ValueError(
-                f"checkpoint {str(path)!r} was saved from base model {manifest.base_model!r}, "
-                f"this engine runs {self.base_model_id!r}"
-            )
-        if manifest.lora != own_lora:
-            raise ValueError(f"checkpoint {str(path)!r} has LoRA settings {manifest.lora}, this engine has {own_lora}")
-        if load_optimizer and not manifest.has_optimizer:
-            raise ValueError(f"checkpoint {str(path)!r} was saved without optimizer state; load it with load_optimizer=False")
-        weights = ckpt.read_weights(path)
         own = dict(self._trainable)
-        missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint {str(path)!r} does not match this engine's trainable parameters: "
-                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
-            )
-        for name, tensor in weights.items():
-            if tuple(tensor.shape) != tuple(own[name].shape):
-                raise ValueError(f"checkpoint parameter {name!r} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}")
-        optimizer_state = ckpt.read_optimizer(path) if load_optimizer else None
+        loaded = ckpt.read_for_loading(
+            path,
+            base_model=self.base_model_id,
+            lora=self.config.lora.to_json() if self.is_lora else None,
+            shapes={name: tuple(parameter.shape) for name, parameter in own.items()},
+            load_optimizer=load_optimizer,
+        )
+        manifest, weights, optimizer_state = loaded.manifest, loaded.weights, loaded.optimizer_state
         with self._lock, torch.no_grad():
             for name, tensor in weights.items():
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
@@ -502,33 +497,66 @@ class Engine:
         reading the directory back: a service hands freshly saved sampler weights to
         its sampler this way. The new engine works on its own copy of the weights (the
         one written) and shares the tokenizer; it is for sampling and scoring."""
-        path = Path(path)
         with self._lock:
-            model = merged_copy(self._peft) if self._peft is not None else self._weights_copy()
-        save_hf_directory(path, model, self.tokenizer)
-        config = EngineConfig(model=str(path), dtype=self.config.dtype, device=self.config.device)
+            if self._peft is not None:
+                return self._sampler_on(merged_copy(self._peft), path, recycle=False)
+            model = self._weights_copy()
+        return self._sampler_on(model, path, recycle=True)
+
+    def sampler_with(self, weights: Mapping[str, torch.Tensor], path: str | Path | None = None) -> Engine:
+        """Like `export_sampler`, with ``weights`` (every parameter of this engine's
+        model, by name: a worker group's pushed policy) in place of this engine's own;
+        without ``path`` nothing is written and the engine names this one's model.
+
+        :raises ValueError: naming missing or unexpected parameters, before anything is copied.
+        """
+        if self._peft is not None:
+            raise ValueError("sampler_with needs a full model's engine (the base model's sampler), not a LoRA engine")
+        with self._lock:
+            own = dict(self.model.named_parameters())
+            missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+            if missing or unexpected:
+                raise ValueError(f"the weights do not match the model {self.base_model_id!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            model = self._weights_copy(weights)
+        return self._sampler_on(model, path, recycle=True)
+
+    def _sampler_on(self, model: torch.nn.Module, path: str | Path | None, recycle: bool) -> Engine:
+        """Write ``model`` as an HF directory at ``path`` (if given) and wrap it in an
+        engine that shares this one's tokenizer; ``recycle``: `_weights_copy` may reuse
+        ``model`` once nobody holds that engine."""
+        if path is None:
+            config, model_dir = EngineConfig(model=self.config.model, dtype=self.config.dtype, device=self.config.device), self.model_dir
+        else:
+            save_hf_directory(Path(path), model, self.tokenizer)
+            config, model_dir = EngineConfig(model=str(path), dtype=self.config.dtype, device=self.config.device), resolve_model_dir(str(path))
         clone = Engine.__new__(Engine)
-        clone._setup(config, resolve_model_dir(str(path)), self.tokenizer, model, None)
-        if self._peft is None:
+        clone._setup(config, model_dir, self.tokenizer, model, None)
+        if recycle:
             with self._lock:
                 self._copies.append((weakref.ref(clone), model))
         return clone
 
-    def _weights_copy(self) -> torch.nn.Module:
-        """A copy of the (full fine-tuning) model, written into the model of an earlier
-        `export_sampler` engine nobody holds any more when there is one: a step's sampler
-        copy then costs a memory copy, not fresh allocations (which page-fault) and a
-        deepcopy of the module tree. Caller holds the lock."""
+    def _weights_copy(self, weights: Mapping[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """A copy of the (full) model holding ``weights`` (every parameter by name; None:
+        this engine's own), written into the model of an earlier sampler engine nobody
+        holds any more when there is one: a step's sampler copy then costs a memory
+        copy, not fresh allocations (which page-fault) and a deepcopy of the module
+        tree. Caller holds the lock."""
+        sources = dict(self.model.named_parameters()) if weights is None else weights
         for index, (engine, model) in enumerate(self._copies):
             if engine() is None:
                 del self._copies[index]
-                with torch.no_grad():
-                    for target, source in zip(model.parameters(), self.model.parameters(), strict=True):
-                        target.copy_(source)
+                break
+        else:
+            if len(self._copies) >= _MAX_RECYCLED_COPIES:
+                self._copies.pop(0)
+            model = copy.deepcopy(self.model)
+            if weights is None:
                 return model
-        if len(self._copies) >= _MAX_RECYCLED_COPIES:
-            self._copies.pop(0)
-        return copy.deepcopy(self.model)
+        with torch.no_grad():
+            for name, target in model.named_parameters():
+                target.copy_(sources[name])
+        return model
 
     def __repr__(self) -> str:
         mode = f"lora rank {self.config.lora.rank}" if self.is_lora else "full fine-tuning"

@@ -17,12 +17,23 @@ BASE_MODEL = "nexrl-tiny"
 TEST_API_KEY = "tml-test"
 
 
-def start_service(data_dir: str | Path, *, api_key: str | None = None, db: str | None = None, **overrides: Any) -> Any:
-    """A started `TinkerService` on a free port (stop it with ``.stop()``)."""
+def start_service(
+    data_dir: str | Path,
+    *,
+    api_key: str | None = None,
+    db: str | None = None,
+    workers: int = 0,
+    max_worker_groups: int = 4,
+    **overrides: Any,
+) -> Any:
+    """A started `TinkerService` on a free port (stop it with ``.stop()``); ``workers`` > 0 trains
+    each model on its own worker group of that many ranks."""
     from nexrl_core.serving import ServeOptions
     from nexrl_tinker.server.service import TinkerService
 
-    options = ServeOptions(port=0, data_dir=str(data_dir), api_key=api_key, db=db)
+    options = ServeOptions(
+        port=0, data_dir=str(data_dir), api_key=api_key, db=db, workers=workers, max_worker_groups=max_worker_groups
+    )
     service = TinkerService(options, **overrides)
     service.start()
     return service

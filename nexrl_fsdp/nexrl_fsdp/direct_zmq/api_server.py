@@ -33,7 +33,7 @@ __all__ = ["GroupRegistry", "WorkersApiServer"]
 logger = logging.getLogger("nexrl_fsdp.workers_api")
 
 ENV_DEAD_AFTER = "NEXRL_WORKER_DEAD_AFTER_S"
-UNUSED_SERVE_OPTIONS = frozenset({"db", "model", "dtype", "api_key", "data_dir"})
+UNUSED_SERVE_OPTIONS = frozenset({"db", "model", "dtype", "api_key", "data_dir", "workers", "max_worker_groups"})
 """`ServeOptions` fields of other services that mean nothing here."""
 """Seconds without a heartbeat after which a rank counts as dead (default 15)."""
 _HELLO_EVERY_S = 0.2

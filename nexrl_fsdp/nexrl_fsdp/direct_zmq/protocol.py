@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "BATCH_OPS",
+    "DATUM_OPS",
     "BATCH_TENSORS",
     "ENV_COLLECTIVE_TIMEOUT",
     "ENV_DATA_BASE_PORT",
@@ -29,10 +30,18 @@ OPS = (
     "save_checkpoint",
     "load_checkpoint",
     "export_hf",
+    "forward",
+    "optim_step",
+    "save_state",
+    "load_state",
     "barrier",
     "destroy",
 )
 """Every op a worker group runs; each is one "execute" broadcast."""
+
+DATUM_OPS = frozenset({"forward"})
+"""Ops that carry Tinker-shaped datums (`nexrl_fsdp.direct_zmq.datums`), which every rank
+receives whole and splits itself (see `nexrl_fsdp.worker.datum_ops`)."""
 
 BATCH_OPS = frozenset({"update_actor", "compute_log_prob", "compute_ref_log_prob"})
 """Ops that carry a batch, scattered by rows over the ranks."""

@@ -40,6 +40,11 @@ class WorkerGroupError(RuntimeError):
     """The worker group refused an op, failed in it, died, or did not answer in time."""
 
 
+class OpRefused(WorkerGroupError, ValueError):
+    """Rank 0 refused an op's input before any rank ran it (the message says why); a
+    ValueError too, since the request, not the group, was wrong."""
+
+
 class WorkerGroupLost(WorkerGroupError, BackendLost):
     """The group died (a rank stopped beating) or stopped making progress (an op past its
     deadline, e.g. a rank stuck in a collective whose peer died): it must be restarted."""
@@ -139,6 +144,27 @@ class DirectZmqTransport:
         options = {"endpoint": endpoint, "timeout_s": self.options.op_timeout_s}
         return int(self._call("push_weights", options).header["parameters"])
 
+    def forward(self, datums: Mapping[str, torch.Tensor], options: Mapping[str, Any]) -> wire.Message:
+        """Loss, metrics and per-datum target logprobs of Tinker-shaped ``datums`` (as
+        `nexrl_fsdp.direct_zmq.datums.datum_tensors` encodes them); ``options`` are
+        `nexrl_fsdp.worker.datum_ops.ForwardOptions`' fields. With ``backward`` the
+        gradients add up on the ranks until `optim_step`. The reply's header has the
+        metrics, its ``logprobs`` tensor every datum's values one after the other."""
+        return self._call("forward", dict(options), dict(datums))
+
+    def optim_step(self, settings: Mapping[str, float]) -> dict[str, Any]:
+        """One AdamW step (`AdamWSettings` fields) on the accumulated gradients; returns
+        `OptimStepResult`'s fields."""
+        return self._call("optim_step", dict(settings)).header
+
+    def save_state(self, path: str, include_optimizer: bool) -> dict[str, Any]:
+        """The trainable weights (and the AdamW state) in the engine's checkpoint format."""
+        return self._call("save_state", {"path": str(path), "include_optimizer": include_optimizer}).header
+
+    def load_state(self, path: str, load_optimizer: bool) -> dict[str, Any]:
+        """Load a checkpoint in the engine's format (refused if it does not match the model)."""
+        return self._call("load_state", {"path": str(path), "load_optimizer": load_optimizer}).header
+
     def save_checkpoint(self, path: str) -> str:
         """Sharded model and optimizer state (torch.distributed.checkpoint) under ``path``."""
         return str(self._call("save_checkpoint", {"path": str(path)}).header["path"])
@@ -198,7 +224,7 @@ class DirectZmqTransport:
             wire.send(self.socket, {"op": op, "op_id": op_id, "options": dict(options)}, tensors)
             ack = self._await(op, op_id, deadline, "to acknowledge its data")
             if ack.header.get("kind") == "refused":
-                raise WorkerGroupError(ack.header["error"])
+                raise OpRefused(ack.header["error"])
             self._http("POST", f"/groups/{self.options.identifier}/execute", {"op_id": op_id, "op": op})
             reply = self._await(op, op_id, deadline, "to finish")
             if reply.header.get("kind") == "error":

@@ -2,7 +2,10 @@
 
 * One engine per training model (full fine-tuning or LoRA, as its creation
   asked). It is built on first use: when the model is created, or after a restart from
-  the model's last saved state.
+  the model's last saved state. With worker groups (``--workers N``) a training model's
+  "engine" is a `WorkerGroupEngine` instead: the same calls, run by its own group of N
+  ranks. At most ``max_groups`` run at once: a create beyond that is refused
+  (`TooManyRequests`, naming the limit), and releasing a model stops its group.
 * Sampling engines are keyed by the weights they serve (the base model, an exported
   HF directory, or a training-state directory on top of the base), so every sampler
   of the same weights shares one engine. The least recently used is dropped when
@@ -25,7 +28,9 @@ from typing import Any
 import attrs
 from nexrl_core.config.lora import LoraSettings
 
-__all__ = ["BaseModelInfo", "EnginePool", "TrainingSpec", "WeightsRef"]
+from nexrl_fsdp.runtime.errors import RequestFailed, TooManyRequests
+
+__all__ = ["BaseModelInfo", "EnginePool", "GroupLimits", "ModelReleased", "TrainingSpec", "WeightsRef"]
 
 log = logging.getLogger("nexrl_fsdp.runtime")
 
@@ -36,6 +41,13 @@ def _new_engine(*args: Any, **kwargs: Any) -> Any:
     from nexrl_fsdp.engine import Engine
 
     return Engine(*args, **kwargs)
+
+
+class ModelReleased(RequestFailed):
+    """A model's engine was released while it was being built; nothing of it is kept."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "user")
 
 
 @attrs.frozen
@@ -78,6 +90,16 @@ class TrainingSpec:
         return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype)
 
 
+@attrs.frozen(kw_only=True)
+class GroupLimits:
+    """Training models on worker groups (`nexrl_fsdp.runtime.worker_groups`)."""
+
+    settings: Any
+    """`GroupSettings`: ranks per group, threads per rank, where logs go."""
+    max_groups: int
+    """Most groups running at once."""
+
+
 @attrs.frozen
 class WeightsRef:
     """What a sampling engine serves."""
@@ -96,15 +118,24 @@ class WeightsRef:
 class EnginePool:
     """The loaded engines: one per training model, and an LRU of sampling engines."""
 
-    def __init__(self, base: BaseModelInfo, sampler_cache_size: int, dtype: str = "fp32") -> None:
+    def __init__(
+        self, base: BaseModelInfo, sampler_cache_size: int, dtype: str = "fp32", groups: GroupLimits | None = None
+    ) -> None:
         self.base = base
         self.dtype = dtype
         """Precision of every engine built here."""
+        self.groups = groups
+        """Worker groups for training models; None trains them in this process."""
         self._sampler_cache_size = max(1, sampler_cache_size)
         self._lock = threading.Lock()
         self._training: dict[str, Any] = {}
         self._samplers: OrderedDict[str, Any] = OrderedDict()
         self._build_locks: dict[str, threading.Lock] = {}
+        self._group_slots: set[str] = set()
+        """Models holding one of the ``max_groups`` places (their group runs or starts)."""
+        self._stopping: list[threading.Thread] = []
+        self._releases: dict[str, int] = {}
+        """How often each model was released: a build that sees this change was overtaken."""
 
     def _build_lock(self, key: str) -> threading.Lock:
         with self._lock:
@@ -117,24 +148,94 @@ class EnginePool:
             return self._training.get(model_id)
 
     def training_or_build(self, model_id: str, build: Callable[[], Any]) -> Any:
-        """The model's engine, building it with ``build()`` the first time."""
+        """The model's engine, building it with ``build()`` the first time.
+
+        :raises ModelReleased: when the model was released while it was being built (its
+            session ended meanwhile); the new engine is dropped, a new group stopped.
+        """
         engine = self.training(model_id)
         if engine is not None:
             return engine
         with self._build_lock(f"train:{model_id}"):
             engine = self.training(model_id)
             if engine is None:
+                with self._lock:
+                    releases = self._releases.get(model_id, 0)
                 engine = build()
                 with self._lock:
-                    self._training[model_id] = engine
+                    released = self._releases.get(model_id, 0) != releases
+                    if not released:
+                        self._training[model_id] = engine
+                if released:
+                    if self.groups is not None:
+                        engine.stop()
+                    raise ModelReleased(f"model {model_id!r} was released (its session ended) while it was being loaded")
             return engine
 
-    def new_training_engine(self, spec: TrainingSpec) -> Any:
-        return _new_engine(spec.engine_config(self.dtype))
+    def new_training_engine(self, model_id: str, spec: TrainingSpec) -> Any:
+        """An `Engine` for the model, or with worker groups a `WorkerGroupEngine` (which
+        takes one of the places `reserve_group` hands out)."""
+        if self.groups is None:
+            return _new_engine(spec.engine_config(self.dtype))
+        from nexrl_fsdp.runtime.worker_groups import WorkerGroupEngine
+
+        self.reserve_group(model_id)
+        try:
+            return WorkerGroupEngine(model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")))
+        except BaseException:
+            with self._lock:
+                self._group_slots.discard(model_id)
+            raise
+
+    def check_training_spec(self, spec: TrainingSpec) -> None:
+        """Refuse a model this pool cannot train, before anything is started.
+
+        :raises ValueError: for LoRA on worker groups (not there yet).
+        """
+        if self.groups is not None and spec.lora.rank > 0:
+            raise ValueError(
+                "LoRA is not available on worker groups yet: this service trains on worker groups (--workers "
+                f"{self.groups.settings.ranks}); ask for full fine-tuning (rank 0) or serve with --workers 0"
+            )
+
+    def reserve_group(self, model_id: str) -> None:
+        """Hold a worker-group place for the model (kept until `release_training`); a
+        no-op without worker groups or when the model holds one already.
+
+        :raises TooManyRequests: when ``max_groups`` places are taken, naming the limit.
+        """
+        if self.groups is None:
+            return
+        with self._lock:
+            if model_id in self._group_slots:
+                return
+            limit = self.groups.max_groups
+            if len(self._group_slots) >= limit:
+                raise TooManyRequests(
+                    f"this service runs at most {limit} worker group{'s' if limit != 1 else ''} at once "
+                    f"(--max-worker-groups {limit}) and all are in use by other models; finish a session "
+                    "or terminate a model first, or start the service with a higher --max-worker-groups"
+                )
+            self._group_slots.add(model_id)
 
     def release_training(self, model_id: str) -> bool:
+        """Forget the model's engine; a worker group is stopped (in the background, once
+        its call in flight is done) and its place freed."""
         with self._lock:
-            return self._training.pop(model_id, None) is not None
+            engine = self._training.pop(model_id, None)
+            self._releases[model_id] = self._releases.get(model_id, 0) + 1
+            self._group_slots.discard(model_id)
+            if self.groups is not None and engine is not None:
+                thread = threading.Thread(target=engine.stop, name=f"stop-group-{model_id}", daemon=True)
+                self._stopping = [t for t in self._stopping if t.is_alive()] + [thread]
+                thread.start()
+        return engine is not None
+
+    def training_sampler(self, model_id: str) -> Any | None:
+        """A sampling engine on a worker-group model's current weights, fed from its
+        group; None for a model trained in this process (its state is loaded instead)."""
+        engine = self.training(model_id)
+        return engine.sampler() if self.groups is not None and engine is not None else None
 
     # --- sampling engines -------------------------------------------------------------------
 
@@ -188,6 +289,15 @@ class EnginePool:
                 del self._samplers[key]
 
     def clear(self) -> None:
+        """Drop every engine; stop every worker group and wait until they have ended."""
         with self._lock:
+            engines = list(self._training.values())
             self._training.clear()
             self._samplers.clear()
+            self._group_slots.clear()
+            stopping, self._stopping = self._stopping, []
+        if self.groups is not None:
+            for engine in engines:
+                engine.stop()
+        for thread in stopping:
+            thread.join()

@@ -20,6 +20,7 @@ __all__ = [
     "Gone",
     "NotFound",
     "RequestFailed",
+    "TooManyRequests",
     "Unauthorized",
     "Unprocessable",
 ]
@@ -57,6 +58,13 @@ class Gone(ApiError):
 
 class Unprocessable(ApiError):
     status_code = 422
+
+
+class TooManyRequests(ApiError):
+    """A limit of the service is reached (the message names it); retrying the same
+    request does not help until something is released, so protocols tell clients not to."""
+
+    status_code = 429
 
 
 class RequestFailed(Exception):

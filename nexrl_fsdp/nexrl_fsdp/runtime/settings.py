@@ -72,6 +72,11 @@ class ServerSettings:
     before starting, so a burst of an RL step's requests runs as one engine call, not as
     a lone first request followed by the rest (see `scheduler`). 0 starts at once."""
     batch_linger_max_s: float = 0.1
+    workers: int = 0
+    """Ranks per training model: 0 trains every model on an engine in this process, N
+    gives each its own worker group of N processes (`nexrl_fsdp.runtime.worker_groups`)."""
+    max_worker_groups: int = 4
+    """With ``workers``: most worker groups at once; creating one more model is refused."""
     sampler_cache_size: int = 4
     """Sampling engines kept in memory (least recently used goes first)."""
     ephemeral_keep: int = 8
@@ -97,6 +102,11 @@ class ServerSettings:
             "model": options.model,
             "dtype": options.dtype,
             "api_key": options.api_key or None,
+            "workers": options.workers,
+            "max_worker_groups": options.max_worker_groups,
         }
+        if options.workers:
+            # A compute thread waits on each group's calls; one more samples.
+            values["compute_threads"] = options.max_worker_groups + 1
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

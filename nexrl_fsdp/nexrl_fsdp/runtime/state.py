@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from nexrl_fsdp.runtime.downloads import SignedDownloads
-from nexrl_fsdp.runtime.engines import BaseModelInfo, EnginePool
+from nexrl_fsdp.runtime.engines import BaseModelInfo, EnginePool, GroupLimits
 from nexrl_fsdp.runtime.errors import BadRequest, Forbidden, Gone, NotFound
 from nexrl_fsdp.runtime.files import CheckpointFiles
 from nexrl_fsdp.runtime.futures import FutureBook
@@ -45,6 +45,23 @@ def warm_up_imports() -> None:
     get_registry()
 
 
+def _group_limits(settings: ServerSettings) -> GroupLimits | None:
+    """Worker groups for training models when ``settings.workers`` asks for them, each
+    rank with an equal share of this process's torch threads."""
+    if settings.workers == 0:
+        return None
+    import torch
+
+    from nexrl_fsdp.runtime.worker_groups import GroupSettings
+
+    group = GroupSettings(
+        ranks=settings.workers,
+        threads_per_rank=max(1, torch.get_num_threads() // settings.workers),
+        log_dir=settings.data_dir / "workers",
+    )
+    return GroupLimits(settings=group, max_groups=settings.max_worker_groups)
+
+
 class ServiceState:
     """Store, futures, scheduler, engines, files and janitor of one running service."""
 
@@ -62,7 +79,7 @@ class ServiceState:
             linger_max_s=settings.batch_linger_max_s,
             thread_name=f"{settings.name}-compute",
         )
-        self.engines = EnginePool(self.base, settings.sampler_cache_size, settings.dtype)
+        self.engines = EnginePool(self.base, settings.sampler_cache_size, settings.dtype, _group_limits(settings))
         self.files = CheckpointFiles(settings.data_dir / "runs")
         self.downloads = SignedDownloads(self.files.root, settings.download_url_ttl_s)
         self.janitor = Janitor(self)

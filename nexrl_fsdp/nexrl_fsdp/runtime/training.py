@@ -31,7 +31,7 @@ import attrs
 from nexrl_core.config.lora import LoraSettings
 
 from nexrl_fsdp.runtime.engines import TrainingSpec, WeightsRef
-from nexrl_fsdp.runtime.errors import ApiError, BadRequest, RequestFailed
+from nexrl_fsdp.runtime.errors import ApiError, BadRequest, RequestFailed, TooManyRequests
 from nexrl_fsdp.runtime.futures import Outcome
 from nexrl_fsdp.runtime.scheduler import Job
 from nexrl_fsdp.runtime.state import ServiceState
@@ -110,7 +110,11 @@ class TrainingOps:
             model = self.state.store.get_model(model_id)
             if model is None:
                 raise RequestFailed(f"model {model_id!r} no longer exists", "user")
-            engine = self.state.engines.new_training_engine(training_spec_of(model))
+            self._check_not_released(model)
+            try:
+                engine = self.state.engines.new_training_engine(model_id, training_spec_of(model))
+            except TooManyRequests as exc:
+                raise RequestFailed(f"model {model_id!r} cannot be loaded again: {exc.message}", "user") from None
             if model.state_dir:
                 if not Path(model.state_dir).is_dir():
                     raise RequestFailed(
@@ -125,6 +129,15 @@ class TrainingOps:
             return engine
 
         return self.state.engines.training_or_build(model_id, build)
+
+    def _check_not_released(self, model: ModelRow) -> None:
+        """Refuse to load a model again once it was released (terminated, or its session
+        ended): nothing would release it a second time."""
+        session = self.state.store.get_session(model.session_id)
+        if model.status not in ("creating", "ready"):
+            raise RequestFailed(f"model {model.model_id!r} is {model.status}; create a new model", "user")
+        if session is not None and session.status != "active":
+            raise RequestFailed(f"model {model.model_id!r} was released: its session {model.session_id!r} is {session.status}", "user")
 
     # --- submission ---------------------------------------------------------------------------
 
@@ -187,13 +200,18 @@ class TrainingOps:
             spec.engine_config(self.state.engines.dtype)
         except ValueError as exc:
             raise BadRequest(f"invalid lora_config: {exc}") from None
+        try:
+            self.state.engines.check_training_spec(spec)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
 
         model_id = new.model_id
 
         def run() -> Outcome:
             try:
-                self.state.engines.training_or_build(model_id, lambda: self.state.engines.new_training_engine(spec))
+                self.state.engines.training_or_build(model_id, lambda: self.state.engines.new_training_engine(model_id, spec))
             except Exception as exc:
+                self.state.engines.release_training(model_id)
                 self.state.store.update_model(model_id, status="failed", error=str(exc))
                 raise
             self.state.store.update_model(model_id, status="ready")
@@ -217,6 +235,10 @@ class TrainingOps:
             raise BadRequest(f"checkpoint {checkpoint.path!r} was saved without optimizer state; load it without the optimizer")
         source = self.source_of(checkpoint)
         spec = training_spec_of(source)
+        try:
+            self.state.engines.check_training_spec(spec)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         if new.user_metadata is None:
             new = attrs.evolve(new, user_metadata=source.user_metadata)
         model_id = new.model_id
@@ -224,7 +246,7 @@ class TrainingOps:
         def run() -> Outcome:
             try:
                 engine = self.state.engines.training_or_build(
-                    model_id, lambda: self.state.engines.new_training_engine(spec)
+                    model_id, lambda: self.state.engines.new_training_engine(model_id, spec)
                 )
                 engine.load_state(checkpoint.storage_dir, load_optimizer=load_optimizer)
             except Exception as exc:
@@ -245,6 +267,7 @@ class TrainingOps:
             if existing.owner != owner:
                 raise BadRequest(f"model {model_id!r} exists and belongs to another API key")
             return existing.create_request_id
+        self.state.engines.reserve_group(model_id)
         row, is_new = self.state.book.create(owner, model_id, 0, kind)
         if not is_new:
             return row.request_id
@@ -375,6 +398,9 @@ class TrainingOps:
         engine = self.engine_for(model.model_id)
         directory = self.state.files.ephemeral_dir(model.model_id, sampler_id)
         engine.save_state(directory, include_optimizer=False)
+        fed = self.state.engines.training_sampler(model.model_id)
+        if fed is not None:  # a worker group's weights, pushed: the sampler does not read them back
+            self.state.engines.adopt_sampler(WeightsRef("state", str(directory)), fed)
         self.state.store.add_sampler(
             SamplerRow(
                 sampler_id=sampler_id,

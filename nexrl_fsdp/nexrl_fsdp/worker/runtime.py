@@ -34,6 +34,7 @@ import zmq
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.protocol import (
     BATCH_OPS,
+    DATUM_OPS,
     ENV_COLLECTIVE_TIMEOUT,
     ENV_DATA_BASE_PORT,
     ENV_HEARTBEAT_INTERVAL,
@@ -41,6 +42,7 @@ from nexrl_fsdp.direct_zmq.protocol import (
     OPS,
 )
 from nexrl_fsdp.worker.actor import ActorOptions, FsdpActor, ModelOptions
+from nexrl_fsdp.worker.datum_ops import ENGINE_OPS, DatumOps
 from nexrl_fsdp.worker.loopback import process_group_store
 from nexrl_fsdp.worker.rows import BatchError, check_batch
 from nexrl_fsdp.worker.weights_push import push_weights
@@ -49,6 +51,8 @@ __all__ = ["WorkerRank"]
 
 logger = logging.getLogger("nexrl_fsdp.worker")
 
+_MODEL_OPS = frozenset({"get_weights", "push_weights", "save_checkpoint", "load_checkpoint", "export_hf"})
+"""Ops of the self-hosted backend without a batch that need the model loaded."""
 _ERROR_BYTES = 8192
 """Most bytes of a rank's traceback that travel to rank 0."""
 
@@ -71,6 +75,7 @@ class WorkerRank:
         self.heartbeat_s = float(os.environ.get(ENV_HEARTBEAT_INTERVAL, "5"))
         self.context = zmq.Context()
         self.actor: FsdpActor | None = None
+        self.datum_ops: DatumOps | None = None
         self.pending: dict[str, tuple[bytes, wire.Message]] = {}
         self.watchdog: subprocess.Popen[bytes] | None = None
 
@@ -158,8 +163,8 @@ class WorkerRank:
             raise BatchError(f"unknown op {op!r}; the workers run {', '.join(OPS)}")
         if not header.get("op_id"):
             raise BatchError("the message has no op_id")
-        if op in BATCH_OPS or op in ("get_weights", "push_weights", "save_checkpoint", "load_checkpoint", "export_hf"):
-            if self.actor is None:
+        if op in BATCH_OPS or op in ENGINE_OPS or op in _MODEL_OPS:
+            if self.actor is None or self.datum_ops is None:
                 raise BatchError("the model is not initialised; call init_model first")
         if op == "push_weights":
             options = header.get("options", {})
@@ -177,6 +182,8 @@ class WorkerRank:
                 raise BatchError(f"{op} needs options.path, a directory on rank 0's file system; got {path!r}")
         if op == "init_model":
             ModelOptions.from_json(header.get("options", {}))
+        if op in ENGINE_OPS:
+            self.datum_ops.check(op, header.get("options", {}), tensors)
 
     def _execute(self, command: dict[str, Any]) -> str:
         """Run one op on every rank; rank 0 replies. Returns the op's name."""
@@ -185,7 +192,12 @@ class WorkerRank:
         error: str | None = None
         result: tuple[dict[str, Any], dict[str, torch.Tensor]] = ({}, {})
         try:
-            shard = self._scatter(header, tensors) if op in BATCH_OPS else {}
+            if op in BATCH_OPS:
+                shard = self._scatter(header, tensors)
+            elif op in DATUM_OPS:
+                shard = self._broadcast(header, tensors)
+            else:
+                shard = {}
             result = self._run(op, header, shard)
         except Exception:  # noqa: BLE001 - every rank's failure is reported to the driver
             error = traceback.format_exc()
@@ -235,6 +247,17 @@ class WorkerRank:
             shard[name] = out
         return shard
 
+    def _broadcast(self, header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every tensor, whole, on every rank."""
+        from nexrl_fsdp.direct_zmq.wire import DTYPES
+
+        whole = {}
+        for name, shape in header["shapes"].items():
+            tensor = tensors[name].clone() if self.rank == 0 else torch.empty(shape, dtype=DTYPES[header["dtypes"][name]])
+            dist.broadcast(tensor, 0)
+            whole[name] = tensor
+        return whole
+
     def _gather_errors(self, error: str | None) -> list[tuple[int, str]]:
         """Every rank's traceback (empty when all succeeded), on every rank."""
         flag = torch.tensor([1 if error else 0], dtype=torch.int64)
@@ -258,6 +281,7 @@ class WorkerRank:
         options = header.get("options", {})
         if op == "init_model":
             self.actor = FsdpActor(ModelOptions.from_json(options), self.mesh, self.device)
+            self.datum_ops = DatumOps(self.actor)
             dtype = str(next(self.actor.model.parameters()).dtype).removeprefix("torch.")
             return {
                 "world_size": self.world_size,
@@ -267,6 +291,8 @@ class WorkerRank:
                 "device": self.device.type,
             }, {}
         actor = self.actor
+        if op in ENGINE_OPS:
+            return self.datum_ops.run(op, options, shard)
         if op == "update_actor":
             return {"metrics": actor.update(shard, ActorOptions.from_json(options))}, {}
         if op in ("compute_log_prob", "compute_ref_log_prob"):

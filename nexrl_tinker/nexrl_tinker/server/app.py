@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_fsdp.runtime.auth import Authenticator
 from nexrl_fsdp.runtime.downloads import add_download_route
-from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
+from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
 from nexrl_fsdp.runtime.state import ServiceState
 from nexrl_tinker.server.codec import (
     decode_forward_backward,
@@ -107,7 +107,9 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+        # A reached limit (429) stays reached when the SDK retries at once: it should not.
+        headers = {"x-should-retry": "false"} if isinstance(exc, TooManyRequests) else None
+        return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

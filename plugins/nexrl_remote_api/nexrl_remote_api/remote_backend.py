@@ -47,6 +47,10 @@ class RemoteApiBackendConfig:
     service: str | None = attrs.field(default=None, validator=optional_non_empty)
     """Registered service started when ``base_url`` is null; null means the service named
     like ``service_holder`` (``nexrl serve NAME`` runs the same one)."""
+    workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """For the embedded service (``base_url`` null): ranks of the worker group the run's
+    model trains on (``nexrl serve NAME --workers N``); 0 trains it in the service's own
+    process. A service at ``base_url`` is configured where it runs."""
     trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
     """Registered trainer that turns trajectories into the holder's training calls."""
     holder: dict[str, Any] = attrs.field(factory=dict)
@@ -115,6 +119,11 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
         api_key = os.environ.get(options.api_key_env) if options.api_key_env else None
         if options.api_key_env and not api_key:
             raise ConfigError([f"backend.options.api_key_env: the environment variable {options.api_key_env} is not set"])
+        if base_url is not None and options.workers:
+            raise ConfigError(
+                [f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
+                 f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"]
+            )
         if base_url is None:
             service_key = "backend.options.service" if options.service else "backend.options.service_holder"
             service_spec = _registered("services", options.service or options.service_holder, service_key)
@@ -127,6 +136,7 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                     dtype=setup.recipe.model.dtype.value,
                     data_dir=str(data_dir),
                     api_key=api_key,
+                    workers=options.workers,
                     separate_process=True,
                 )
             )

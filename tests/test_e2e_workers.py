@@ -1,0 +1,44 @@
+"""`nexrl train` with ``backend.options.workers``: the embedded service trains the run's
+model on a worker group, and the run is the one the in-process engine gives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
+SHORT = ["schedule.steps=2", "schedule.validate_every=0", "schedule.checkpoint_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4"]
+
+
+def train(out: Path, workers: int) -> list[dict]:
+    command = [NEXRL, "train", *SHORT, f"backend.options.workers={workers}", f"output.dir={out}", "--no-progress"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=out.parent)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_the_embedded_service_trains_on_a_worker_group(tmp_path: Path) -> None:
+    in_process = train(tmp_path / "engine", 0)
+    on_group = train(tmp_path / "group", 1)
+    logs = list((tmp_path / "group" / "backend" / "service" / "workers").glob("*.log"))
+    assert len(logs) == 1, "the run's model did not train on a group of its own"
+    assert not (tmp_path / "engine" / "backend" / "service" / "workers").exists()
+    assert [row["step"] for row in on_group] == [1, 2]
+    for engine_row, group_row in zip(in_process, on_group):
+        assert group_row["reward/mean"] == engine_row["reward/mean"]
+        assert group_row["train/loss"] == pytest.approx(engine_row["train/loss"], rel=1e-4, abs=1e-6)
+
+
+def test_workers_with_a_service_url_is_refused_before_step_1(tmp_path: Path) -> None:
+    command = [
+        NEXRL, "train", "backend.options.base_url=http://127.0.0.1:9", "backend.options.workers=2",
+        f"output.dir={tmp_path / 'run'}", "--no-progress",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert completed.returncode != 0
+    assert "backend.options.workers: 2 applies to the embedded service only" in completed.stdout + completed.stderr
