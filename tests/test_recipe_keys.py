@@ -11,12 +11,19 @@ one entry for every backend (`EVERY_BACKEND`).
 
 A new key with no entry fails `test_every_recipe_key_has_an_entry`, saying what to
 add; a dummy key shows that it does (`test_a_key_without_an_entry_fails_the_walk`).
+
+A name proves nothing by itself: `test_each_named_test_sets_its_key` checks, from what
+the tests recorded while they ran (`nexrl_core.testing.recipe_key_records`), that every
+test an entry names ran with that key set to a value other than its default, through a
+recipe or the component's options object. Under ``make test`` it reads the records of
+the whole run (it runs last); run alone, it runs the named tests itself first.
+`test_an_entry_whose_test_never_sets_its_key_fails_the_walk` is its test.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -26,20 +33,17 @@ import pytest
 from nexrl_core.config.schema import REGISTRY_KIND, TrainConfig
 from nexrl_core.holders import HolderTarget
 from nexrl_core.registry import get_registry
+from nexrl_core.testing.recipe_key_records import HOLDER_OPTIONS, TestRecord, option_prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERY_BACKEND = "*"
 """The key acts the same on every backend (the loop, the task or the trainer reads it)."""
 
-COMPONENT_OPTIONS = {
-    "backends": "backend.options",
-    "rollout_sources": "rollout.source.options",
-    "advantage_estimators": "algorithm.advantage.options",
-    "policy_losses": "algorithm.loss.options",
-}
+COMPONENT_OPTIONS = {kind: prefix for kind, prefix in option_prefixes().items() if prefix != HOLDER_OPTIONS}
 """Registry kind of a component a recipe picks by name → where its options go."""
-HOLDER_OPTIONS = "backend.options.holder"
-"""Where the ``remote_api`` backend takes the chosen service holder's own options."""
+
+RecordsOf = Callable[[Iterable[str], Path], Mapping[str, "TestRecord | None"]]
+"""The ``recipe_key_records`` fixture: what each named test set while it ran."""
 
 
 @attrs.frozen
@@ -372,13 +376,35 @@ def _defined_tests(path: str) -> frozenset[str]:
 
 
 def _unknown_tests(entry: Entry) -> list[str]:
-    tests = [test for group in entry.effect.values() for test in group] + list(entry.refused.values())
     unknown = []
-    for test in tests:
+    for test in named_tests(entry):
         path, _, name = test.partition("::")
         if not (ROOT / path).is_file() or name not in _defined_tests(path):
             unknown.append(test)
     return unknown
+
+
+def named_tests(entry: Entry) -> list[str]:
+    """Every test an entry names, for its effects and its refusals."""
+    return [test for group in entry.effect.values() for test in group] + list(entry.refused.values())
+
+
+def unproven(table: Mapping[str, Entry], records: Mapping[str, TestRecord | None]) -> list[str]:
+    """Each (key, named test) where the records do not show the test setting the key."""
+    problems = []
+    for key, entry in table.items():
+        for test in named_tests(entry):
+            record = records.get(test)
+            if record is None:
+                problems.append(f"{key}: {test} never ran")
+            elif record.skipped:
+                problems.append(f"{key}: {test} was skipped here, so it shows nothing")
+            elif key not in record.keys:
+                problems.append(
+                    f"{key}: {test} never sets it to a value other than its default; set it there through the "
+                    "recipe or the component's options, or name a test that does"
+                )
+    return problems
 
 
 # --- the tests --------------------------------------------------------------------------------------
@@ -429,6 +455,30 @@ def test_a_key_without_an_entry_fails_the_walk() -> None:
 def test_an_entry_naming_a_missing_test_is_caught() -> None:
     assert _unknown_tests(everywhere("tests/test_recipe_keys.py::test_that_was_never_written")) == [
         "tests/test_recipe_keys.py::test_that_was_never_written"
+    ]
+
+
+@pytest.mark.slow
+def test_each_named_test_sets_its_key(recipe_key_records: RecordsOf) -> None:
+    records = recipe_key_records({test for entry in KEYS.values() for test in named_tests(entry)}, ROOT)
+    problems = unproven(KEYS, records)
+    assert not problems, "\n".join(problems)
+
+
+GRPO_EPS_TEST = "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_eps_is_added_to_the_std"
+"""Sets ``eps`` of the ``grpo`` estimator, and no other key."""
+
+
+def test_an_entry_whose_test_never_sets_its_key_fails_the_walk(recipe_key_records: RecordsOf) -> None:
+    """The test of the test: an entry naming a real test that leaves its key at the
+    default is reported; the key that test does set is not."""
+    table = {
+        "algorithm.advantage.options.eps [grpo]": everywhere(GRPO_EPS_TEST),
+        "algorithm.advantage.options.norm_by_std [grpo]": everywhere(GRPO_EPS_TEST),
+    }
+    assert unproven(table, recipe_key_records([GRPO_EPS_TEST], ROOT)) == [
+        f"algorithm.advantage.options.norm_by_std [grpo]: {GRPO_EPS_TEST} never sets it to a value other than its "
+        "default; set it there through the recipe or the component's options, or name a test that does"
     ]
 
 

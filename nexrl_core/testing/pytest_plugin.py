@@ -4,11 +4,17 @@
 (`nexrl_core.testing.postgres`), each time with a fresh empty database, so every SQL
 store is tested on both. The PostgreSQL variant skips, with the reason, only where the
 server binaries or psycopg are missing.
+
+While ``NEXRL_RECIPE_KEY_RECORDS`` names a directory (``make test`` sets it), every test's
+recipe keys are recorded there (`nexrl_core.testing.recipe_key_records`), and a test that
+asks for ``recipe_key_records`` runs after every other test of its session, so it reads
+what they set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +22,70 @@ import pytest
 
 from nexrl_core.plugins import load_plugins
 from nexrl_core.registry import Registry, build_registry, reset_registry
+from nexrl_core.testing import recipe_key_records as key_records
+
+RECORDS_FIXTURE = "recipe_key_records"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: end-to-end test that takes more than a few seconds")
+    os.environ.pop(key_records.TEST_ENV, None)  # a pytest started by a test works for its own tests
+    directory = os.environ.get(key_records.RECORDS_ENV)
+    if directory:
+        key_records.start_recording(directory)
+        key_records.record_constructions(key_records.recipe_classes())
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if str(key_records.STARTUP_DIR) not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(key_records.STARTUP_DIR), *filter(None, paths)])
+
+
+def _test_id(item: pytest.Item) -> str:
+    return f"{item.path}::{item.nodeid.partition('::')[2]}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Name the running test to the key recorder (and, through the environment, to every
+    process the test starts)."""
+    if not os.environ.get(key_records.RECORDS_ENV):
+        yield
+        return
+    os.environ[key_records.TEST_ENV] = _test_id(item)
+    key_records.record_test(_test_id(item), "ran")
+    try:
+        yield
+    finally:
+        os.environ.pop(key_records.TEST_ENV, None)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    test = os.environ.get(key_records.TEST_ENV)
+    if report.skipped and test is not None:
+        key_records.record_test(test, "skipped")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that read the key records run last, after the tests whose keys they read."""
+    items.sort(key=lambda item: RECORDS_FIXTURE in getattr(item, "fixturenames", ()))
+
+
+@pytest.fixture
+def recipe_key_records(tmp_path: Path) -> Callable[[Iterable[str], Path], dict[str, key_records.TestRecord | None]]:
+    """What the named tests (``path::name``, path from a root) set: read from this run's
+    records where they ran in it (``make test``), else by running them now with recording
+    on. A test that never ran maps to None."""
+
+    def records_of(named: Iterable[str], root: Path) -> dict[str, key_records.TestRecord | None]:
+        named = sorted(set(named))
+        directory = os.environ.get(key_records.RECORDS_ENV)
+        found = key_records.read_records(Path(directory)) if directory else {}
+        missing = [test for test in named if key_records.record_of(test, root, found) is None]
+        if missing:
+            key_records.run_recording(missing, root, tmp_path)
+            found = {**found, **key_records.read_records(tmp_path)}
+        return {test: key_records.record_of(test, root, found) for test in named}
+
+    return records_of
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
