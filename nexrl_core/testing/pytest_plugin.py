@@ -13,6 +13,7 @@ what they set.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import Registry, build_registry, reset_registry
+from nexrl_core.registry import Registry, build_registry, get_registry, reset_registry
 from nexrl_core.testing import recipe_key_records as key_records
 
 RECORDS_FIXTURE = "recipe_key_records"
@@ -32,26 +33,67 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop(key_records.TEST_ENV, None)  # a pytest started by a test works for its own tests
     directory = os.environ.get(key_records.RECORDS_ENV)
     if directory:
+        for module in key_records.INSTRUMENTED_MODULES:
+            importlib.import_module(module)
         key_records.start_recording(directory)
-        key_records.record_constructions(key_records.recipe_classes())
+        get_registry()  # so that component options built directly are recorded from the first test
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
         if str(key_records.STARTUP_DIR) not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([str(key_records.STARTUP_DIR), *filter(None, paths)])
+
+
+def _recording() -> bool:
+    return bool(os.environ.get(key_records.RECORDS_ENV))
 
 
 def _test_id(item: pytest.Item) -> str:
     return f"{item.path}::{item.nodeid.partition('::')[2]}"
 
 
+_SHARED_BY: dict[str, type[pytest.Node] | None] = {"class": pytest.Class, "module": pytest.Module, "package": pytest.Package, "session": None}
+"""Fixture scope → the node its value is shared by (None: the session)."""
+
+
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """The recording ids of the shared (not per-test) fixtures ``item`` uses."""
+    ids = []
+    for name, definitions in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+        scope = definitions[-1].scope
+        if scope in _SHARED_BY:
+            kind = _SHARED_BY[scope]
+            # As pytest picks it: a class fixture used outside a class is the test's own.
+            node = (item.getparent(kind) if kind is not None else None) or (item if kind is pytest.Class else item.session)
+            ids.append(key_records.fixture_id(node.nodeid, name))
+    return ids
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> Iterator[None]:
+    """What a shared fixture sets (the backend a module's tests share, say) is recorded
+    under the fixture, and counts for every test that uses it."""
+    if not _recording() or fixturedef.scope not in _SHARED_BY:
+        yield
+        return
+    running = os.environ.get(key_records.TEST_ENV)
+    os.environ[key_records.TEST_ENV] = key_records.fixture_id(request.node.nodeid, fixturedef.argname)
+    try:
+        yield
+    finally:
+        if running is None:
+            os.environ.pop(key_records.TEST_ENV, None)
+        else:
+            os.environ[key_records.TEST_ENV] = running
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """Name the running test to the key recorder (and, through the environment, to every
     process the test starts)."""
-    if not os.environ.get(key_records.RECORDS_ENV):
+    if not _recording():
         yield
         return
     os.environ[key_records.TEST_ENV] = _test_id(item)
-    key_records.record_test(_test_id(item), "ran")
+    key_records.record_test(_test_id(item), "ran", _shared_fixtures(item))
     try:
         yield
     finally:

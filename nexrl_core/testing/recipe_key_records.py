@@ -6,32 +6,32 @@ these records prove that the named test ran with the key set to something other 
 its default.
 
 Recording is on while ``NEXRL_RECIPE_KEY_RECORDS`` names a directory. Every process
-then appends one JSON line per (test, key) to ``<dir>/<pid>.jsonl``: the pytest process
-itself, and every Python process a test starts (``nexrl train``, services, worker
-ranks), which load `nexrl_core.testing.key_record_startup`'s ``sitecustomize`` because
-the pytest plugin puts that folder on ``PYTHONPATH``. The test a process works for is
-the one named in ``NEXRL_RECIPE_KEY_TEST``, which the pytest plugin sets around each test
-(children inherit it).
+then appends JSON lines to ``<dir>/<pid>.jsonl``: the pytest process itself, and every
+Python process a test starts (``nexrl train``, services, worker ranks), which run the
+``sitecustomize`` in `STARTUP_DIR` because the pytest plugin puts that folder on
+``PYTHONPATH``. What a process records goes to the test (or the shared fixture being set
+up) named in ``NEXRL_RECIPE_KEY_TEST``, which the pytest plugin sets while each runs;
+the processes they start inherit it. A test also sets what the shared fixtures it uses
+set.
 
-What counts as setting a key, named as the walk names it (``rollout.top_p``, a
-component's option as ``algorithm.loss.options.clip_low [ppo]``):
-
-- a recipe or a component's options structured from data (`structure_config`): every
-  key given a value other than its default, even one then refused, so a test of a
-  refusal sets its key;
-- a `TrainConfig`, or the config object of a registered component, built in the pytest
-  process (``TrainConfig(...)``, ``GrpoConfig(eps=0.5)``, ``attrs.evolve``): each of its
-  leaves that differs from the default.
+A key is set when a record that carries it to the code is built or structured with a
+value other than its default, in any of those processes: the recipe (`TrainConfig`) or
+one of its sections (``LoraSettings``, ``KLSettings``, ``AdamWSettings``, ...), the
+options object of a registered component (``GrpoConfig(eps=0.5)``), the step a trainer
+sends a service holder (`nexrl_core.holders.TrainStepConfig`: the loss, its options and
+AdamW) and a holder's config (its `nexrl_core.holders.HolderTarget` carries the recipe's
+``model`` and ``seed``). Data structured into one of them counts before it is checked,
+so a test of a refusal sets the key it gets refused. Keys are named as the walk names
+them: ``rollout.top_p``, a component's option as ``algorithm.loss.options.clip_low [ppo]``.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,17 @@ import attrs
 RECORDS_ENV = "NEXRL_RECIPE_KEY_RECORDS"
 """Directory the records go to; recording is off while it is unset."""
 TEST_ENV = "NEXRL_RECIPE_KEY_TEST"
-"""The test (``/abs/path.py::name[params]``) the current process works for."""
+"""What the current process works for: a test (``/abs/path.py::name[params]``) or a
+shared fixture (see `fixture_id`)."""
 HOLDER_OPTIONS = "backend.options.holder"
 """Where the ``remote_api`` backend takes the chosen service holder's own options."""
 STARTUP_DIR = Path(__file__).with_name("key_record_startup")
 """Holds the ``sitecustomize`` that turns recording on in the processes a test starts."""
+INSTRUMENTED_MODULES = ("nexrl_core.config.converter", "nexrl_core.config.schema", "nexrl_core.holders", "nexrl_core.registry")
+"""Modules `instrument` hooks into, each once it has been imported."""
 
 _NO_DEFAULT = object()
+_DEFAULT_LOSS = "importance_sampling"
 
 
 # --- naming keys ----------------------------------------------------------------------------------
@@ -75,6 +79,12 @@ def _nested(field: attrs.Attribute) -> bool:
     return isinstance(field.type, type) and attrs.has(field.type)
 
 
+def _choice_field(field: attrs.Attribute) -> bool:
+    from nexrl_core.config.schema import REGISTRY_KIND
+
+    return REGISTRY_KIND in field.metadata
+
+
 def _plain(value: Any) -> Any:
     """A value as YAML data, so an object's default compares with what a recipe gave."""
     from nexrl_core.config.converter import dump_config
@@ -87,17 +97,30 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _choice_field(field: attrs.Attribute) -> bool:
-    from nexrl_core.config.schema import REGISTRY_KIND
+def section_paths() -> dict[type, str]:
+    """Each attrs class that is one section of `TrainConfig` → its path (``LoraSettings`` →
+    ``model.lora``), with the attrs bases a section is made of (``AdamWSettings`` →
+    ``algorithm``). A class found at two paths names no section."""
+    from nexrl_core.config.schema import TrainConfig
 
-    return REGISTRY_KIND in field.metadata
+    found: dict[type, set[str]] = {}
+
+    def visit(cls: type, path: str) -> None:
+        for base in cls.__mro__:
+            if attrs.has(base):
+                found.setdefault(base, set()).add(path)
+        for field in attrs.fields(attrs.resolve_types(cls)):
+            if _nested(field) and not _choice_field(field):
+                visit(field.type, _join(path, field.name))
+
+    visit(TrainConfig, "")
+    return {cls: next(iter(paths)) for cls, paths in found.items() if len(paths) == 1}
 
 
 def object_keys(config: Any, prefix: str = "") -> Iterator[str]:
     """Leaves of the attrs object ``config`` that differ from their defaults. A component
-    choice gives its ``name``; its options are counted when they are structured."""
-    cls = attrs.resolve_types(type(config))
-    for field in attrs.fields(cls):
+    choice gives its ``name``; its options count once they are structured."""
+    for field in attrs.fields(attrs.resolve_types(type(config))):
         value, default = getattr(config, field.name), _default(field)
         path = _join(prefix, field.name)
         if _choice_field(field):
@@ -128,8 +151,76 @@ def data_keys(raw: Any, cls: type, prefix: str = "") -> Iterator[str]:
                 yield f"{path}.name"
         elif _nested(field) and isinstance(value, Mapping):
             yield from data_keys(value, field.type, path)
+        elif _nested(field) and attrs.has(type(value)):
+            yield from object_keys(value, path)
         elif default is _NO_DEFAULT or _plain(value) != _plain(default):
             yield path
+
+
+@attrs.frozen
+class _Component:
+    prefix: str
+    name: str
+    target_fields: frozenset[str]
+    """Fields of a holder's `HolderTarget`: the recipe's ``model`` and ``seed`` keep their
+    own names; ``base_url`` and ``api_key`` come from backend options named elsewhere."""
+
+
+def _component_keys(leaves: Iterable[str], components: Iterable[_Component]) -> list[str]:
+    keys = []
+    for component in components:
+        for leaf in leaves:
+            top = leaf.split(".")[0]
+            if top in ("model", "seed") and top in component.target_fields:
+                keys.append(leaf)
+            elif top not in component.target_fields:
+                keys.append(f"{component.prefix}.{leaf} [{component.name}]")
+    return keys
+
+
+class _Naming:
+    """Names the keys a record sets, per record class, from one registry."""
+
+    def __init__(self, registry: Any) -> None:
+        from nexrl_core.holders import HolderTarget
+
+        self.registry = registry
+        self.sections = section_paths()
+        self.components: dict[type, list[_Component]] = {}
+        target = frozenset(field.name for field in attrs.fields(HolderTarget))
+        for kind, prefix in option_prefixes().items() if registry is not None else ():
+            for name, spec in registry.specs[kind].items():
+                taken = target if isinstance(spec.config_class, type) and issubclass(spec.config_class, HolderTarget) else frozenset()
+                self.components.setdefault(spec.config_class, []).append(_Component(prefix, name, taken))
+
+    def built(self, config: Any) -> list[str]:
+        from nexrl_core.holders import TrainStepConfig
+
+        cls = type(config)
+        if cls in self.sections:
+            return list(object_keys(config, self.sections[cls]))
+        if cls is TrainStepConfig:
+            return self._train_step(config)
+        return _component_keys(list(object_keys(config)), self.components.get(cls, ()))
+
+    def structured(self, raw: Any, cls: type) -> list[str]:
+        if cls in self.sections:
+            return list(data_keys(raw, cls, self.sections[cls]))
+        if cls in self.components:
+            return _component_keys(list(data_keys(raw, cls)), self.components[cls])
+        return []
+
+    def _train_step(self, step: Any) -> list[str]:
+        keys = list(object_keys(step.optimizer, self.sections.get(type(step.optimizer), "algorithm")))
+        if step.loss_fn != _DEFAULT_LOSS:
+            keys.append("algorithm.loss.name")
+        spec = self.registry.specs["policy_losses"].get(step.loss_fn) if self.registry is not None else None
+        fields = {field.name: field for field in attrs.fields(spec.config_class)} if spec is not None else {}
+        for option, value in step.loss_fn_config.items():
+            default = _default(fields[option]) if option in fields else _NO_DEFAULT
+            if default is _NO_DEFAULT or _plain(value) != _plain(default):
+                keys.append(f"algorithm.loss.options.{option} [{step.loss_fn}]")
+        return keys
 
 
 # --- recording ------------------------------------------------------------------------------------
@@ -141,80 +232,52 @@ class _Recorder:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._seen: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
-        self._names: dict[type, list[tuple[str, str]]] | None = None
-        self._names_of: Any = None
+        self._lock = threading.RLock()
+        self._naming: _Naming | None = None
+        self._busy = threading.local()
+        """Set while this thread records: what naming builds (a default `TrainConfig`) is not recorded."""
 
     def write(self, entry: Mapping[str, Any]) -> None:
         with open(self.directory / f"{os.getpid()}.jsonl", "a", encoding="utf-8") as records:
             records.write(json.dumps(entry) + "\n")
 
-    def keys(self, keys: Iterable[str]) -> None:
+    def naming(self) -> _Naming:
+        """The naming of the registry built last in this process (none is built here)."""
+        registry = getattr(sys.modules.get("nexrl_core.registry"), "_default", None)
+        if self._naming is None or (registry is not None and self._naming.registry is not registry):
+            self._naming = _Naming(registry)
+        return self._naming
+
+    def note(self, keys: Callable[[_Naming], list[str]]) -> None:
+        """Record ``keys(naming)`` for the current test; never lets an error reach the code
+        under test."""
         test = os.environ.get(TEST_ENV)
-        if test is None:
+        if test is None or getattr(self._busy, "on", False):
             return
-        with self._lock:
-            new = sorted({key for key in keys if (test, key) not in self._seen})
-            self._seen |= {(test, key) for key in new}
-            if new:
-                self.write({"test": test, "keys": new})
-
-    def components(self, cls: type) -> list[tuple[str, str]]:
-        """(prefix, name) of every registered component whose config class is ``cls``, by
-        the registry already built in this process (none is built here)."""
-        registry_module = sys.modules.get("nexrl_core.registry")
-        registry = getattr(registry_module, "_default", None)
-        if registry is not None and self._names_of is not registry:
-            prefixes = option_prefixes()
-            self._names = {}
-            for kind, prefix in prefixes.items():
-                for name, spec in registry.specs[kind].items():
-                    self._names.setdefault(spec.config_class, []).append((prefix, name))
-            self._names_of = registry
-        return (self._names or {}).get(cls, [])
-
-    def structured(self, raw: Any, cls: type) -> None:
-        from nexrl_core.config.schema import TrainConfig
-
-        if cls is TrainConfig:
-            self.keys(data_keys(raw, cls))
-        elif attrs.has(cls):
-            self.keys(_named(data_keys(raw, cls), self.components(cls), cls))
-
-    def built(self, config: Any) -> None:
-        from nexrl_core.config.schema import TrainConfig
-
-        cls = type(config)
-        if cls is TrainConfig:
-            self.keys(object_keys(config))
-        else:
-            self.keys(_named(object_keys(config), self.components(cls), cls))
-
-
-def _named(leaves: Iterator[str], components: list[tuple[str, str]], cls: type) -> list[str]:
-    """Option leaves of ``cls`` as the walk names them, once per component using it."""
-    if not components:
-        return []
-    from nexrl_core.holders import HolderTarget
-
-    target = {field.name for field in attrs.fields(HolderTarget)} if issubclass(cls, HolderTarget) else set()
-    leaves = [leaf for leaf in leaves if leaf.split(".")[0] not in target]
-    return [f"{prefix}.{leaf} [{name}]" for prefix, name in components for leaf in leaves]
+        self._busy.on = True
+        try:
+            with self._lock:
+                new = sorted({key for key in keys(self.naming()) if (test, key) not in self._seen})
+                self._seen |= {(test, key) for key in new}
+                if new:
+                    self.write({"test": test, "keys": new})
+        except Exception as error:  # noqa: BLE001 - recording never changes what the code under test sees
+            self.write({"test": test, "error": f"{type(error).__name__}: {error}"})
+        finally:
+            self._busy.on = False
 
 
 class _RecordingConverter:
     """Stands in for the config converter where `structure_config` reaches it, noting what
-    each recipe sets before structuring it."""
+    each record's data sets before structuring it."""
 
     def __init__(self, converter: Any, recorder: _Recorder) -> None:
         self._converter = converter
         self._recorder = recorder
 
     def structure(self, raw: Any, cls: Any) -> Any:
-        try:
-            self._recorder.structured(raw, cls)
-        except Exception:  # recording never changes what the code under test sees
-            pass
+        if isinstance(cls, type):
+            self._recorder.note(lambda naming: naming.structured(raw, cls))
         return self._converter.structure(raw, cls)
 
     def __getattr__(self, name: str) -> Any:
@@ -224,51 +287,77 @@ class _RecordingConverter:
 _recorder: _Recorder | None = None
 
 
-def start_recording(directory: str | os.PathLike[str]) -> None:
-    """Record what every recipe structured in this process sets (idempotent)."""
-    global _recorder
-    if _recorder is not None:
-        return
-    converter_module = importlib.import_module("nexrl_core.config.converter")
-    _recorder = _Recorder(Path(directory))
-    converter_module.converter = _RecordingConverter(converter_module.converter, _recorder)  # type: ignore[assignment]
-
-
-def record_constructions(classes: Iterable[type]) -> None:
-    """Also record the leaves of every object of ``classes`` built directly."""
-    if _recorder is None:
-        return
+def _record_constructions(classes: Iterable[type]) -> None:
+    """Record the keys every object of ``classes`` sets when it is built."""
     for cls in classes:
-        original = cls.__init__
-        if getattr(original, "_nexrl_records_keys", False):
+        original = cls.__dict__.get("__init__")
+        if original is None or getattr(original, "_nexrl_records_keys", False):
             continue
 
         def init(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
             __original(self, *args, **kwargs)
             if _recorder is not None:
-                try:
-                    _recorder.built(self)
-                except Exception:  # recording never changes what the code under test sees
-                    pass
+                _recorder.note(lambda naming: naming.built(self))
 
         init._nexrl_records_keys = True  # type: ignore[attr-defined]
         cls.__init__ = init
 
 
-def recipe_classes() -> list[type]:
-    """`TrainConfig` and the config class of every installed component a recipe configures."""
-    from nexrl_core.config.schema import TrainConfig
-    from nexrl_core.registry import get_registry
+def instrument(module: Any) -> None:
+    """Hook recording into one of `INSTRUMENTED_MODULES`, once it has been imported."""
+    if _recorder is None:
+        return
+    try:
+        _instrument(module)
+    except Exception as error:  # noqa: BLE001 - recording never breaks an import
+        _recorder.write({"test": os.environ.get(TEST_ENV, "(no test)"), "error": f"instrumenting {module.__name__}: {error!r}"})
 
-    registry = get_registry()
-    classes = {spec.config_class for kind in option_prefixes() for spec in registry.specs[kind].values()}
-    return [TrainConfig, *sorted((cls for cls in classes if attrs.has(cls)), key=lambda cls: cls.__qualname__)]
+
+def _instrument(module: Any) -> None:
+    assert _recorder is not None
+    name = module.__name__
+    if name == "nexrl_core.config.converter" and not isinstance(module.converter, _RecordingConverter):
+        module.converter = _RecordingConverter(module.converter, _recorder)
+    elif name == "nexrl_core.config.schema":
+        _record_constructions(section_paths())
+    elif name == "nexrl_core.holders":
+        _record_constructions([module.TrainStepConfig])
+    elif name == "nexrl_core.registry" and not getattr(module.build_registry, "_nexrl_records_keys", False):
+        build = module.build_registry
+
+        def build_registry(*args: Any, **kwargs: Any) -> Any:
+            registry = build(*args, **kwargs)
+            _record_constructions(spec.config_class for specs in registry.specs.values() for spec in specs.values() if attrs.has(spec.config_class))
+            return registry
+
+        build_registry._nexrl_records_keys = True  # type: ignore[attr-defined]
+        module.build_registry = build_registry
+        if module._default is not None:
+            _record_constructions(spec.config_class for specs in module._default.specs.values() for spec in specs.values() if attrs.has(spec.config_class))
 
 
-def record_test(test: str, event: str) -> None:
-    """Note that ``test`` ran (``"ran"``) or was skipped (``"skipped"``) in this process."""
+def start_recording(directory: str | os.PathLike[str]) -> None:
+    """Record into ``directory`` from now on, in this process (idempotent); hooks into the
+    `INSTRUMENTED_MODULES` already imported (the rest call `instrument` when they are)."""
+    global _recorder
+    if _recorder is None:
+        _recorder = _Recorder(Path(directory))
+    for name in INSTRUMENTED_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and not getattr(module.__spec__, "_initializing", False):
+            instrument(module)
+
+
+def record_test(test: str, event: str, uses: Iterable[str] = ()) -> None:
+    """Note that ``test`` ran (``"ran"``, with the shared fixtures it ``uses``) or was
+    skipped (``"skipped"``) in this process."""
     if _recorder is not None:
-        _recorder.write({"test": test, "event": event})
+        _recorder.write({"test": test, "event": event, "uses": sorted(uses)})
+
+
+def fixture_id(scope_node_id: str, name: str) -> str:
+    """What a shared fixture records under: its name and the node it is shared by."""
+    return f"fixture {name} of {scope_node_id or 'the session'}"
 
 
 # --- reading --------------------------------------------------------------------------------------
@@ -284,23 +373,35 @@ class TestRecord:
     ran: bool = False
     skipped: bool = False
     """Every run of it was skipped."""
+    errors: frozenset[str] = frozenset()
+    """Why recording failed while it ran, if it did (a bug of the recorder)."""
 
 
 def read_records(directory: Path) -> dict[str, TestRecord]:
-    """Records by test id (``/abs/path.py::name[params]``)."""
+    """Records by test id (``/abs/path.py::name[params]``); a test's keys include those of
+    the shared fixtures it used."""
     keys: dict[str, set[str]] = {}
     events: dict[str, set[str]] = {}
+    uses: dict[str, set[str]] = {}
+    errors: dict[str, set[str]] = {}
     for file in sorted(directory.glob("*.jsonl")):
         for line in file.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
+            entry = json.loads(line) if line.strip() else {}
+            if "test" not in entry:
                 continue
-            entry = json.loads(line)
             keys.setdefault(entry["test"], set()).update(entry.get("keys", ()))
+            uses.setdefault(entry["test"], set()).update(entry.get("uses", ()))
+            errors.setdefault(entry["test"], set()).update([entry["error"]] if "error" in entry else [])
             if "event" in entry:
                 events.setdefault(entry["test"], set()).add(entry["event"])
     return {
-        test: TestRecord(keys=frozenset(keys.get(test, ())), ran="ran" in events.get(test, ()), skipped=events.get(test) == {"ran", "skipped"})
-        for test in keys.keys() | events.keys()
+        test: TestRecord(
+            keys=frozenset(keys[test].union(*(keys.get(fixture, ()) for fixture in uses[test]))),
+            ran="ran" in seen,
+            skipped=seen == {"ran", "skipped"},
+            errors=frozenset(errors[test].union(*(errors.get(fixture, ()) for fixture in uses[test]))),
+        )
+        for test, seen in events.items()
     }
 
 
@@ -316,6 +417,7 @@ def record_of(named: str, root: Path, records: Mapping[str, TestRecord]) -> Test
         keys=frozenset().union(*(record.keys for record in matching)),
         ran=True,
         skipped=all(record.skipped for record in matching if record.ran),
+        errors=frozenset().union(*(record.errors for record in matching)),
     )
 
 

@@ -2,9 +2,9 @@
 
 While recording (`nexrl_core.testing.recipe_key_records`), the pytest plugin puts this
 folder first on ``PYTHONPATH``, so Python runs this file at the start of each process a
-test starts. It imports nothing of NexRL itself: it waits until the process imports the
-config converter, then starts recording there. Any other ``sitecustomize`` on the path
-still runs after it.
+test starts. It imports nothing of NexRL itself: it waits for the process to import each
+module recording hooks into, and hands it to ``instrument`` once it has run. Any other
+``sitecustomize`` on the path still runs after this one.
 """
 
 from __future__ import annotations
@@ -17,26 +17,37 @@ import sys
 from typing import Any
 
 _RECORDS_ENV = "NEXRL_RECIPE_KEY_RECORDS"
-_CONVERTER = "nexrl_core.config.converter"
+_WATCHED = {"nexrl_core.config.converter", "nexrl_core.config.schema", "nexrl_core.holders", "nexrl_core.registry"}
+"""`nexrl_core.testing.recipe_key_records.INSTRUMENTED_MODULES`, spelled out so that
+nothing is imported before the process asks for it."""
 
 
-class _RecordOnceImported(importlib.abc.MetaPathFinder):
-    """Finds the converter module the usual way and starts recording once it has run."""
+class _InstrumentOnceImported(importlib.abc.MetaPathFinder):
+    """Finds a watched module the usual way and instruments it once it has run."""
+
+    def __init__(self) -> None:
+        self.waiting = set(_WATCHED)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != _CONVERTER:
+        if name not in self.waiting:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.waiting.discard(name)
+        if not self.waiting:
+            sys.meta_path.remove(self)
+        spec = next(
+            (found for finder in sys.meta_path if finder is not self and (found := finder.find_spec(name, path, target))),
+            None,
+        )  # fmt: skip
         if spec is None or spec.loader is None:
             return spec
         run_module = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
             run_module(module)
-            from nexrl_core.testing.recipe_key_records import start_recording
+            from nexrl_core.testing import recipe_key_records
 
-            start_recording(os.environ[_RECORDS_ENV])
+            recipe_key_records.start_recording(os.environ[_RECORDS_ENV])
+            recipe_key_records.instrument(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -51,5 +62,5 @@ def _run_the_next_sitecustomize() -> None:
 
 
 if os.environ.get(_RECORDS_ENV):
-    sys.meta_path.insert(0, _RecordOnceImported())
+    sys.meta_path.insert(0, _InstrumentOnceImported())
 _run_the_next_sitecustomize()
