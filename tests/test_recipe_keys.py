@@ -74,13 +74,14 @@ SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
 RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
 INPROCESS = "nexrl_fsdp/tests/test_inprocess_backend.py"
+INPROCESS_BAD_SETTINGS = f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
 SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
 SELF_HOSTED_REFUSALS = f"{SELF_HOSTED}::test_options_the_workers_cannot_honour_are_refused_before_anything_starts"
 WORKERS = "nexrl_fsdp/tests/test_workers.py"
 HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_holder_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
 ADAMW = per_backend(
-    remote_api=(f"{LOOP}::test_train_step_config_carries_every_adam_parameter", "nexrl_tinker/tests/test_codec.py::test_dense_and_config"),
+    remote_api=f"{LOOP}::test_train_step_config_carries_every_adam_parameter",
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_adamw_field_reaches_the_optimizer",
     self_hosted=(
         "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe",
@@ -225,21 +226,13 @@ COMPONENTS: dict[str, Entry] = {
     # backend: inprocess
     "backend.options.sample_linger_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
     "backend.options.sample_linger_max_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
-    "backend.options.max_batch_rows [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_inprocess_compute.py::test_batches_are_capped_in_rows")
-    ),
-    "backend.options.device [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_cuda_without_cuda_is_refused_before_loading")
-    ),
-    "backend.options.max_tokens_per_microbatch [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_training.py::test_microbatching_does_not_change_the_result")
-    ),
-    "backend.options.share_prefixes [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_shared_prefix.py::test_the_engine_trains_the_same_with_and_without_sharing")
-    ),
-    "backend.options.trainer [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key", "nexrl_fsdp/tests/test_inprocess_holder.py::TestGrpoTrainerContract")
-    ),
+    # What the engine does with these is tested on the engine itself (test_inprocess_compute,
+    # test_training, test_shared_prefix); these tests show the recipe's values reaching it.
+    "backend.options.max_batch_rows [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.device [inprocess]": per_backend(inprocess=INPROCESS_BAD_SETTINGS),  # CI has no other device than the default
+    "backend.options.max_tokens_per_microbatch [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.share_prefixes [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.trainer [inprocess]": per_backend(inprocess=INPROCESS_BAD_SETTINGS),  # the one trainer that fits is the default
     # backend: remote_api
     "backend.options.service_holder [remote_api]": per_backend(remote_api=(RUN_FILES, BAD_INPUT)),
     "backend.options.base_url [remote_api]": per_backend(remote_api=(f"{LOOP}::test_api_key_env_is_the_key_the_holder_gets", BAD_INPUT)),
@@ -251,13 +244,16 @@ COMPONENTS: dict[str, Entry] = {
     **{
         f"backend.options.{key} [self-hosted]": per_backend(self_hosted=SELF_HOSTED_OPTIONS)
         for key in (
-            "world_size", "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows",
+            "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows",
             "recompute_old_logprobs", "sampler.sample_linger_s", "sampler.sample_linger_max_s", "sampler.max_batch_rows",
             "connect_timeout_s", "op_timeout_s",
         )  # fmt: skip
     },
     "backend.options.workers_url [self-hosted]": per_backend(self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url"),
-    "backend.options.trainer [self-hosted]": per_backend(self_hosted=(SELF_HOSTED_REFUSALS, f"{SELF_HOSTED}::TestSelfHostedBackendContract")),
+    "backend.options.world_size [self-hosted]": per_backend(
+        self_hosted=f"{SELF_HOSTED}::test_the_sampler_gets_the_cores_the_local_ranks_and_the_driver_leave"
+    ),
+    "backend.options.trainer [self-hosted]": per_backend(self_hosted=SELF_HOSTED_REFUSALS),  # the one trainer that fits is the default
     "backend.options.sampler.device [self-hosted]": per_backend(self_hosted=SELF_HOSTED_REFUSALS),
     "backend.options.heartbeat_s [self-hosted]": per_backend(
         self_hosted="nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs"
@@ -292,8 +288,7 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.holder.max_retries [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
     "backend.options.holder.retry_backoff_s [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
     "backend.options.holder.coalesce_window_s [tinker]": per_backend(
-        remote_api=("nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone",
-                    "tests/test_coalesce.py::test_window_zero_sends_each_call_alone")  # fmt: skip
+        remote_api="nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
     ),
     "backend.options.holder.tokenizer_path [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"),
     "backend.options.holder.tensor_transport [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_contract.py::TestWeaverLoraHolderContract"),
@@ -306,7 +301,9 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.holder.operation_timeout_s [weaver]": per_backend(
         remote_api="nexrl_weaver/tests/test_holder_units.py::test_an_operation_is_given_up_after_operation_timeout_s"
     ),
-    "backend.options.holder.coalesce_window_s [weaver]": per_backend(remote_api="tests/test_coalesce.py::test_window_zero_sends_each_call_alone"),
+    "backend.options.holder.coalesce_window_s [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
+    ),
 }
 
 KEYS: dict[str, Entry] = {**CORE, **COMPONENTS}

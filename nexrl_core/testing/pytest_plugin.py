@@ -30,9 +30,11 @@ RECORDS_FIXTURE = "recipe_key_records"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: end-to-end test that takes more than a few seconds")
-    os.environ.pop(key_records.TEST_ENV, None)  # a pytest started by a test works for its own tests
     directory = os.environ.get(key_records.RECORDS_ENV)
+    os.environ.pop(key_records.NOW_ENV, None)  # a pytest started by a test records for its own tests
     if directory:
+        os.environ[key_records.NOW_ENV] = str(Path(directory) / f"now-{os.getpid()}")
+        key_records.set_running_now(None)
         for module in key_records.INSTRUMENTED_MODULES:
             importlib.import_module(module)
         key_records.start_recording(directory)
@@ -74,34 +76,30 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
     if not _recording() or fixturedef.scope not in _SHARED_BY:
         yield
         return
-    running = os.environ.get(key_records.TEST_ENV)
-    os.environ[key_records.TEST_ENV] = key_records.fixture_id(request.node.nodeid, fixturedef.argname)
+    running = key_records.running_now()
+    key_records.set_running_now(key_records.fixture_id(request.node.nodeid, fixturedef.argname))
     try:
         yield
     finally:
-        if running is None:
-            os.environ.pop(key_records.TEST_ENV, None)
-        else:
-            os.environ[key_records.TEST_ENV] = running
+        key_records.set_running_now(running)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    """Name the running test to the key recorder (and, through the environment, to every
-    process the test starts)."""
+    """Name the running test to the key recorder of every process of the session."""
     if not _recording():
         yield
         return
-    os.environ[key_records.TEST_ENV] = _test_id(item)
+    key_records.set_running_now(_test_id(item))
     key_records.record_test(_test_id(item), "ran", _shared_fixtures(item))
     try:
         yield
     finally:
-        os.environ.pop(key_records.TEST_ENV, None)
+        key_records.set_running_now(None)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    test = os.environ.get(key_records.TEST_ENV)
+    test = key_records.running_now() if _recording() else None
     if report.skipped and test is not None:
         key_records.record_test(test, "skipped")
 

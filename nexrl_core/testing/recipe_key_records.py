@@ -9,10 +9,10 @@ Recording is on while ``NEXRL_RECIPE_KEY_RECORDS`` names a directory. Every proc
 then appends JSON lines to ``<dir>/<pid>.jsonl``: the pytest process itself, and every
 Python process a test starts (``nexrl train``, services, worker ranks), which run the
 ``sitecustomize`` in `STARTUP_DIR` because the pytest plugin puts that folder on
-``PYTHONPATH``. What a process records goes to the test (or the shared fixture being set
-up) named in ``NEXRL_RECIPE_KEY_TEST``, which the pytest plugin sets while each runs;
-the processes they start inherit it. A test also sets what the shared fixtures it uses
-set.
+``PYTHONPATH``. What any of them records goes to what the session runs at that moment,
+named in the file ``NEXRL_RECIPE_KEY_NOW`` points to: the test, or the shared fixture
+being set up, so that a service a module's tests share records each request for the
+test that sent it. A test also sets what the shared fixtures it uses set.
 
 A key is set when a record that carries it to the code is built or structured with a
 value other than its default, in any of those processes: the recipe (`TrainConfig`) or
@@ -21,8 +21,13 @@ options object of a registered component (``GrpoConfig(eps=0.5)``), the step a t
 sends a service holder (`nexrl_core.holders.TrainStepConfig`: the loss, its options and
 AdamW) and a holder's config (its `nexrl_core.holders.HolderTarget` carries the recipe's
 ``model`` and ``seed``). Data structured into one of them counts before it is checked,
-so a test of a refusal sets the key it gets refused. Keys are named as the walk names
-them: ``rollout.top_p``, a component's option as ``algorithm.loss.options.clip_low [ppo]``.
+so a test of a refusal sets the key it gets refused. Building a component's options
+also sets its choice's ``name`` when the component is not the default one. Keys are
+named as the walk names them: ``rollout.top_p``, a component's option as
+``algorithm.loss.options.clip_low [ppo]``.
+
+Only what is built while a test (or a shared fixture it uses) runs counts: a module-level
+constant is built while pytest collects, for no test.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ import attrs
 
 RECORDS_ENV = "NEXRL_RECIPE_KEY_RECORDS"
 """Directory the records go to; recording is off while it is unset."""
-TEST_ENV = "NEXRL_RECIPE_KEY_TEST"
-"""What the current process works for: a test (``/abs/path.py::name[params]``) or a
-shared fixture (see `fixture_id`)."""
+NOW_ENV = "NEXRL_RECIPE_KEY_NOW"
+"""A file naming what the pytest session that started this process runs now: a test
+(``/abs/path.py::name[params]``) or a shared fixture being set up (see `fixture_id`)."""
 HOLDER_OPTIONS = "backend.options.holder"
 """Where the ``remote_api`` backend takes the chosen service holder's own options."""
 STARTUP_DIR = Path(__file__).with_name("key_record_startup")
@@ -161,6 +166,9 @@ def data_keys(raw: Any, cls: type, prefix: str = "") -> Iterator[str]:
 class _Component:
     prefix: str
     name: str
+    chosen: str | None
+    """``<path>.name`` when building this component's options means a recipe chose it
+    instead of the default; None for the default, and for a service holder."""
     target_fields: frozenset[str]
     """Fields of a holder's `HolderTarget`: the recipe's ``model`` and ``seed`` keep their
     own names; ``base_url`` and ``api_key`` come from backend options named elsewhere."""
@@ -169,6 +177,7 @@ class _Component:
 def _component_keys(leaves: Iterable[str], components: Iterable[_Component]) -> list[str]:
     keys = []
     for component in components:
+        keys += [component.chosen] if component.chosen else []
         for leaf in leaves:
             top = leaf.split(".")[0]
             if top in ("model", "seed") and top in component.target_fields:
@@ -182,16 +191,20 @@ class _Naming:
     """Names the keys a record sets, per record class, from one registry."""
 
     def __init__(self, registry: Any) -> None:
+        from nexrl_core.config.components import component_choices
+        from nexrl_core.config.schema import TrainConfig
         from nexrl_core.holders import HolderTarget
 
         self.registry = registry
         self.sections = section_paths()
         self.components: dict[type, list[_Component]] = {}
         target = frozenset(field.name for field in attrs.fields(HolderTarget))
+        defaults = {f"{path}.options": choice.name for path, _, choice in component_choices(TrainConfig())}
         for kind, prefix in option_prefixes().items() if registry is not None else ():
             for name, spec in registry.specs[kind].items():
                 taken = target if isinstance(spec.config_class, type) and issubclass(spec.config_class, HolderTarget) else frozenset()
-                self.components.setdefault(spec.config_class, []).append(_Component(prefix, name, taken))
+                chosen = f"{prefix.removesuffix('.options')}.name" if prefix in defaults and name != defaults[prefix] else None
+                self.components.setdefault(spec.config_class, []).append(_Component(prefix, name, chosen, taken))
 
     def built(self, config: Any) -> list[str]:
         from nexrl_core.holders import TrainStepConfig
@@ -251,7 +264,7 @@ class _Recorder:
     def note(self, keys: Callable[[_Naming], list[str]]) -> None:
         """Record ``keys(naming)`` for the current test; never lets an error reach the code
         under test."""
-        test = os.environ.get(TEST_ENV)
+        test = running_now()
         if test is None or getattr(self._busy, "on", False):
             return
         self._busy.on = True
@@ -310,7 +323,7 @@ def instrument(module: Any) -> None:
     try:
         _instrument(module)
     except Exception as error:  # noqa: BLE001 - recording never breaks an import
-        _recorder.write({"test": os.environ.get(TEST_ENV, "(no test)"), "error": f"instrumenting {module.__name__}: {error!r}"})
+        _recorder.write({"test": running_now() or "(no test)", "error": f"instrumenting {module.__name__}: {error!r}"})
 
 
 def _instrument(module: Any) -> None:
@@ -346,6 +359,23 @@ def start_recording(directory: str | os.PathLike[str]) -> None:
         module = sys.modules.get(name)
         if module is not None and not getattr(module.__spec__, "_initializing", False):
             instrument(module)
+
+
+def running_now() -> str | None:
+    """The test or shared fixture this process records for now, if any."""
+    now = os.environ.get(NOW_ENV)
+    try:
+        return Path(now).read_text(encoding="utf-8") or None if now else None
+    except OSError:
+        return None
+
+
+def set_running_now(what: str | None) -> None:
+    """Name what the session runs now (the pytest process only)."""
+    now = Path(os.environ[NOW_ENV])
+    part = now.with_name(f"{now.name}.part")
+    part.write_text(what or "", encoding="utf-8")
+    os.replace(part, now)
 
 
 def record_test(test: str, event: str, uses: Iterable[str] = ()) -> None:

@@ -47,7 +47,15 @@ def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
     ("override", "problem"),
     [
         ("algorithm.loss.options.agg_mode=seq-mean-token-mean", "algorithm.loss.options.agg_mode: 'seq-mean-token-mean'"),
-        ("model.lora.rank=4", "model.lora.rank: the self-hosted workers train every weight"),
+        *[
+            (f"model.lora={{rank: 4, {lora}}}", "model.lora.rank: the self-hosted workers train every weight")
+            for lora in ("alpha: 16.0, train_mlp: false, train_unembed: false", "train_attn: false")
+        ],
+        *[
+            (f"algorithm.loss={{name: {loss}, options: {{agg_mode: seq-mean-token-sum-norm, norm_constant: 4.0}}}}",
+             "algorithm.loss.options.agg_mode: 'seq-mean-token-sum-norm'")
+            for loss in ("ppo", "importance_sampling", "cross_entropy", "cispo", "gspo")
+        ],  # fmt: skip
         ("backend.options.trainer=remote_api_grpo", "backend.options.trainer: trainer 'remote_api_grpo' does not fit"),
         ("model.name=/no/such/model", "model.name: unknown model"),
         ("backend.options.sampler.device=no-such-device", "backend.options.sampler.device:"),
@@ -188,7 +196,9 @@ def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers(contract_backend: SelfHostedBackend, tmp_path: Path) -> None:
-    config = recipe(tmp_path, "algorithm.kl.coef=0.5", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.01")
+    config = recipe(
+        tmp_path, "algorithm.kl.coef=0.5", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.01", "algorithm.kl.horizon=50"
+    )
     trainer = SelfHostedGrpoTrainer(SelfHostedGrpoConfig.from_recipe(config))
     trainer.bind(contract_backend.transport, world_size=2, pad_token_id=contract_backend.trainer.pad_token_id)
     trajectories = sampled_group(contract_backend.chat_model())
