@@ -55,7 +55,6 @@ INSTRUMENTED_MODULES = ("nexrl_core.config.converter", "nexrl_core.config.schema
 """Modules `instrument` hooks into, each once it has been imported."""
 
 _NO_DEFAULT = object()
-_DEFAULT_LOSS = "importance_sampling"
 
 
 # --- naming keys ----------------------------------------------------------------------------------
@@ -200,6 +199,7 @@ class _Naming:
         self.components: dict[type, list[_Component]] = {}
         target = frozenset(field.name for field in attrs.fields(HolderTarget))
         defaults = {f"{path}.options": choice.name for path, _, choice in component_choices(TrainConfig())}
+        self.default_loss = defaults["algorithm.loss.options"]
         for kind, prefix in option_prefixes().items() if registry is not None else ():
             for name, spec in registry.specs[kind].items():
                 taken = target if isinstance(spec.config_class, type) and issubclass(spec.config_class, HolderTarget) else frozenset()
@@ -224,8 +224,8 @@ class _Naming:
         return []
 
     def _train_step(self, step: Any) -> list[str]:
-        keys = list(object_keys(step.optimizer, self.sections.get(type(step.optimizer), "algorithm")))
-        if step.loss_fn != _DEFAULT_LOSS:
+        keys = list(object_keys(step.optimizer, self.sections[type(step.optimizer)]))
+        if step.loss_fn != self.default_loss:
             keys.append("algorithm.loss.name")
         spec = self.registry.specs["policy_losses"].get(step.loss_fn) if self.registry is not None else None
         fields = {field.name: field for field in attrs.fields(spec.config_class)} if spec is not None else {}
