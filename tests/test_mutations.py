@@ -240,6 +240,7 @@ def test_every_mutation_is_caught() -> None:
 KL_TEST = "plugins/nexrl_grpo/tests/test_kl.py::test_fixed_controller_never_moves"
 
 
+@pytest.mark.slow
 def test_a_mutation_no_test_catches_is_reported() -> None:
     """The test of the runner: a harmless change survives its test, and is reported;
     a real break of what the test checks is caught."""
