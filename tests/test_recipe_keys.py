@@ -30,10 +30,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from nexrl_core.config.schema import REGISTRY_KIND, TrainConfig
-from nexrl_core.holders import HolderTarget
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.config.schema import REGISTRY_KIND, ModelConfig, TrainConfig
+from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.registry import get_registry
-from nexrl_core.testing.recipe_key_records import HOLDER_OPTIONS, TestRecord, option_prefixes
+from nexrl_core.testing.recipe_key_records import HOLDER_OPTIONS, KeyNaming, TestRecord, option_prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERY_BACKEND = "*"
@@ -460,6 +462,24 @@ def test_each_named_test_sets_its_key(recipe_key_records: RecordsOf) -> None:
     records = recipe_key_records({test for entry in KEYS.values() for test in named_tests(entry)}, ROOT)
     problems = unproven(KEYS, records)
     assert not problems, "\n".join(problems)
+
+
+def test_what_counts_as_setting_a_key() -> None:
+    """A value equal to the default sets nothing; recipe data counts before it is checked;
+    a component's options name the component's choice; the step a holder gets and a
+    holder's target carry the recipe's algorithm and model."""
+    naming = KeyNaming(get_registry())
+    registry = get_registry()
+    grpo, ppo = (registry.specs[kind][name].config_class for kind, name in (("advantage_estimators", "grpo"), ("policy_losses", "ppo")))
+    recipe = {"rollout": {"top_p": 1.0, "group_size": 4}, "algorithm": {"beta2": 1.0, "loss": {"name": "ppo"}}}
+    assert sorted(naming.structured(recipe, TrainConfig)) == ["algorithm.beta2", "algorithm.loss.name", "rollout.group_size"]
+    assert naming.built(grpo(eps=0.5)) == ["algorithm.advantage.options.eps [grpo]"]
+    assert naming.built(ppo(clip_low=0.2, clip_high=0.3)) == ["algorithm.loss.name", "algorithm.loss.options.clip_high [ppo]"]
+    step = TrainStepConfig(loss_fn="ppo", loss_fn_config={"clip_low": 0.2, "clip_high": 0.3}, optimizer=AdamWSettings(beta1=0.8))
+    assert sorted(naming.built(step)) == ["algorithm.beta1", "algorithm.loss.name", "algorithm.loss.options.clip_high [ppo]"]
+    holder = registry.specs["service_holders"]["tinker"].config_class
+    built = naming.built(holder(model=ModelConfig(name="m", lora=LoraSettings(rank=4)), seed=3, base_url="http://x", max_retries=1))
+    assert sorted(built) == ["backend.options.holder.max_retries [tinker]", "model.lora.rank", "model.name", "seed"]
 
 
 GRPO_EPS_TEST = "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_eps_is_added_to_the_std"

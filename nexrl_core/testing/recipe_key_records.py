@@ -186,7 +186,7 @@ def _component_keys(leaves: Iterable[str], components: Iterable[_Component]) -> 
     return keys
 
 
-class _Naming:
+class KeyNaming:
     """Names the keys a record sets, per record class, from one registry."""
 
     def __init__(self, registry: Any) -> None:
@@ -246,7 +246,7 @@ class _Recorder:
         self.directory = directory
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.RLock()
-        self._naming: _Naming | None = None
+        self._naming: KeyNaming | None = None
         self._busy = threading.local()
         """Set while this thread records: what naming builds (a default `TrainConfig`) is not recorded."""
 
@@ -254,14 +254,14 @@ class _Recorder:
         with open(self.directory / f"{os.getpid()}.jsonl", "a", encoding="utf-8") as records:
             records.write(json.dumps(entry) + "\n")
 
-    def naming(self) -> _Naming:
+    def naming(self) -> KeyNaming:
         """The naming of the registry built last in this process (none is built here)."""
         registry = getattr(sys.modules.get("nexrl_core.registry"), "_default", None)
         if self._naming is None or (registry is not None and self._naming.registry is not registry):
-            self._naming = _Naming(registry)
+            self._naming = KeyNaming(registry)
         return self._naming
 
-    def note(self, keys: Callable[[_Naming], list[str]]) -> None:
+    def note(self, keys: Callable[[KeyNaming], list[str]]) -> None:
         """Record ``keys(naming)`` for the current test; never lets an error reach the code
         under test."""
         test = running_now()
