@@ -79,6 +79,46 @@ POLICY_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "entropy", "ref_lo
 
 
 @attrs.frozen(kw_only=True)
+class StepTotals:
+    """The divisors of a whole optimizer step, for a loss computed on a part of it.
+
+    A step is often split: into micro-batches that fit in memory, over data-parallel
+    ranks, over several requests. A mean over the part ("token-mean", "seq-mean-...")
+    would then make the step's gradient a sum of part means, which changes with the
+    split. Given the whole step's totals, a loss divides by them instead, so its parts
+    add up to the loss of the whole step and the gradient does not depend on the split.
+    """
+
+    tokens: float
+    """Sum of the loss mask over the whole step (trained tokens, fractionally weighted)."""
+    sequences: float
+    """Rows of the step with any trained token."""
+    columns: int
+    """The step's longest row, in tokens (the default divisor of a per-row token sum)."""
+
+    @classmethod
+    def of(cls, loss_mask: torch.Tensor, columns: int | None = None) -> StepTotals:
+        """The totals of one [B, T] loss mask; ``columns`` defaults to T."""
+        weights = loss_mask.detach()
+        return cls(
+            tokens=float(weights.sum()),
+            sequences=float((weights.sum(dim=-1) > 0).sum()),
+            columns=int(loss_mask.shape[-1] if columns is None else columns),
+        )
+
+    @classmethod
+    def combined(cls, parts: Sequence[StepTotals]) -> StepTotals:
+        """The totals of a step made of ``parts`` (micro-batches, ranks)."""
+        if not parts:
+            raise ValueError("a step needs at least one part to total")
+        return cls(
+            tokens=sum(part.tokens for part in parts),
+            sequences=sum(part.sequences for part in parts),
+            columns=max(part.columns for part in parts),
+        )
+
+
+@attrs.frozen(kw_only=True)
 class PolicyLossInputs:
     """What a policy loss reads for B rows and T token columns."""
 
@@ -94,6 +134,11 @@ class PolicyLossInputs:
     """[B, T] per-token entropy of the current policy, for the entropy bonus."""
     ref_logprobs: torch.Tensor | None = None
     """[B, T] reference-model logprobs, for a KL loss term."""
+    step_totals: StepTotals | None = None
+    """The whole step's totals when these rows are only part of it (a micro-batch, a
+    rank's share). A loss then divides by these instead of the rows' own counts, so
+    that the losses of the parts add up to the whole step's loss and their gradients
+    to its gradient. None: these rows are the whole step."""
 
 
 @attrs.frozen(kw_only=True)

@@ -37,6 +37,13 @@ if TYPE_CHECKING:
     from nexrl_core.rollout import Agent, PendingBatch, RunRequest
 
 
+class BackendLost(RuntimeError):
+    """Part of the backend died or stopped making progress (a worker rank, a node) and
+    took the step in flight with it. A backend that can heal raises this and has a
+    `RestartableBackend.restart`; the loop then restarts it from the last complete
+    checkpoint and runs the lost steps again."""
+
+
 class Backend(Protocol):
     """Where the policy is sampled and trained; built by a registered `BackendSpec`."""
 
@@ -91,6 +98,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release everything the backend started: clients, services, processes, threads."""
+        ...
+
+
+class RestartableBackend(Backend, Protocol):
+    """A backend that heals after raising `BackendLost` (the loop looks for `restart`)."""
+
+    def restart(self) -> bool:
+        """Stop what is left of the lost part and start it afresh at the base weights,
+        sampling included; False when the restarts the recipe allows are spent (nothing
+        is started then). After a restart the loop loads the last complete checkpoint
+        through `load_checkpoint`, if there is one, and runs the steps after it again."""
         ...
 
 

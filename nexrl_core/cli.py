@@ -9,6 +9,7 @@ import click
 
 from nexrl_core import __version__
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, config
+from nexrl_core.commands.eval import eval_command
 from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
 from nexrl_core.registry import RegistryError, find_spec, get_registry
@@ -93,6 +94,7 @@ def serve(
 
 
 cli.add_command(config)
+cli.add_command(eval_command)
 cli.add_command(export)
 cli.add_command(train)
 

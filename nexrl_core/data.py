@@ -27,7 +27,8 @@ from typing import Any, Callable
 import attrs
 
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.config.schema import TaskConfig
+from nexrl_core.config.schema import DatasetSpec, TaskConfig
+from nexrl_core.data_files import check_columns, describe_source, read_rows
 from nexrl_core.rollout import Agent, RunRequest
 from nexrl_core.seeding import derive_seed
 
@@ -136,50 +137,15 @@ class TaskData:
     """Held-out items with their task ids; empty when the task has none."""
 
 
-def read_jsonl(path: Path, key: str) -> list[Mapping[str, Any]]:
-    """Read a JSONL file of objects (blank lines skipped).
-
-    :param key: the recipe key that named the file, for error messages.
-    :raises ConfigError: when the file is missing, empty, or a line is not a JSON object.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError([f"{key}: cannot read {str(path)!r}: {error.strerror or error}"]) from None
-    items = []
-    problems = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            problems.append(f"{key}: {path}: line {number} is not valid JSON ({error.msg})")
-            continue
-        if not isinstance(value, dict):
-            problems.append(f"{key}: {path}: line {number} must be a JSON object, got {type(value).__name__}")
-            continue
-        items.append(value)
-    if problems:
-        raise ConfigError(problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else []))
-    if not items:
-        raise ConfigError([f"{key}: {path} holds no items"])
-    return items
-
-
-def _find_path(value: str, key: str, recipe_dir: Path | None) -> Path:
-    """A relative path is looked up from the current directory, then from the recipe's."""
-    path = Path(value).expanduser()
-    if path.is_absolute() or path.exists() or recipe_dir is None:
-        return path
-    beside = recipe_dir / path
-    return beside if beside.exists() else path
-
-
-def _jsonl_items(value: str, key: str, recipe_dir: Path | None) -> list[tuple[Mapping[str, Any], str]]:
-    path = _find_path(value, key, recipe_dir)
-    items = read_jsonl(path, key)
-    return [(item, item_task_id(item, fallback=f"{path.stem}:{index}")) for index, item in enumerate(items)]
+def read_items(
+    source: str | DatasetSpec, key: str, recipe_dir: Path | None, columns: Sequence[str] | None = None
+) -> list[tuple[Mapping[str, Any], str]]:
+    """Every item of ``source`` (any form `nexrl_core.data_files` reads) with its task id,
+    after checking that each has the recipe's ``columns``."""
+    rows, stem = read_rows(source, key, recipe_dir)
+    if columns:
+        check_columns(rows, columns, key, describe_source(source))
+    return [(item, item_task_id(item, fallback=f"{stem}:{index}")) for index, item in enumerate(rows)]
 
 
 def load_agent(reference: str, recipe_dir: Path | None = None) -> Agent:
@@ -208,14 +174,15 @@ def load_agent(reference: str, recipe_dir: Path | None = None) -> Agent:
 def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) -> TaskData:
     """Build the task a recipe describes (see `TaskConfig`).
 
-    - ``data_path`` set: training items come from that JSONL file, the agent from
+    - ``data_path`` set: training items come from that file (or dataset), the agent from
       ``agent`` (or, when that is null, from the registered task ``name``).
     - otherwise the registered task ``name`` provides items and agent (``agent`` may
       still replace its agent).
     - held-out items come from ``val_data_path``, else from the registered task, else
       there are none; ``val_size`` keeps the first n.
 
-    :raises ConfigError: for a missing file, a bad line, an unknown task or agent.
+    :raises ConfigError: for a missing or unreadable file, a bad line, a missing column,
+        an unknown task or agent.
     """
     from nexrl_core.registry import UnknownComponentError, find_spec
 
@@ -236,7 +203,7 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
         return registered
 
     if config.data_path is not None:
-        rows = _jsonl_items(config.data_path, "task.data_path", recipe_dir)
+        rows = read_items(config.data_path, "task.data_path", recipe_dir, config.columns)
         train: ItemStream = ListItems([item for item, _ in rows], [task_id for _, task_id in rows], seed)
         if config.agent is None:
             try:
@@ -252,7 +219,7 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
         agent = load_agent(config.agent, recipe_dir) if config.agent is not None else task.agent
 
     if config.val_data_path is not None:
-        val_items = _jsonl_items(config.val_data_path, "task.val_data_path", recipe_dir)
+        val_items = read_items(config.val_data_path, "task.val_data_path", recipe_dir, config.columns)
     elif config.name is not None:
         val_items = [
             (item, item_task_id(item, fallback=f"val:{index}"))
@@ -300,14 +267,18 @@ class DataLoader:
             for run_id in range(self.group_size)
         ]
 
-    def val_requests(self, step: int) -> list[RunRequest]:
-        """One run per held-out item. Seeds do not depend on ``step``, so every validation
-        draws the same random numbers and differences between steps come from the weights."""
+    def val_requests(self, step: int, samples: int = 1) -> list[RunRequest]:
+        """``samples`` runs per held-out item (validation during training takes one).
+        Seeds do not depend on ``step``, so every validation draws the same random numbers
+        and differences between steps come from the weights; run 0 of an item is the same
+        run whatever ``samples`` is, so ``nexrl eval`` reproduces a run's validation."""
+        if samples < 1:
+            raise ValueError(f"validation takes at least one sample per item, got {samples}")
         return [
             RunRequest(
                 step=step,
                 item_index=index,
-                run_id=0,
+                run_id=run_id,
                 group_id=f"val-p{index}",
                 task_id=task_id,
                 item=item,
@@ -315,4 +286,5 @@ class DataLoader:
                 is_val=True,
             )
             for index, (item, task_id) in enumerate(self.task.val_items)
+            for run_id in range(samples)
         ]

@@ -38,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.backend import CONTEXT_KEY, Backend, BackendSetup, RolloutSetup, RolloutSource
+from nexrl_core.backend import CONTEXT_KEY, Backend, BackendLost, BackendSetup, RolloutSetup, RolloutSource
 from nexrl_core.checkpoints import PendingCheckpoints
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
@@ -71,10 +71,14 @@ from nexrl_core.run_state import (
     save_run_state,
 )
 from nexrl_core.serving import ServiceStartError
+from nexrl_core.validation import run_validation
 
 logger = logging.getLogger("nexrl.train")
 
 CONFIG_FILE = "config.yaml"
+RECIPE_DIR_FILE = "recipe_dir.txt"
+"""The directory of the recipe a run was started from, where its relative data and agent
+paths are also looked up; ``nexrl eval RUN`` reads it."""
 BACKEND_DIR = "backend"
 ROLLOUT_DIR = "rollout"
 RESUMABLE_CHANGES = ("schedule.", "output.")
@@ -83,6 +87,7 @@ RUN_FILES = (
     METRICS_FILE,
     RUN_STATE_FILE,
     CONFIG_FILE,
+    RECIPE_DIR_FILE,
     REWARD_CURVE_FILE,
     TENSORBOARD_DIR,
     BACKEND_DIR,
@@ -99,6 +104,22 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__()
         self.output_dir = output_dir
         self.checkpoint_step = checkpoint_step
+
+
+class TrainingGaveUp(RuntimeError):
+    """The backend was lost and could not be restarted (restarts spent, or it cannot
+    heal); the last checkpoint is intact and ``--resume`` continues from it."""
+
+    def __init__(self, output_dir: Path, checkpoint_step: int | None, reason: str, restarts: int) -> None:
+        super().__init__(reason)
+        self.output_dir = output_dir
+        self.checkpoint_step = checkpoint_step
+        self.reason = reason
+        self.restarts = restarts
+
+
+RESTARTS_METRIC = "backend/restarts"
+"""How many times the backend was restarted so far in the run, on every row after the first."""
 
 
 @attrs.frozen(kw_only=True)
@@ -222,8 +243,12 @@ class TrainingLoop:
         display: ProgressDisplay,
         out_dir: Path,
         state: RunState | None,
+        restarts: int = 0,
     ) -> None:
         self.config = config
+        self.restarts = restarts
+        """Backend restarts before this loop started; every row of a run that had one
+        says how many (`RESTARTS_METRIC`)."""
         self.backend = backend
         self.loader = loader
         self.runner = runner
@@ -266,16 +291,11 @@ class TrainingLoop:
         )
 
     def validate(self, step: int) -> dict[str, float]:
-        requests = self.loader.val_requests(step)
-        if not requests:
+        validation = run_validation(self.runner, self.loader, step, temperature=self.config.rollout.val_temperature)
+        if validation is None:
             return {}
-        started = time.monotonic()
-        batch = self.runner.submit(step, requests, temperature=self.config.rollout.val_temperature).result()
-        self._account(batch, f"validation after step {step}")
-        metrics = batch.metrics(prefix="val/")
-        metrics["val/count"] = float(len(requests))
-        metrics["time/val_s"] = time.monotonic() - started
-        return metrics
+        self._account(validation.batch, f"validation after step {step}")
+        return validation.metrics()
 
     def _submit_until(self, last: int) -> None:
         while self.next_batch <= min(last, self.config.schedule.steps):
@@ -313,6 +333,8 @@ class TrainingLoop:
         """Log ``row``; the first row of a fresh run also says how the backend runs the model."""
         row.update(self._run_info)
         self._run_info = {}
+        if self.restarts:
+            row[RESTARTS_METRIC] = self.restarts
         self.metrics.write(row)
 
     # -- the run
@@ -383,6 +405,33 @@ def write_final_model(backend: Backend, out_dir: Path) -> tuple[Path | None, str
     return None, reason
 
 
+def _restart(backend: Backend, loop: TrainingLoop, out_dir: Path, lost: BackendLost, restarts: int) -> RunState | None:
+    """Restart a lost backend from the last complete checkpoint; returns the run state
+    to go on from (None: from the start, when no checkpoint was complete yet).
+
+    :raises TrainingGaveUp: when the backend cannot restart (or will not: restarts spent).
+    """
+    with contextlib.suppress(Exception):  # a save that needed the lost part fails; the one before stays
+        loop.saving.settle()
+    for pending in loop.pending.values():  # rollouts already asked for finish against the sampler
+        with contextlib.suppress(Exception):
+            pending.result()
+    restart = getattr(backend, "restart", None)
+    state = load_run_state(out_dir)
+    checkpoint_step = state.step if state else None
+    if restart is None or not restart():
+        raise TrainingGaveUp(out_dir, checkpoint_step, str(lost), restarts - 1) from lost
+    logger.warning(
+        "restart %d: %s; the backend restarted, going on from %s",
+        restarts,
+        lost,
+        f"the checkpoint of step {checkpoint_step}" if state else "the start (no checkpoint was complete yet)",
+    )
+    if state is not None:
+        backend.load_checkpoint(state.checkpoint_path)
+    return state
+
+
 def _check_resumable(state: RunState, config: TrainConfig) -> None:
     changed = [
         line for line in config_differences(state.config, dump_config(config)) if not line.startswith(RESUMABLE_CHANGES)
@@ -433,6 +482,8 @@ def run_training(
     import yaml
 
     write_atomic(out_dir / CONFIG_FILE, yaml.safe_dump(dump_config(config), sort_keys=False))
+    if recipe_dir is not None:
+        write_atomic(out_dir / RECIPE_DIR_FILE, f"{recipe_dir.resolve()}\n")
     if state is not None and state.step >= config.schedule.steps:
         logger.info("the run in %s already completed %d steps; nothing to do", out_dir, state.step)
         curve = plot_reward_curve(state.metrics, out_dir / REWARD_CURVE_FILE)
@@ -471,19 +522,29 @@ def run_training(
                 if not any(out_dir.iterdir()):
                     out_dir.rmdir()
             raise
-        metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
-        display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
-        loop = TrainingLoop(
-            config,
-            backend=backend,
-            loader=loader,
-            runner=runner,
-            metrics=metrics,
-            display=display,
-            out_dir=out_dir,
-            state=state,
-        )
-        loop.run()
+        restarts = 0
+        while True:
+            metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
+            display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
+            loop = TrainingLoop(
+                config,
+                backend=backend,
+                loader=loader,
+                runner=runner,
+                metrics=metrics,
+                display=display,
+                out_dir=out_dir,
+                state=state,
+                restarts=restarts,
+            )
+            try:
+                loop.run()
+                break
+            except BackendLost as lost:
+                restarts += 1
+                state = _restart(backend, loop, out_dir, lost, restarts)
+                _close_quietly("progress display", display.close)
+                _close_quietly("metrics log", metrics.close)
         final_model, final_model_error = write_final_model(backend, out_dir)
     except KeyboardInterrupt:
         if loop is not None:

@@ -1,7 +1,8 @@
 """Tasks: where prompts come from, what the agent does with them, and how it is scored.
 
-A recipe names either a registered task (``task.name: addition``) or a JSONL file of
-items plus an agent function (``task.data_path`` and ``task.agent: module:function``).
+A recipe names either a registered task (``task.name: addition``) or a data file of
+items (JSON lines, parquet, a ``datasets`` directory: `nexrl_core.data_files`) plus an
+agent function (``task.data_path`` and ``task.agent: module:function``).
 Either way the loop sees the same two things: a stream of items and an agent.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ("torch", "numpy", "zmq", "fastapi", "uvicorn", "tinker", "weaver", "transformers")
+HEAVY = ("torch", "numpy", "zmq", "fastapi", "uvicorn", "tinker", "weaver", "transformers", "pyarrow", "datasets")
 
 
 def modules_after(code: str) -> set[str]:
@@ -17,6 +17,14 @@ def modules_after(code: str) -> set[str]:
 
 def test_import_nexrl_core_is_light() -> None:
     assert not modules_after("import nexrl_core") & set(HEAVY)
+
+
+def test_reading_a_jsonl_task_is_light(tmp_path) -> None:
+    """pyarrow and datasets load only for the files that need them."""
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"a": 1}\n')
+    code = f"from nexrl_core.data_files import read_rows\nread_rows({str(data)!r}, 'task.data_path', None)"
+    assert not modules_after(code) & set(HEAVY)
 
 
 def test_loading_every_plugin_and_the_cli_is_light() -> None:

@@ -75,6 +75,7 @@ LOOP = "tests/test_train_loop.py"
 SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
 RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
+DATA = "tests/test_data_formats.py"
 INPROCESS = "nexrl_fsdp/tests/test_inprocess_backend.py"
 INPROCESS_BAD_SETTINGS = f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
@@ -110,8 +111,18 @@ LORA_TARGETS = per_backend(
 
 CORE: dict[str, Entry] = {
     "task.name": everywhere("tests/test_e2e_train.py::test_shortened_quickstart_raises_validation_reward", BAD_INPUT),
-    "task.data_path": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module", BAD_INPUT),
-    "task.val_data_path": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module"),
+    "task.data_path": everywhere(
+        f"{LOOP}::test_jsonl_data_with_an_agent_module",
+        f"{DATA}::test_one_training_step_gets_the_same_rewards_from_every_form",
+        BAD_INPUT,
+    ),
+    "task.val_data_path": everywhere(
+        f"{LOOP}::test_jsonl_data_with_an_agent_module", f"{DATA}::test_every_form_yields_the_same_items_in_the_same_order"
+    ),
+    "task.columns": everywhere(
+        f"{DATA}::test_a_missing_column_is_refused_naming_the_file_and_the_column",
+        f"{DATA}::test_the_held_out_file_is_checked_too",
+    ),
     "task.agent": everywhere(f"{LOOP}::test_jsonl_data_with_an_agent_module", BAD_INPUT),
     "task.val_size": everywhere(SAMPLING),
     "backend.name": everywhere(f"{INPROCESS}::test_metrics_say_which_dtype_trained", BAD_INPUT),
@@ -154,7 +165,7 @@ CORE: dict[str, Entry] = {
         remote_api=("plugins/nexrl_remote_api/tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
                     "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions"),  # fmt: skip
         inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
-        self_hosted=f"{WORKERS}::test_every_loss_option_the_workers_run_reaches_their_gradient",
+        self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
     ),
     "algorithm.kl.coef": KL_REWARD,
     "algorithm.kl.controller": KL_ADAPTIVE,
@@ -186,16 +197,8 @@ LOSS_OPTION_TESTS = per_backend(
     remote_api=("nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
                 "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolderLossOptions"),  # fmt: skip
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
-    self_hosted=f"{WORKERS}::test_every_loss_option_the_workers_run_reaches_their_gradient",
+    self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
 )
-SEQUENCE_AGGREGATION = attrs.evolve(
-    LOSS_OPTION_TESTS,
-    effect={name: tests for name, tests in LOSS_OPTION_TESTS.effect.items() if name != "self-hosted"},
-    refused={"self-hosted": SELF_HOSTED_REFUSALS},
-)
-"""An option that needs a sequence aggregation, which the workers refuse."""
-
-
 def _loss_options() -> dict[str, Entry]:
     entries = {}
     for loss, options in {
@@ -206,7 +209,7 @@ def _loss_options() -> dict[str, Entry]:
         "gspo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
     }.items():
         for option in options:
-            entries[f"algorithm.loss.options.{option} [{loss}]"] = SEQUENCE_AGGREGATION if option == "norm_constant" else LOSS_OPTION_TESTS
+            entries[f"algorithm.loss.options.{option} [{loss}]"] = LOSS_OPTION_TESTS
     return entries
 
 
@@ -259,6 +262,12 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.sampler.device [self-hosted]": per_backend(self_hosted=SELF_HOSTED_REFUSALS),
     "backend.options.heartbeat_s [self-hosted]": per_backend(
         self_hosted="nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs"
+    ),
+    "backend.options.max_restarts [self-hosted]": per_backend(
+        self_hosted=(
+            "tests/test_resume_real.py::test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one",
+            "tests/test_resume_real.py::test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line",
+        )
     ),
     "backend.options.dead_after_s [self-hosted]": per_backend(
         self_hosted=(SELF_HOSTED_OPTIONS, "nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs")

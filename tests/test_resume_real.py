@@ -10,9 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+
+from nexrl_core.loop import RESTARTS_METRIC
+from nexrl_core.testing.processes import processes_with
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 STEPS, CHECKPOINT = 8, 4
@@ -75,3 +79,77 @@ def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, b
                 assert got[step][key] == value, f"step {step} {key}: {got[step][key]} != {value}"
             elif key.startswith("train/"):
                 assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
+
+
+def rank_pids(marker: str) -> list[int]:
+    """The worker ranks (not torchrun) among the processes carrying ``marker``."""
+    ranks = []
+    for pid in processes_with(marker):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"nexrl_fsdp.worker" in cmdline and b"torch.distributed.run" not in cmdline:
+            ranks.append(pid)
+    return sorted(ranks)
+
+
+HEALING = ("backend.options.heartbeat_s=0.5", "backend.options.dead_after_s=3")
+"""Notice a dead rank within seconds (results do not depend on it)."""
+
+
+def run_and_kill_a_rank(out_dir: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the self-hosted quickstart; once step CHECKPOINT + 1 is logged, SIGKILL one
+    worker rank; returns the finished run and the marker of its processes."""
+    marker = f"NEXRL_TEST_RUN={uuid.uuid4().hex}"
+    name, _, value = marker.partition("=")
+    process = subprocess.Popen(
+        command(out_dir, "self-hosted", *HEALING, *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, name: value},
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while CHECKPOINT + 1 not in (training_rows(out_dir) if (out_dir / "metrics.jsonl").exists() else {}):
+            assert process.poll() is None, "the run ended before the rank could be killed"
+            assert time.monotonic() < deadline, f"no step {CHECKPOINT + 1} within 300 s"
+            time.sleep(0.05)
+        ranks = rank_pids(marker)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        output, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, output, ""), marker
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp_path: Path) -> None:
+    straight, healed = tmp_path / "straight", tmp_path / "healed"
+    subprocess.run(command(straight, "self-hosted"), check=True, capture_output=True, timeout=600)
+    done, marker = run_and_kill_a_rank(healed)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert done.stdout.count("restart 1:") == 1 and "restart 2:" not in done.stdout, done.stdout[-4000:]
+    assert not processes_with(marker)
+
+    expected, got = training_rows(straight), training_rows(healed)
+    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        for key, value in expected[step].items():
+            if key.startswith(EXACT):
+                assert got[step][key] == value, f"step {step} {key}: {got[step][key]} != {value}"
+            elif key.startswith("train/"):
+                assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
+    assert [got[step].get(RESTARTS_METRIC, 0) for step in range(1, STEPS + 1)] == [0] * CHECKPOINT + [1] * (STEPS - CHECKPOINT)
+
+
+@pytest.mark.slow
+def test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line(tmp_path: Path) -> None:
+    done, marker = run_and_kill_a_rank(tmp_path / "run", "backend.options.max_restarts=0")
+    assert done.returncode == 1, done.stdout[-4000:]
+    assert "Traceback" not in done.stdout, done.stdout[-4000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
+    assert "stopped beating" in line or "is dead" in line, line
+    assert f"the last checkpoint (step {CHECKPOINT}) is intact; continue with: nexrl train" in line and line.endswith("--resume"), line
+    assert not processes_with(marker)

@@ -75,7 +75,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
     stops cleanly and keeps the last checkpoint; --resume continues from it.
     """
     from nexrl_core.checkpoints import CheckpointError
-    from nexrl_core.loop import TrainingInterrupted, row_summary, run_training
+    from nexrl_core.loop import TrainingGaveUp, TrainingInterrupted, row_summary, run_training
     from nexrl_core.registry import RegistryError
     from nexrl_core.rollout import RolloutError
     from nexrl_core.run_state import TrainingError
@@ -105,6 +105,15 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
             ctx.exit(USAGE_ERROR_EXIT_CODE)
         except (RolloutError, RegistryError, CheckpointError) as error:
             raise click.ClickException(str(error)) from error
+        except TrainingGaveUp as gave_up:
+            again = shlex.join(["nexrl", "train", *arguments, "--resume"])
+            where = (
+                f"the last checkpoint (step {gave_up.checkpoint_step}) is intact; continue with: {again}"
+                if gave_up.checkpoint_step is not None
+                else f"no checkpoint was complete yet; start again with: {shlex.join(['nexrl', 'train', *arguments])}"
+            )
+            click.echo(f"Error: {gave_up.reason} (after {gave_up.restarts} restarts); {where}", err=True)
+            ctx.exit(1)
         except TrainingInterrupted as interrupted:
             again = shlex.join(["nexrl", "train", *arguments, "--resume"])
             where = (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
@@ -104,6 +105,32 @@ def _structure_dict_factory(target: Any, converter: cattrs.Converter) -> Callabl
     return _requiring(Mapping, "a mapping", make_mapping_structure_fn(target, converter))
 
 
+def _string_or_record(target: Any) -> type | None:
+    """The attrs class of a ``str | Record | None`` union (a path or its long form), else None."""
+    if typing.get_origin(target) not in (typing.Union, types.UnionType):
+        return None
+    members = [member for member in typing.get_args(target) if member is not type(None)]
+    records = [member for member in members if attrs.has(member)]
+    return records[0] if len(records) == 1 and sorted(members, key=str) == sorted([str, records[0]], key=str) else None
+
+
+def _structure_string_or_record_factory(target: Any, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    record = _string_or_record(target)
+    assert record is not None
+    allows_none = type(None) in typing.get_args(target)
+
+    def structure(value: Any, _: Any) -> Any:
+        if value is None and allows_none:
+            return None
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Mapping):
+            return converter.structure(value, record)
+        raise WrongTypeError(f"a string or a mapping of {', '.join(field.name for field in attrs.fields(record))}", value)
+
+    return structure
+
+
 def _checked(structure: Callable[[Any, Any], Any], field: attrs.Attribute) -> Callable[[Any, Any], Any]:
     """Structure a field and run its `Check` at once, so each failing field is reported."""
 
@@ -140,6 +167,7 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook_factory(_is_list_type, _structure_list_factory)
     converter.register_structure_hook_factory(_is_dict_type, _structure_dict_factory)
     converter.register_structure_hook_factory(attrs.has, _structure_attrs_factory)
+    converter.register_structure_hook_factory(lambda target: _string_or_record(target) is not None, _structure_string_or_record_factory)
     return converter
 
 

@@ -87,16 +87,52 @@ def _component(kind: str, default: str | None) -> Any:
 
 
 @attrs.frozen(kw_only=True)
+class DatasetSpec:
+    """Items read through Hugging Face ``datasets``: a directory ``save_to_disk`` wrote
+    (``path``, with ``split`` when it holds several), or a ``load_dataset`` call on local
+    files (``builder``, ``data_files``, ``split``). A plain string in ``task.data_path``
+    is the same as ``{path: ...}``."""
+
+    path: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """A JSONL or parquet file, or a directory ``Dataset.save_to_disk`` or
+    ``DatasetDict.save_to_disk`` wrote."""
+    builder: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """A ``datasets`` packaged builder (``json``, ``parquet``, ``csv``, ``arrow``, ``text``)
+    or a local dataset directory, as the first argument of ``load_dataset``."""
+    data_files: list[str] = attrs.field(factory=list)
+    """With ``builder``: the files (globs allowed) of the split read."""
+    split: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Which split to read: of a ``DatasetDict`` directory, or of ``builder`` (default ``train``)."""
+
+    def __attrs_post_init__(self) -> None:
+        if (self.path is None) == (self.builder is None):
+            raise ValueError("set exactly one of path (a file or a save_to_disk directory) and builder (load_dataset)")
+        if self.data_files and self.builder is None:
+            raise ValueError("data_files goes with builder; for a single file set path alone")
+
+
+DataPath = str | DatasetSpec | None
+"""What ``task.data_path`` and ``task.val_data_path`` take: a path, or a `DatasetSpec`."""
+
+
+@attrs.frozen(kw_only=True)
 class TaskConfig:
     """What to train on: prompts, the agent that answers them, and its reward."""
 
     name: str | None = attrs.field(default=None, validator=optional_non_empty)
     """A registered task (``nexrl plugins`` lists them), or null for a task given by
     ``data_path`` and ``agent``."""
-    data_path: str | None = None
-    """JSONL file of training prompts; null uses the built-in task's data."""
-    val_data_path: str | None = None
-    """JSONL file of validation prompts; null validates on the built-in task's split, if any."""
+    data_path: DataPath = None
+    """Training items: a JSONL file, a parquet file (verl's layout: a ``prompt`` column of
+    chat messages beside the fields the agent reads), a ``save_to_disk`` directory, or a
+    `DatasetSpec` mapping; null uses the built-in task's data."""
+    val_data_path: DataPath = None
+    """Held-out items, in any form ``data_path`` takes; null validates on the built-in
+    task's split, if any."""
+    columns: list[str] | None = None
+    """Fields every training and held-out item must have (the ones the agent reads;
+    ``a.b`` is field ``b`` inside ``a``), checked in every data file before anything
+    starts; null checks none."""
     agent: str | None = attrs.field(default=None, validator=optional_module_attribute)
     """Rollout function as ``package.module:function``; null uses the built-in task's agent.
     The recipe's directory and the current directory are searched for the module too."""

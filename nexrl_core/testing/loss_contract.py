@@ -2,8 +2,9 @@
 
 Subclass `PolicyLossContract` and override the ``policy_loss`` fixture to return a built
 loss. The checks hold for any sound loss: a finite scalar, untrained tokens that neither
-change the loss nor get a gradient, padding rows and row order that change nothing, and
-non-finite inputs rejected with a clear error.
+change the loss nor get a gradient, padding rows and row order that change nothing, a step
+split into parts (micro-batches, ranks) that adds up to the whole step given its
+`StepTotals`, and non-finite inputs rejected with a clear error.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nexrl_core.algorithms import POLICY_LOSS_INPUTS, PolicyLoss, PolicyLossInputs, PolicyLossOutput
+from nexrl_core.algorithms import POLICY_LOSS_INPUTS, PolicyLoss, PolicyLossInputs, PolicyLossOutput, StepTotals
 
 
 def make_loss_inputs(batch: int = 4, width: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> PolicyLossInputs:
@@ -34,10 +35,21 @@ def make_loss_inputs(batch: int = 4, width: int = 6, seed: int = 0, dtype: torch
     )
 
 
-def _replace(inputs: PolicyLossInputs, **changes: torch.Tensor) -> PolicyLossInputs:
-    fields = {name: getattr(inputs, name) for name in ("logprobs", "loss_mask", "old_logprobs", "advantages", "entropy", "ref_logprobs")}
+_TENSOR_FIELDS = ("logprobs", "loss_mask", "old_logprobs", "advantages", "entropy", "ref_logprobs")
+
+
+def _replace(inputs: PolicyLossInputs, **changes: object) -> PolicyLossInputs:
+    fields: dict[str, object] = {name: getattr(inputs, name) for name in (*_TENSOR_FIELDS, "step_totals")}
     fields.update(changes)
     return PolicyLossInputs(**fields)
+
+
+def _part(inputs: PolicyLossInputs, rows: slice, totals: StepTotals) -> PolicyLossInputs:
+    """Rows of ``inputs`` as one part of a step, cut to their own longest trained row (as a
+    micro-batch is padded only to its own width)."""
+    width = int(inputs.loss_mask[rows].nonzero()[:, 1].max()) + 1
+    cut = {name: getattr(inputs, name)[rows, :width] for name in _TENSOR_FIELDS if getattr(inputs, name) is not None}
+    return _replace(inputs, **cut, step_totals=totals)
 
 
 def _loss_and_grad(policy_loss: PolicyLoss, inputs: PolicyLossInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +130,22 @@ class PolicyLossContract:
         permuted_loss, permuted_grad = _loss_and_grad(policy_loss, permuted)
         torch.testing.assert_close(permuted_loss, loss)
         torch.testing.assert_close(permuted_grad, grad[order])
+
+    def test_parts_of_a_step_add_up_to_the_whole_step(self, policy_loss: PolicyLoss) -> None:
+        """Given the whole step's `StepTotals`, the losses of its parts (micro-batches,
+        ranks) sum to the loss of the whole and their gradients are the whole's: the
+        step's gradient does not depend on how it is split."""
+        inputs = make_loss_inputs(batch=7, width=9, seed=5)
+        whole_loss, whole_grad = _loss_and_grad(policy_loss, inputs)
+        totals = StepTotals.of(inputs.loss_mask)
+        for cuts in ([0, 1, 7], [0, 3, 5, 7], [0, 2, 3, 4, 6, 7]):
+            parts_loss = torch.zeros((), dtype=whole_loss.dtype)
+            for first, last in zip(cuts, cuts[1:]):
+                part = _part(inputs, slice(first, last), totals)
+                loss, grad = _loss_and_grad(policy_loss, part)
+                parts_loss = parts_loss + loss
+                torch.testing.assert_close(grad, whole_grad[first:last, : grad.shape[1]], msg=f"split {cuts}: gradient of rows {first}:{last}")
+            torch.testing.assert_close(parts_loss, whole_loss, msg=f"split {cuts}: the parts' losses do not add up to the step's")
 
     def test_nothing_trained_gives_zero_not_nan(self, policy_loss: PolicyLoss) -> None:
         inputs = make_loss_inputs()

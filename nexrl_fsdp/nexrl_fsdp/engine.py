@@ -45,14 +45,17 @@ from nexrl_fsdp.loading import (
 )
 from nexrl_fsdp.lora import apply_training_mode, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
+    ADDITIVE_METRICS,
     CheckedDatum,
     LossFn,
     PaddedBatch,
+    additive_reduction,
     build_loss_fn,
     check_datums,
     collate,
     policy_loss_inputs,
     split_microbatches,
+    step_totals,
     target_logprobs,
 )
 from nexrl_fsdp.optim import AdamW
@@ -97,18 +100,25 @@ def _token_list(value: Any, what: str) -> list[int]:
 
 
 class _MetricSum:
-    """Combines the metrics of micro-batches into Tinker ``name:reduction`` keys."""
+    """Combines the metrics of micro-batches into Tinker ``name:reduction`` keys.
 
-    def __init__(self, sums: frozenset[str]) -> None:
-        self.sums = sums
+    ``additive`` metrics (the loss and its entropy term) are each micro-batch's share of
+    the step's value (see `StepTotals`), so they add up; they are reported as
+    ``name:sum`` under a summed aggregation and ``name:mean`` under a mean, so that a
+    client combining several requests (Tinker's SDK splits large ones) reduces them as
+    they were computed. Other metrics are token-weighted means, or ``/min`` and ``/max``.
+    """
+
+    def __init__(self, additive: frozenset[str], additive_reduction: str = "sum") -> None:
+        self.additive = {name: f"{name}:{additive_reduction}" for name in additive}
         self.values: dict[str, float] = {}
         self.weights: dict[str, float] = {}
 
     def add(self, metrics: Mapping[str, float], weight: float) -> None:
         for key, value in metrics.items():
             value = float(value)
-            if key in self.sums:
-                name = f"{key}:sum"
+            if key in self.additive:
+                name = self.additive[key]
                 self.values[name] = self.values.get(name, 0.0) + value
             elif key.endswith("/min") or key.endswith("/max"):
                 name = f"{key}:{key[-3:]}"
@@ -357,9 +367,8 @@ class Engine:
     ) -> ForwardResult:
         fn = self._loss_fn(loss_name, loss_fn_config)
         checked = check_datums(datums, fn, self.vocab_size)
-        agg_mode = getattr(getattr(fn.config, "agg_mode", None), "value", getattr(fn.config, "agg_mode", None))
-        sums = frozenset({"loss", "entropy"}) if agg_mode in (None, "token-sum") else frozenset()
-        metrics = _MetricSum(sums)
+        metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(fn))
+        totals = step_totals(checked)
         outputs: list[DatumOutput | None] = [None] * len(checked)
         num_tokens = 0.0
         with self._lock, torch.set_grad_enabled(backward):
@@ -367,7 +376,7 @@ class Engine:
                 chunk = [checked[i] for i in group]
                 batch = collate(chunk, self.pad_token_id, self.device)
                 logprobs, entropy = self._target_logprobs(chunk, batch, fn.needs_entropy)
-                result = fn.loss(policy_loss_inputs(batch, logprobs, entropy))
+                result = fn.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                 if backward:
                     result.loss.backward()
                 weight = float(batch.loss_mask.sum())

@@ -30,18 +30,22 @@ from typing import Any, Mapping, Sequence
 import attrs
 import torch
 
-from nexrl_core.algorithms import PolicyLossInputs
+from nexrl_core.algorithms import PolicyLossInputs, StepTotals
 from nexrl_fsdp.types import Datum
 
 __all__ = [
+    "ADDITIVE_METRICS",
     "DATUM_KEYS",
+    "additive_reduction",
     "at_least_float32",
     "LossFn",
     "PaddedBatch",
     "build_loss_fn",
     "check_datums",
     "collate",
+    "loss_mask_row",
     "split_microbatches",
+    "step_totals",
     "target_logprobs",
 ]
 
@@ -60,6 +64,18 @@ DATUM_KEYS: Mapping[str, str] = {
 
 _MASK_KEYS = ("weights", "sequence_ratio_mask", "mask")
 _THRESHOLD_KEYS = {"clip_low_threshold": "clip_low", "clip_high_threshold": "clip_high"}
+
+
+ADDITIVE_METRICS = frozenset({"loss", "entropy"})
+"""Loss metrics that, computed against the step's totals, add up over its parts."""
+
+
+def additive_reduction(loss_fn: LossFn) -> str:
+    """How a loss's additive metrics are named: ``sum`` under ``token-sum`` (or a loss
+    without an aggregation), ``mean`` under the mean modes."""
+    mode = getattr(loss_fn.config, "agg_mode", None)
+    mode = getattr(mode, "value", mode)
+    return "sum" if mode in (None, TINKER_AGGREGATION) else "mean"
 
 
 @attrs.frozen
@@ -234,6 +250,28 @@ def _padded(rows: Sequence[Sequence[Any]], width: int, fill: float, dtype: torch
     return torch.tensor([list(row) + [fill] * (width - len(row)) for row in rows], dtype=dtype)
 
 
+def loss_mask_row(datum: CheckedDatum) -> list[float]:
+    """The datum's loss mask: its mask key, else where its advantage is non-zero (see the
+    module docstring), else every position."""
+    mask_key = next((key for key in _MASK_KEYS if key in datum.values), None)
+    if mask_key is not None:
+        return [float(value) for value in datum.values[mask_key]]
+    if "advantages" in datum.values:
+        return [float(float(value) != 0.0) for value in datum.values["advantages"]]
+    return [1.0] * len(datum.input_tokens)
+
+
+def step_totals(datums: Sequence[CheckedDatum]) -> StepTotals:
+    """The divisors of a step made of ``datums``, known before any part of it is run, so
+    that every micro-batch's loss is its share of the whole step's (`StepTotals`)."""
+    rows = [loss_mask_row(datum) for datum in datums]
+    return StepTotals(
+        tokens=float(sum(sum(row) for row in rows)),
+        sequences=float(sum(1 for row in rows if sum(row) > 0)),
+        columns=max((len(datum.input_tokens) for datum in datums), default=0),
+    )
+
+
 def collate(datums: Sequence[CheckedDatum], pad_id: int, device: torch.device) -> PaddedBatch:
     """Right-pad a chunk; padding gets mask 0 and value 0 (never NaN) everywhere."""
     lengths = [len(d.input_tokens) for d in datums]
@@ -244,16 +282,7 @@ def collate(datums: Sequence[CheckedDatum], pad_id: int, device: torch.device) -
         present = any(key in d.values for d in datums)
         rows = [d.values.get(key, [0.0] * n) for d, n in zip(datums, lengths)]
         optional[key] = _padded(rows, width, 0.0, torch.float32) if present else None
-    mask_rows: list[Sequence[Any]] = []
-    for datum, n in zip(datums, lengths):
-        mask_key = next((key for key in _MASK_KEYS if key in datum.values), None)
-        if mask_key is not None:
-            mask_rows.append(datum.values[mask_key])
-        elif "advantages" in datum.values:
-            # Only where something is learnt (see the module docstring).
-            mask_rows.append([float(value) != 0.0 for value in datum.values["advantages"]])
-        else:
-            mask_rows.append([1.0] * n)
+    mask_rows = [loss_mask_row(datum) for datum in datums]
     return PaddedBatch(
         input_ids=_padded([d.input_tokens for d in datums], width, pad_id, torch.long).to(device),
         attention_mask=real.long().to(device),
@@ -293,7 +322,10 @@ def target_logprobs(model: Any, batch: PaddedBatch, with_entropy: bool = False) 
     return logprobs, entropy
 
 
-def policy_loss_inputs(batch: PaddedBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None) -> PolicyLossInputs:
+def policy_loss_inputs(
+    batch: PaddedBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None, totals: StepTotals | None = None
+) -> PolicyLossInputs:
+    """The loss's view of a collated chunk; ``totals`` when the chunk is part of a step."""
     return PolicyLossInputs(
         logprobs=logprobs,
         loss_mask=batch.loss_mask,
@@ -301,4 +333,5 @@ def policy_loss_inputs(batch: PaddedBatch, logprobs: torch.Tensor, entropy: torc
         advantages=batch.advantages,
         entropy=entropy,
         ref_logprobs=batch.ref_logprobs,
+        step_totals=totals,
     )

@@ -46,16 +46,10 @@ def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
 @pytest.mark.parametrize(
     ("override", "problem"),
     [
-        ("algorithm.loss.options.agg_mode=seq-mean-token-mean", "algorithm.loss.options.agg_mode: 'seq-mean-token-mean'"),
         *[
             (f"model.lora={{rank: 4, {lora}}}", "model.lora.rank: the self-hosted workers train every weight")
             for lora in ("alpha: 16.0, train_mlp: false, train_unembed: false", "train_attn: false")
         ],
-        *[
-            (f"algorithm.loss={{name: {loss}, options: {{agg_mode: seq-mean-token-sum-norm, norm_constant: 4.0}}}}",
-             "algorithm.loss.options.agg_mode: 'seq-mean-token-sum-norm'")
-            for loss in ("ppo", "importance_sampling", "cross_entropy", "cispo", "gspo")
-        ],  # fmt: skip
         ("backend.options.trainer=remote_api_grpo", "backend.options.trainer: trainer 'remote_api_grpo' does not fit"),
         ("model.name=/no/such/model", "model.name: unknown model"),
         ("backend.options.sampler.device=no-such-device", "backend.options.sampler.device:"),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from nexrl_core.types import Trajectory
 from nexrl_fsdp import Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
+from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_fsdp.config import EngineConfig
@@ -30,7 +32,6 @@ from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
-from nexrl_fsdp.selfhosted.backend import WORKER_AGGREGATIONS
 
 pytestmark = pytest.mark.slow
 
@@ -186,8 +187,8 @@ def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: LocalWo
 
 
 def test_bad_update_options_are_refused_by_name(group: LocalWorkerGroup) -> None:
-    with pytest.raises(WorkerGroupError, match="agg_mode 'seq-mean-token-mean' is not supported"):
-        group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-mean"}})
+    with pytest.raises(WorkerGroupError, match="'seq-mean-token-avg' is not a valid AggMode"):
+        group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-avg"}})
     with pytest.raises(WorkerGroupError, match="unknown update_actor options"):
         group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
 
@@ -269,27 +270,48 @@ def _probe_batch(group: LocalWorkerGroup) -> Batch:
     return batch
 
 
-def test_every_loss_option_the_workers_run_reaches_their_gradient(group: LocalWorkerGroup) -> None:
+def test_every_loss_option_reaches_the_workers_gradient(group: LocalWorkerGroup) -> None:
     """Each option of each registered loss (`LOSS_OPTION_CASES`) changes the gradient the
-    workers compute, with an optimizer that cannot move the weights; the workers run only
-    `WORKER_AGGREGATIONS` (the backend refuses the others, and so ``norm_constant``)."""
+    workers compute, with an optimizer that cannot move the weights."""
     from nexrl_grpo.option_cases import LOSS_OPTION_CASES
 
     frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0).to_json()
     batch = _probe_batch(group)
     checked = []
     for case in LOSS_OPTION_CASES:
-        config = {**case.fixed}
-        if config.get("agg_mode", "token-sum") not in WORKER_AGGREGATIONS or (
-            case.option == "agg_mode" and {case.value, case.other} - set(WORKER_AGGREGATIONS)
-        ):
-            continue
         norms = [
             group.transport.update_actor(
-                batch, {"loss_fn": case.loss, "loss_fn_config": {**config, case.option: value}, "optimizer": frozen, "micro_batch_rows": 2}
+                batch,
+                {"loss_fn": case.loss, "loss_fn_config": {**case.fixed, case.option: value}, "optimizer": frozen, "micro_batch_rows": 2},
             )["actor/grad_norm"]
             for value in (case.value, case.other)
         ]
         assert norms[0] != pytest.approx(norms[1], rel=1e-6), f"{case.loss}.{case.option} left the workers' gradient unchanged: {norms}"
         checked.append(f"{case.loss}.{case.option}")
-    assert len(checked) == 14, checked  # the rest need an aggregation the workers refuse
+    assert len(checked) == len(LOSS_OPTION_CASES), checked
+
+
+AGGREGATION_CASES = loss_aggregation_cases()
+
+
+@pytest.mark.parametrize(("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES])
+def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: LocalWorkerGroup, loss: str, options: dict[str, Any]) -> None:
+    """Every registered loss under every aggregation: the 2-rank group's gradient norm and
+    loss are the same with one row or every row per pass, and equal to one process's
+    (the engine's) on the whole batch; an optimizer with learning rate 0 keeps the weights."""
+    options = with_entropy_bonus(loss, options)
+    frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
+    engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
+    weights = group.transport.get_weights()
+    with torch.no_grad():
+        for name, parameter in engine.model.named_parameters():
+            parameter.copy_(weights[name])
+    reference = engine.forward_backward(_datums(), loss, options)
+    reference_norm = engine.optim_step(frozen).grad_norm
+    key = "loss:sum" if options.get("agg_mode", "token-sum") == "token-sum" else "loss:mean"
+    for rows in (1, 8):
+        metrics = group.transport.update_actor(
+            _batch(), {"loss_fn": loss, "loss_fn_config": options, "optimizer": frozen.to_json(), "micro_batch_rows": rows}
+        )
+        assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4), f"{rows} rows per pass"
+        assert metrics[key] == pytest.approx(reference.metrics[key], rel=1e-4, abs=1e-6), f"{rows} rows per pass"

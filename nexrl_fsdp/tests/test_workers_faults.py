@@ -17,6 +17,7 @@ import torch
 from nexrl_core.batch import Batch
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_core.backend import BackendLost
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
 from nexrl_fsdp.selfhosted.backend import start_local_group
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
@@ -106,3 +107,24 @@ def test_a_killed_rank_not_yet_reaped_counts_as_gone() -> None:
     assert not _alive(child.pid), "a zombie is not alive"
     child.wait()
     assert not _alive(child.pid) and _alive(os.getpid())
+
+
+def test_a_frozen_rank_is_a_lost_group_within_the_op_deadline(tmp_path: Path) -> None:
+    """A rank stopped with SIGSTOP mid-update (its peer then waits in a collective) is
+    caught by the op deadline, not the collective's own 600 s: the error is a
+    `BackendLost`, which the loop answers with a restart, and nothing is left running."""
+    group = LocalWorkerGroup(2, tmp_path / "frozen.log", heartbeat_s=0.5, dead_after_s=3, op_timeout_s=6,
+                             extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "600"})
+    try:
+        group.transport.init_model("nexrl-tiny")
+        pids = group.rank_pids()
+        freezer = threading.Timer(1.0, os.kill, args=(pids[1], signal.SIGSTOP))
+        freezer.start()
+        started = time.monotonic()
+        with pytest.raises(BackendLost, match="worker group 'actor' (did not answer update_actor to finish within the op timeout|is dead)"):
+            group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 500})
+        assert time.monotonic() - started < 6 + 5
+        torchrun = group.process.pid
+    finally:
+        group.stop()
+    assert _gone([*pids.values(), torchrun], 20)

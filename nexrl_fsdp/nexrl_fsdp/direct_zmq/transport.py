@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import zmq
 
+from nexrl_core.backend import BackendLost
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
@@ -27,7 +28,7 @@ from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
 if TYPE_CHECKING:
     from nexrl_core.batch import Batch
 
-__all__ = ["DirectZmqOptions", "DirectZmqTransport", "WorkerGroupError"]
+__all__ = ["DirectZmqOptions", "DirectZmqTransport", "WorkerGroupError", "WorkerGroupLost"]
 
 _POLL_S = 0.25
 WORKER_TENSORS = frozenset(BATCH_TENSORS) | frozenset(OPTIONAL_BATCH_TENSORS)
@@ -36,6 +37,11 @@ _STATUS_EVERY_S = 1.0
 
 class WorkerGroupError(RuntimeError):
     """The worker group refused an op, failed in it, died, or did not answer in time."""
+
+
+class WorkerGroupLost(WorkerGroupError, BackendLost):
+    """The group died (a rank stopped beating) or stopped making progress (an op past its
+    deadline, e.g. a rank stuck in a collective whose peer died): it must be restarted."""
 
 
 class DirectZmqTransport:
@@ -204,9 +210,9 @@ class DirectZmqTransport:
                 continue  # a late answer to an op that timed out earlier
             now = time.monotonic()
             if now > deadline:
-                raise WorkerGroupError(f"worker group {self.options.identifier!r} did not answer {op} {what} within the op timeout")
+                raise WorkerGroupLost(f"worker group {self.options.identifier!r} did not answer {op} {what} within the op timeout")
             if now >= next_check:
                 next_check = now + _STATUS_EVERY_S
                 info = self.info()
                 if info["status"] in ("dead", "destroyed"):
-                    raise WorkerGroupError(f"worker group {self.options.identifier!r} is {info['status']} during {op}: {info['reason']}")
+                    raise WorkerGroupLost(f"worker group {self.options.identifier!r} is {info['status']} during {op}: {info['reason']}")

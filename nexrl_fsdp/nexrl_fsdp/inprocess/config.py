@@ -39,7 +39,8 @@ class EngineOptions(BatchedSamplingOptions):
     """torch device the model lives on: ``cpu``, ``cuda``, ``cuda:1``, ..."""
     max_tokens_per_microbatch: int = attrs.field(default=16384, validator=positive_int)
     """A training step runs its datums in chunks of at most this many padded tokens; a
-    smaller value saves memory and changes nothing else (the losses sum over chunks)."""
+    smaller value saves memory and changes nothing else (each chunk's loss is divided by
+    the whole step's totals, so the chunks add up to the step in every aggregation)."""
     share_prefixes: bool = True
     """Run the prompt a GRPO group shares once per training pass instead of once per
     run; the result equals the plain pass up to float rounding."""

@@ -18,9 +18,11 @@ session; the sampler and the ranks also end themselves when this process dies.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from nexrl_core.backend import BackendSetup
 from nexrl_core.chat_model import ChatModel
@@ -45,11 +47,11 @@ from nexrl_remote_api.holder_backend import build_trainer
 
 __all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options", "sampler_threads"]
 
+logger = logging.getLogger(__name__)
+
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
 SAMPLER_LOG = "sampler.log"
-WORKER_AGGREGATIONS = ("token-sum", "token-mean")
-"""Loss aggregations that stay exact when a batch's rows are split over ranks."""
 WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
 
 
@@ -62,16 +64,8 @@ def refused_options(recipe: TrainConfig, train_step: TrainStepConfig) -> list[st
             "model.lora.rank: the self-hosted workers train every weight (FSDP2 full fine-tuning); "
             "set 0, or use backend inprocess or remote_api for LoRA"
         )
-    config = dict(train_step.loss_fn_config)
-    aggregation = str(config.get("agg_mode", "token-sum"))
-    if aggregation not in WORKER_AGGREGATIONS:
-        problems.append(
-            f"algorithm.loss.options.agg_mode: {aggregation!r} is not supported by the self-hosted workers; use "
-            f"{' or '.join(WORKER_AGGREGATIONS)} (they stay exact when rows are split over ranks)"
-        )
-        return problems
     try:
-        loss = build_loss_fn(train_step.loss_fn, config)
+        loss = build_loss_fn(train_step.loss_fn, dict(train_step.loss_fn_config))
     except ValueError as error:
         return [*problems, f"algorithm.loss: {error}"]
     missing = sorted(loss.requires - WORKER_LOSS_INPUTS)
@@ -92,7 +86,12 @@ class SelfHostedBackend:
         work_dir: Path,
         group: LocalWorkerGroup | None,
         run_info: Mapping[str, str],
+        setup: BackendSetup,
     ) -> None:
+        self.setup = setup
+        self.options: SelfHostedBackendConfig = setup.options
+        self.restarts_left = self.options.max_restarts
+        self._initial_trainer_state = trainer.state()
         self.trainer = trainer
         self.transport = transport
         self.chat = chat
@@ -148,6 +147,21 @@ class SelfHostedBackend:
     def load_checkpoint(self, path: str) -> None:
         self.trainer.load_checkpoint(Path(path))
         self.publish()
+
+    def restart(self) -> bool:
+        """Stop the lost group, start a new one at the base weights and give those to the
+        sampler (the loop then loads the last checkpoint); False when ``max_restarts``
+        are spent or the group is not one this backend started (``workers_url``)."""
+        if self.group is None or self.restarts_left <= 0:
+            return False
+        self.restarts_left -= 1
+        logger.warning("the lost worker group's last output (%s):\n%s", self.group.log_path, self.group.log_tail(2000))
+        self.group.stop()
+        self.transport, self.group = _connect(self.setup, self.options)
+        _init_workers(self.setup, self.trainer, self.transport)
+        self.trainer.load_state(self._initial_trainer_state)
+        self.publish()
+        return True
 
     def export_model(self, directory: Path) -> Path:
         """The sampler's weights (the workers' policy as of the last sync) as an HF directory,
@@ -243,6 +257,20 @@ def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[Dir
     return transport, None
 
 
+def _init_workers(setup: BackendSetup, trainer: SelfHostedTrainer, transport: DirectZmqTransport) -> Mapping[str, Any]:
+    """Load the recipe's model on the group's ranks and bind the trainer to them."""
+    engine = _engine_config(setup)
+    info = transport.init_model(engine.model, dtype=engine.dtype, seed=setup.recipe.seed)
+    trainer.bind(transport, world_size=setup.options.world_size, pad_token_id=int(info["pad_token_id"]))
+    return info
+
+
+def _engine_config(setup: BackendSetup) -> EngineConfig:
+    """The recipe's model as the sampler's engine and the workers load it."""
+    recipe = setup.recipe
+    return EngineConfig(model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=setup.options.sampler.device)
+
+
 def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     """Open the ``self-hosted`` backend for one run.
 
@@ -253,7 +281,7 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     trainer = _check(setup, options)
     recipe = setup.recipe
     setup.work_dir.mkdir(parents=True, exist_ok=True)
-    engine_config = EngineConfig(model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=options.sampler.device)
+    engine_config = _engine_config(setup)
     batching = BatchedSamplingOptions(
         sample_linger_s=options.sampler.sample_linger_s,
         sample_linger_max_s=options.sampler.sample_linger_max_s,
@@ -269,12 +297,11 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     transport: DirectZmqTransport | None = None
     try:
         transport, group = _connect(setup, options)
-        info = transport.init_model(engine_config.model, dtype=engine_config.dtype, seed=recipe.seed)
-        trainer.bind(transport, world_size=options.world_size, pad_token_id=int(info["pad_token_id"]))
+        info = _init_workers(setup, trainer, transport)
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
-        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info)
+        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info, setup=setup)
         backend.publish()
         return backend
     except BaseException:

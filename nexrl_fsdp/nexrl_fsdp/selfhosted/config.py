@@ -46,4 +46,10 @@ class SelfHostedBackendConfig:
     heartbeat_s: float = attrs.field(default=5.0, validator=positive)
     """How often each local rank beats (``workers_url`` null)."""
     dead_after_s: float = attrs.field(default=15.0, validator=positive)
-    """A local group whose ranks stop beating this long is dead, and the run stops."""
+    """A local group whose ranks stop beating this long is dead: it is restarted (see
+    ``max_restarts``)."""
+    max_restarts: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    """How often a local group that lost a rank (or passed ``op_timeout_s`` in an op) is
+    stopped, started afresh and loaded from the last complete checkpoint, the steps after
+    it run again; past this (or with 0, or a ``workers_url`` group) the run stops with
+    the command that resumes it."""

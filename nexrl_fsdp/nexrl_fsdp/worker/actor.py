@@ -3,10 +3,11 @@
 The math is the engine's: datums from `rows`, `loss_fns.collate` / `target_logprobs` /
 `policy_loss_inputs`, the registered loss built by `loss_fns.build_loss_fn`, and the
 engine's `AdamW` (clipping, the skip on a non-finite norm). What is added is the data
-parallelism: every rank runs the same passes on its rows, and the loss is a sum over
-tokens (``token-sum``) or that sum over the mini-batch's trained tokens on all ranks
-(``token-mean``), so two ranks reach the weights one process reaches on the whole batch.
-FSDP averages gradients over ranks; the loss is multiplied by the world size to undo it.
+parallelism: every rank runs the same passes on its rows, and each pass's loss is divided
+by the mini-batch's totals over all ranks (`StepTotals`: trained tokens, sequences,
+longest row), so the passes of all ranks add up to the loss one process computes on the
+whole mini-batch, in every aggregation mode. FSDP averages gradients over ranks; the loss
+is multiplied by the world size to undo it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,20 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from nexrl_core.algorithms import StepTotals
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_fsdp.engine import _MetricSum
 from nexrl_fsdp.loading import load_model, load_tokenizer, resolve_model_dir, save_hf_directory, torch_dtype
-from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, collate, policy_loss_inputs, target_logprobs
+from nexrl_fsdp.loss_fns import (
+    ADDITIVE_METRICS,
+    LossFn,
+    additive_reduction,
+    build_loss_fn,
+    collate,
+    policy_loss_inputs,
+    step_totals,
+    target_logprobs,
+)
 from nexrl_fsdp.optim import AdamW
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
 
@@ -32,7 +43,6 @@ __all__ = ["HF_EXPORT_DIR", "ActorOptions", "FsdpActor", "ModelOptions"]
 
 logger = logging.getLogger(__name__)
 
-_SUMMED_AGGREGATIONS = ("token-sum", "token-mean")
 _STEP_FILE = "nexrl_actor.json"
 HF_EXPORT_DIR = "hf"
 """Where, in a worker checkpoint, the policy is written as a plain Hugging Face directory."""
@@ -55,7 +65,7 @@ class ActorOptions:
     loss_fn: str = "importance_sampling"
     """Registered policy loss."""
     loss_fn_config: dict[str, Any] = attrs.field(factory=dict)
-    """Its options; ``agg_mode`` may be ``token-sum`` (default) or ``token-mean``."""
+    """Its options (``agg_mode``: any aggregation; Tinker's ``token-sum`` by default)."""
     optimizer: AdamWSettings = attrs.field(factory=AdamWSettings)
     ppo_epochs: int = 1
     """Passes over the batch."""
@@ -125,25 +135,20 @@ class FsdpActor:
 
     # --- checks --------------------------------------------------------------------------
 
-    def loss(self, options: ActorOptions) -> tuple[LossFn, str]:
-        """The built loss (summing over tokens) and the aggregation the options asked for."""
+    def loss(self, options: ActorOptions) -> LossFn:
+        """The registered loss the options name, built with their settings (Tinker's
+        ``token-sum`` unless ``agg_mode`` says otherwise)."""
         config = dict(options.loss_fn_config)
-        aggregation = str(config.pop("agg_mode", "token-sum"))
-        if aggregation not in _SUMMED_AGGREGATIONS:
-            raise BatchError(
-                f"agg_mode {aggregation!r} is not supported by the self-hosted workers; use one of "
-                f"{', '.join(_SUMMED_AGGREGATIONS)} (they stay exact when rows are split over ranks)"
-            )
         key = json.dumps([options.loss_fn, config], sort_keys=True, default=str)
         if key not in self._losses:
             self._losses[key] = build_loss_fn(options.loss_fn, config)
-        return self._losses[key], aggregation
+        return self._losses[key]
 
     def needed_tensors(self, op: str, options: ActorOptions | None) -> set[str]:
         """The batch tensors ``op`` needs beyond input_ids and attention_mask."""
         if op != "update_actor" or options is None:
             return set()
-        loss, _ = self.loss(options)
+        loss = self.loss(options)
         return {"loss_mask"} | {name for name in ("old_logprobs", "advantages", "ref_logprobs") if name in loss.requires}
 
     # --- ops ---------------------------------------------------------------------------------
@@ -162,33 +167,37 @@ class FsdpActor:
 
     def update(self, shard: Mapping[str, torch.Tensor], options: ActorOptions) -> dict[str, float]:
         """PPO epochs x mini-batches of optimizer steps; returns metrics reduced over ranks."""
-        loss, aggregation = self.loss(options)
+        loss = self.loss(options)
         datums, _ = row_datums(shard, self.pad_id)
         rows = len(datums)
         if options.mini_batches > rows:
             raise BatchError(f"mini_batches={options.mini_batches} is more than the {rows} rows each rank holds")
         bounds = [rows * part // options.mini_batches for part in range(options.mini_batches + 1)]
-        metrics = _MetricSum(frozenset({"loss", "entropy"}))
+        metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
         steps: list[dict[str, float]] = []
         self.model.train(False)
         for _ in range(options.ppo_epochs):
             for first, last in zip(bounds, bounds[1:]):
                 mini = datums[first:last]
-                local_tokens = float(sum(sum(d.values["mask"]) for d in mini))
-                total_tokens = self._all_sum(local_tokens)
-                scale = float(self.world_size)
-                if aggregation == "token-mean":
-                    scale /= max(total_tokens, 1.0)
+                totals = self._all_ranks_totals(step_totals(mini))
                 for start in range(0, len(mini), options.micro_batch_rows):
                     chunk = mini[start : start + options.micro_batch_rows]
                     batch = collate(chunk, self.pad_id, self.device)
                     logprobs, entropy = target_logprobs(self.model, batch, with_entropy=loss.needs_entropy)
-                    result = loss.loss(policy_loss_inputs(batch, logprobs, entropy))
-                    (result.loss * scale).backward()
+                    result = loss.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
+                    (result.loss * self.world_size).backward()
                     metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))
                 step = self.optimizer.step(options.optimizer)
                 steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped)})
         return self._reduced(metrics, steps, options)
+
+    def _all_ranks_totals(self, local: StepTotals) -> StepTotals:
+        """A mini-batch's totals over every rank's share of it."""
+        sums = torch.tensor([local.tokens, local.sequences], dtype=torch.float64)
+        dist.all_reduce(sums)
+        columns = torch.tensor([local.columns], dtype=torch.int64)
+        dist.all_reduce(columns, op=dist.ReduceOp.MAX)
+        return StepTotals(tokens=float(sums[0]), sequences=float(sums[1]), columns=int(columns[0]))
 
     def _reduced(self, metrics: _MetricSum, steps: list[dict[str, float]], options: ActorOptions) -> dict[str, float]:
         """Sums and token-weighted means over every rank's micro-batches (the engine's
@@ -218,11 +227,6 @@ class FsdpActor:
         out["actor/clipped_steps"] = sum(s["clipped"] for s in steps)
         out["actor/lr"] = float(options.optimizer.learning_rate)
         return out
-
-    def _all_sum(self, value: float) -> float:
-        tensor = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(tensor)
-        return float(tensor[0])
 
     def _reference_model(self) -> torch.nn.Module:
         """The base weights, frozen; loaded (and sharded) the first time a reference is asked for."""

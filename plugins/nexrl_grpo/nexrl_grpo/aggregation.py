@@ -4,12 +4,18 @@ Every loss (and the entropy bonus) goes through `aggregate` so that the modes me
 same thing everywhere and padding is handled in one place: a row whose weights are all
 zero (a prompt-only row, or a row appended to even out data-parallel ranks) never counts,
 and a batch with nothing to train gives an exact 0 that is still part of the graph.
+
+When the rows are only part of a step (a micro-batch, a rank's share), the step's
+`StepTotals` replace the rows' own counts as divisors: every mode is then a sum over
+rows and tokens divided by step-wide numbers, so the parts' results add up to the
+whole step's, whatever the split.
 """
 
 from __future__ import annotations
 
 import torch
 
+from nexrl_core.algorithms import StepTotals
 from nexrl_grpo.config import AggMode
 
 __all__ = ["aggregate", "masked_mean"]
@@ -25,18 +31,20 @@ def aggregate(
     mask: torch.Tensor,
     mode: AggMode | str,
     norm_constant: float | None = None,
+    totals: StepTotals | None = None,
 ) -> torch.Tensor:
     """Reduce ``loss_tokens`` [B, T] weighted by ``mask`` [B, T] (non-negative) to a scalar.
 
     ``token-mean``: sum(l*w) / sum(w).
-    ``seq-mean-token-mean``: mean over rows with weight of sum_t(l*w) / sum_t(w).
-    ``seq-mean-token-sum``: mean over rows with weight of sum_t(l*w).
-    ``seq-mean-token-sum-norm``: mean over rows with weight of sum_t(l*w) / norm_constant
-    (default: T, the column count).
+    ``seq-mean-token-mean``: sum over rows of sum_t(l*w) / sum_t(w), over the rows with weight.
+    ``seq-mean-token-sum``: sum over rows of sum_t(l*w), over the rows with weight.
+    ``seq-mean-token-sum-norm``: sum over rows of sum_t(l*w) / norm_constant, over the
+    rows with weight (default norm_constant: T, the longest row).
     ``token-sum``: sum(l*w).
 
-    Positions with zero weight are dropped before multiplying, so a NaN or inf there
-    changes neither the value nor the gradient.
+    The divisors sum(w), "the rows with weight" and T are the step's ``totals`` when
+    given, else this batch's own. Positions with zero weight are dropped before
+    multiplying, so a NaN or inf there changes neither the value nor the gradient.
     """
     try:
         mode = AggMode(mode)
@@ -53,22 +61,27 @@ def aggregate(
 
     weights = mask.to(loss_tokens.dtype)
     weighted = torch.where(weights != 0, loss_tokens * weights, torch.zeros_like(loss_tokens))
+    if totals is None:
+        totals = StepTotals.of(weights)
 
     if mode is AggMode.TOKEN_SUM:
         return weighted.sum()
     if mode is AggMode.TOKEN_MEAN:
-        return weighted.sum() / _safe_divisor(weights.sum())
+        return weighted.sum() / _positive_or_one(totals.tokens)
 
     row_sums = weighted.sum(dim=-1)
-    row_weights = weights.sum(dim=-1)
-    rows_with_weight = _safe_divisor((row_weights > 0).sum().to(loss_tokens.dtype))
     if mode is AggMode.SEQ_MEAN_TOKEN_MEAN:
-        per_row = row_sums / _safe_divisor(row_weights)
+        per_row = row_sums / _safe_divisor(weights.sum(dim=-1))
     elif mode is AggMode.SEQ_MEAN_TOKEN_SUM:
         per_row = row_sums
     else:
-        per_row = row_sums / (norm_constant or max(loss_tokens.shape[-1], 1))
-    return per_row.sum() / rows_with_weight
+        per_row = row_sums / (norm_constant or max(totals.columns, 1))
+    return per_row.sum() / _positive_or_one(totals.sequences)
+
+
+def _positive_or_one(total: float) -> float:
+    """A step total as a divisor: 1 when the step has nothing to train (its sums are 0)."""
+    return total if total > 0 else 1.0
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from nexrl_core.algorithms import PolicyLossInputs, PolicyLossOutput, check_inputs_present
+from nexrl_core.algorithms import PolicyLossInputs, PolicyLossOutput, StepTotals, check_inputs_present
 from nexrl_grpo.aggregation import aggregate, masked_mean
 from nexrl_grpo.config import (
     CispoLossConfig,
@@ -49,6 +49,8 @@ class _Tokens:
     old_logprobs: torch.Tensor | None
     advantages: torch.Tensor | None
     entropy: torch.Tensor | None
+    totals: StepTotals | None
+    """The whole step's divisors when these rows are part of it (see `aggregate`)."""
 
     def log_ratio(self) -> torch.Tensor:
         """log(pi / pi_old), clamped to ±20 (see ``_LOG_RATIO_LIMIT``)."""
@@ -105,6 +107,7 @@ def _prepare(name: str, requires: frozenset[str], inputs: PolicyLossInputs, entr
         old_logprobs=optional("old_logprobs"),
         advantages=optional("advantages"),
         entropy=optional("entropy"),
+        totals=inputs.step_totals,
     )
 
 
@@ -142,10 +145,10 @@ def _finish(
     metrics: dict[str, float],
 ) -> PolicyLossOutput:
     """Aggregate, subtract the entropy bonus and attach the loss and entropy metrics."""
-    loss = aggregate(loss_tokens, tokens.weights, config.agg_mode, config.norm_constant)
+    loss = aggregate(loss_tokens, tokens.weights, config.agg_mode, config.norm_constant, tokens.totals)
     metrics["loss"] = float(loss.detach())
     if tokens.entropy is not None:
-        entropy = aggregate(tokens.entropy, tokens.weights, config.agg_mode, config.norm_constant)
+        entropy = aggregate(tokens.entropy, tokens.weights, config.agg_mode, config.norm_constant, tokens.totals)
         metrics["entropy"] = float(entropy.detach())
         if entropy_coeff > 0:
             loss = loss - entropy_coeff * entropy

@@ -8,18 +8,16 @@ import pytest
 
 from nexrl_core.registry import find_spec, get_advantage_estimator, get_policy_loss
 from nexrl_core.testing import AdvantageEstimatorContract, PolicyLossContract
+from nexrl_core.testing.aggregation_cases import loss_aggregation_cases
 
 ESTIMATORS = ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"]
 LOSSES: list[tuple[str, dict[str, Any]]] = [
-    ("ppo", {}),
+    *loss_aggregation_cases(),
     ("ppo", {"dual_clip_c": 3.0, "clip_high": 0.28, "agg_mode": "seq-mean-token-sum-norm"}),
     ("ppo", {"entropy_coeff": 0.01, "agg_mode": "seq-mean-token-mean"}),
-    ("importance_sampling", {"agg_mode": "token-sum"}),
-    ("importance_sampling", {"agg_mode": "seq-mean-token-sum"}),
-    ("cross_entropy", {}),
-    ("cispo", {}),
     ("gspo", {"entropy_coeff": 0.01}),
 ]
+"""Every registered loss under every aggregation, and options that change its path."""
 
 
 class TestEstimatorContracts(AdvantageEstimatorContract):
