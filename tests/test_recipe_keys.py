@@ -199,6 +199,8 @@ LOSS_OPTION_TESTS = per_backend(
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
     self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
 )
+
+
 def _loss_options() -> dict[str, Entry]:
     entries = {}
     for loss, options in {
