@@ -13,9 +13,11 @@ COOKBOOK := tinker-cookbook==0.6.1
 COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqdm aiohttp anyio huggingface-hub pyrage
 
 # Each distribution's tests run on their own, from its own folder, as a publisher would run them.
-TEST_DIRS := . plugins/nexrl_remote_api plugins/nexrl_grpo nexrl_fsdp nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math examples/nexrl-example-plugin
+# The core's run last: its recipe-key walk reads what every earlier run recorded (see
+# nexrl_core/testing/recipe_key_records.py) into one folder per `make test`.
+TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo nexrl_fsdp nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math examples/nexrl-example-plugin .
 
-.PHONY: install test demo benchmarks clean
+.PHONY: install test mutations demo benchmarks clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +28,17 @@ install:
 	$(PIP_INSTALL) $(COOKBOOK_DEPS)
 
 test:
-	@failed=""; for dir in $(TEST_DIRS); do \
+	@records=$$(mktemp -d); failed=""; for dir in $(TEST_DIRS); do \
 		echo "=== pytest $$dir"; \
-		(cd $$dir && $(CURDIR)/$(BIN)/python -m pytest) || failed="$$failed $$dir"; \
+		(cd $$dir && NEXRL_RECIPE_KEY_RECORDS=$$records $(CURDIR)/$(BIN)/python -m pytest) || failed="$$failed $$dir"; \
 	done; \
+	rm -rf $$records; \
 	if [ -n "$$failed" ]; then echo "tests failed in:$$failed"; exit 1; fi
+
+# Each mutation of tests/mutations.yaml, applied to a throwaway copy, must fail the tests it names
+# (`make test` runs the same list through tests/test_mutations.py).
+mutations:
+	$(BIN)/python tests/test_mutations.py
 
 # A fresh quickstart each time: --overwrite replaces the previous demo run (and says so).
 # DEMO_ARGS adds overrides, e.g. make demo DEMO_ARGS='schedule.steps=10'.

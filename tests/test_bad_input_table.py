@@ -51,11 +51,17 @@ CASES: list[tuple[str, list[str], str]] = [
     ("no-chat-template-embedded-service", ["model.name={untemplated}"], "has no chat template"),
     ("no-chat-template-self-hosted", ["backend.name=self-hosted", "model.name={untemplated}"], "has no chat template"),
     ("concurrency-with-episodes", ["rollout.source.name=episodes", "rollout.concurrency=4"], "rollout.concurrency: 4 has no effect"),
+    (
+        "missing-episodes-worker-script",
+        ["rollout.source.name=episodes", "rollout.source.options.local_workers={{processes: 2, script: missing_worker.py, concurrency: 3}}"],
+        "rollout.source.options.local_workers.script: 'missing_worker.py' does not exist",
+    ),
     ("max-tokens-past-context", ["backend.name=inprocess", "rollout.max_tokens=100000"], "rollout.max_tokens: 100000 does not fit"),
     ("max-tokens-past-context-embedded-service", ["rollout.max_tokens=4096"], "rollout.max_tokens: 4096 does not fit the context"),
     ("max-tokens-past-context-self-hosted", ["backend.name=self-hosted", "rollout.max_tokens=4096"], "rollout.max_tokens: 4096"),
 ]
-"""``{untemplated}`` stands for a copy of the shipped model whose tokenizer has no chat template."""
+"""``{untemplated}`` stands for a copy of the shipped model whose tokenizer has no chat template
+(so the braces of a YAML mapping are doubled)."""
 
 
 @pytest.fixture(scope="module")

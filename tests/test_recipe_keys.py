@@ -11,35 +11,41 @@ one entry for every backend (`EVERY_BACKEND`).
 
 A new key with no entry fails `test_every_recipe_key_has_an_entry`, saying what to
 add; a dummy key shows that it does (`test_a_key_without_an_entry_fails_the_walk`).
+
+A name proves nothing by itself: `test_each_named_test_sets_its_key` checks, from what
+the tests recorded while they ran (`nexrl_core.testing.recipe_key_records`), that every
+test an entry names ran with that key set to a value other than its default, through a
+recipe or the component's options object. Under ``make test`` it reads the records of
+the whole run (it runs last); run alone, it runs the named tests itself first.
+`test_an_entry_whose_test_never_sets_its_key_fails_the_walk` is its test.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
 import attrs
 import pytest
 
-from nexrl_core.config.schema import REGISTRY_KIND, TrainConfig
-from nexrl_core.holders import HolderTarget
+from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.config.schema import REGISTRY_KIND, ModelConfig, TrainConfig
+from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.registry import get_registry
+from nexrl_core.testing.recipe_key_records import HOLDER_OPTIONS, KeyNaming, TestRecord, option_prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERY_BACKEND = "*"
 """The key acts the same on every backend (the loop, the task or the trainer reads it)."""
 
-COMPONENT_OPTIONS = {
-    "backends": "backend.options",
-    "rollout_sources": "rollout.source.options",
-    "advantage_estimators": "algorithm.advantage.options",
-    "policy_losses": "algorithm.loss.options",
-}
+COMPONENT_OPTIONS = {kind: prefix for kind, prefix in option_prefixes().items() if prefix != HOLDER_OPTIONS}
 """Registry kind of a component a recipe picks by name → where its options go."""
-HOLDER_OPTIONS = "backend.options.holder"
-"""Where the ``remote_api`` backend takes the chosen service holder's own options."""
+
+RecordsOf = Callable[[Iterable[str], Path], Mapping[str, "TestRecord | None"]]
+"""The ``recipe_key_records`` fixture: what each named test set while it ran."""
 
 
 @attrs.frozen
@@ -71,13 +77,14 @@ RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoint
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
 DATA = "tests/test_data_formats.py"
 INPROCESS = "nexrl_fsdp/tests/test_inprocess_backend.py"
+INPROCESS_BAD_SETTINGS = f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
 SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
 SELF_HOSTED_REFUSALS = f"{SELF_HOSTED}::test_options_the_workers_cannot_honour_are_refused_before_anything_starts"
 WORKERS = "nexrl_fsdp/tests/test_workers.py"
 HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_holder_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
 ADAMW = per_backend(
-    remote_api=(f"{LOOP}::test_train_step_config_carries_every_adam_parameter", "nexrl_tinker/tests/test_codec.py::test_dense_and_config"),
+    remote_api=f"{LOOP}::test_train_step_config_carries_every_adam_parameter",
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_adamw_field_reaches_the_optimizer",
     self_hosted=(
         "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe",
@@ -191,6 +198,8 @@ LOSS_OPTION_TESTS = per_backend(
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
     self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
 )
+
+
 def _loss_options() -> dict[str, Entry]:
     entries = {}
     for loss, options in {
@@ -223,21 +232,13 @@ COMPONENTS: dict[str, Entry] = {
     # backend: inprocess
     "backend.options.sample_linger_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
     "backend.options.sample_linger_max_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
-    "backend.options.max_batch_rows [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_inprocess_compute.py::test_batches_are_capped_in_rows")
-    ),
-    "backend.options.device [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_cuda_without_cuda_is_refused_before_loading")
-    ),
-    "backend.options.max_tokens_per_microbatch [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_training.py::test_microbatching_does_not_change_the_result")
-    ),
-    "backend.options.share_prefixes [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_recipe_settings_reach_the_engine", "nexrl_fsdp/tests/test_shared_prefix.py::test_the_engine_trains_the_same_with_and_without_sharing")
-    ),
-    "backend.options.trainer [inprocess]": per_backend(
-        inprocess=(f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key", "nexrl_fsdp/tests/test_inprocess_holder.py::TestGrpoTrainerContract")
-    ),
+    # What the engine does with these is tested on the engine itself (test_inprocess_compute,
+    # test_training, test_shared_prefix); these tests show the recipe's values reaching it.
+    "backend.options.max_batch_rows [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.device [inprocess]": per_backend(inprocess=INPROCESS_BAD_SETTINGS),  # CI has no other device than the default
+    "backend.options.max_tokens_per_microbatch [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.share_prefixes [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
+    "backend.options.trainer [inprocess]": per_backend(inprocess=INPROCESS_BAD_SETTINGS),  # the one trainer that fits is the default
     # backend: remote_api
     "backend.options.service_holder [remote_api]": per_backend(remote_api=(RUN_FILES, BAD_INPUT)),
     "backend.options.base_url [remote_api]": per_backend(remote_api=(f"{LOOP}::test_api_key_env_is_the_key_the_holder_gets", BAD_INPUT)),
@@ -255,13 +256,16 @@ COMPONENTS: dict[str, Entry] = {
     **{
         f"backend.options.{key} [self-hosted]": per_backend(self_hosted=SELF_HOSTED_OPTIONS)
         for key in (
-            "world_size", "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows",
+            "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows",
             "recompute_old_logprobs", "sampler.sample_linger_s", "sampler.sample_linger_max_s", "sampler.max_batch_rows",
             "connect_timeout_s", "op_timeout_s",
         )  # fmt: skip
     },
     "backend.options.workers_url [self-hosted]": per_backend(self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url"),
-    "backend.options.trainer [self-hosted]": per_backend(self_hosted=(SELF_HOSTED_REFUSALS, f"{SELF_HOSTED}::TestSelfHostedBackendContract")),
+    "backend.options.world_size [self-hosted]": per_backend(
+        self_hosted=f"{SELF_HOSTED}::test_the_sampler_gets_the_cores_the_local_ranks_and_the_driver_leave"
+    ),
+    "backend.options.trainer [self-hosted]": per_backend(self_hosted=SELF_HOSTED_REFUSALS),  # the one trainer that fits is the default
     "backend.options.sampler.device [self-hosted]": per_backend(self_hosted=SELF_HOSTED_REFUSALS),
     "backend.options.heartbeat_s [self-hosted]": per_backend(
         self_hosted="nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs"
@@ -302,8 +306,7 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.holder.max_retries [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
     "backend.options.holder.retry_backoff_s [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
     "backend.options.holder.coalesce_window_s [tinker]": per_backend(
-        remote_api=("nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone",
-                    "tests/test_coalesce.py::test_window_zero_sends_each_call_alone")  # fmt: skip
+        remote_api="nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
     ),
     "backend.options.holder.tokenizer_path [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"),
     "backend.options.holder.tensor_transport [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_contract.py::TestWeaverLoraHolderContract"),
@@ -316,7 +319,9 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.holder.operation_timeout_s [weaver]": per_backend(
         remote_api="nexrl_weaver/tests/test_holder_units.py::test_an_operation_is_given_up_after_operation_timeout_s"
     ),
-    "backend.options.holder.coalesce_window_s [weaver]": per_backend(remote_api="tests/test_coalesce.py::test_window_zero_sends_each_call_alone"),
+    "backend.options.holder.coalesce_window_s [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
+    ),
 }
 
 KEYS: dict[str, Entry] = {**CORE, **COMPONENTS}
@@ -386,13 +391,35 @@ def _defined_tests(path: str) -> frozenset[str]:
 
 
 def _unknown_tests(entry: Entry) -> list[str]:
-    tests = [test for group in entry.effect.values() for test in group] + list(entry.refused.values())
     unknown = []
-    for test in tests:
+    for test in named_tests(entry):
         path, _, name = test.partition("::")
         if not (ROOT / path).is_file() or name not in _defined_tests(path):
             unknown.append(test)
     return unknown
+
+
+def named_tests(entry: Entry) -> list[str]:
+    """Every test an entry names, for its effects and its refusals."""
+    return [test for group in entry.effect.values() for test in group] + list(entry.refused.values())
+
+
+def unproven(table: Mapping[str, Entry], records: Mapping[str, TestRecord | None]) -> list[str]:
+    """Each (key, named test) where the records do not show the test setting the key."""
+    problems = []
+    for key, entry in table.items():
+        for test in named_tests(entry):
+            record = records.get(test)
+            if record is None:
+                problems.append(f"{key}: {test} never ran")
+            elif record.skipped:
+                problems.append(f"{key}: {test} was skipped here, so it shows nothing")
+            elif key not in record.keys:
+                problems.append(
+                    f"{key}: {test} never sets it to a value other than its default; set it there through the "
+                    "recipe or the component's options, or name a test that does"
+                )
+    return problems
 
 
 # --- the tests --------------------------------------------------------------------------------------
@@ -443,6 +470,48 @@ def test_a_key_without_an_entry_fails_the_walk() -> None:
 def test_an_entry_naming_a_missing_test_is_caught() -> None:
     assert _unknown_tests(everywhere("tests/test_recipe_keys.py::test_that_was_never_written")) == [
         "tests/test_recipe_keys.py::test_that_was_never_written"
+    ]
+
+
+@pytest.mark.slow
+def test_each_named_test_sets_its_key(recipe_key_records: RecordsOf) -> None:
+    records = recipe_key_records({test for entry in KEYS.values() for test in named_tests(entry)}, ROOT)
+    problems = unproven(KEYS, records)
+    assert not problems, "\n".join(problems)
+
+
+def test_what_counts_as_setting_a_key() -> None:
+    """A value equal to the default sets nothing; recipe data counts before it is checked;
+    a component's options name the component's choice; the step a holder gets and a
+    holder's target carry the recipe's algorithm and model."""
+    naming = KeyNaming(get_registry())
+    registry = get_registry()
+    grpo, ppo = (registry.specs[kind][name].config_class for kind, name in (("advantage_estimators", "grpo"), ("policy_losses", "ppo")))
+    recipe = {"rollout": {"top_p": 1.0, "group_size": 4}, "algorithm": {"beta2": 1.0, "loss": {"name": "ppo"}}}
+    assert sorted(naming.structured(recipe, TrainConfig)) == ["algorithm.beta2", "algorithm.loss.name", "rollout.group_size"]
+    assert naming.built(grpo(eps=0.5)) == ["algorithm.advantage.options.eps [grpo]"]
+    assert naming.built(ppo(clip_low=0.2, clip_high=0.3)) == ["algorithm.loss.name", "algorithm.loss.options.clip_high [ppo]"]
+    step = TrainStepConfig(loss_fn="ppo", loss_fn_config={"clip_low": 0.2, "clip_high": 0.3}, optimizer=AdamWSettings(beta1=0.8))
+    assert sorted(naming.built(step)) == ["algorithm.beta1", "algorithm.loss.name", "algorithm.loss.options.clip_high [ppo]"]
+    holder = registry.specs["service_holders"]["tinker"].config_class
+    built = naming.built(holder(model=ModelConfig(name="m", lora=LoraSettings(rank=4)), seed=3, base_url="http://x", max_retries=1))
+    assert sorted(built) == ["backend.options.holder.max_retries [tinker]", "model.lora.rank", "model.name", "seed"]
+
+
+GRPO_EPS_TEST = "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_eps_is_added_to_the_std"
+"""Sets ``eps`` of the ``grpo`` estimator, and no other key."""
+
+
+def test_an_entry_whose_test_never_sets_its_key_fails_the_walk(recipe_key_records: RecordsOf) -> None:
+    """The test of the test: an entry naming a real test that leaves its key at the
+    default is reported; the key that test does set is not."""
+    table = {
+        "algorithm.advantage.options.eps [grpo]": everywhere(GRPO_EPS_TEST),
+        "algorithm.advantage.options.norm_by_std [grpo]": everywhere(GRPO_EPS_TEST),
+    }
+    assert unproven(table, recipe_key_records([GRPO_EPS_TEST], ROOT)) == [
+        f"algorithm.advantage.options.norm_by_std [grpo]: {GRPO_EPS_TEST} never sets it to a value other than its "
+        "default; set it there through the recipe or the component's options, or name a test that does"
     ]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.config import ConfigError, TaskConfig
+from nexrl_core.config import ConfigError, RolloutConfig, TaskConfig
 from nexrl_core.data import DataLoader, ListItems, TaskData, TaskItems, resolve_task
 from nexrl_core.data_files import read_jsonl
 from nexrl_core.chat_model import SamplingOptions
@@ -317,7 +317,7 @@ def one_call_agent(item: Mapping[str, Any], llm: LLMClient) -> float:
 
 def test_concurrency_is_bounded_and_results_keep_request_order() -> None:
     holder = EchoHolder(delay=0.03)
-    runner = RolloutRunner(holder, one_call_agent, concurrency=3, defaults=DEFAULTS)
+    runner = RolloutRunner(holder, one_call_agent, concurrency=RolloutConfig(concurrency=3).runs_in_flight(), defaults=DEFAULTS)
     try:
         batch = runner.submit(1, requests_for(12)).result()
     finally:

@@ -111,6 +111,7 @@ def test_lora_settings_reach_the_engine(tmp_path: Path, flags: tuple[str, ...], 
         ("model.name=/no/such/model", "model.name: unknown model '/no/such/model'"),
         ("model.name=null", "model.name: not set"),
         ("backend.options.trainer=no_such_trainer", "backend.options.trainer:"),
+        ("backend.options.device=no-such-device", "backend.options.device: 'no-such-device' is not a torch device"),
     ],
 )
 def test_bad_settings_are_config_errors_naming_the_key(tmp_path: Path, override: str, problem: str) -> None:

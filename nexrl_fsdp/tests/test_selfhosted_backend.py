@@ -200,7 +200,9 @@ def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers(contract_backend: SelfHostedBackend, tmp_path: Path) -> None:
-    config = recipe(tmp_path, "algorithm.kl.coef=0.5", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.01")
+    config = recipe(
+        tmp_path, "algorithm.kl.coef=0.5", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.01", "algorithm.kl.horizon=50"
+    )
     trainer = SelfHostedGrpoTrainer(SelfHostedGrpoConfig.from_recipe(config))
     trainer.bind(contract_backend.transport, world_size=2, pad_token_id=contract_backend.trainer.pad_token_id)
     trajectories = sampled_group(contract_backend.chat_model())

@@ -126,9 +126,6 @@ def _engine_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
     return out
 
 
-OPTIMIZER = AdamWSettings(learning_rate=1e-3, weight_decay=0.01, grad_clip_norm=1.0)
-
-
 def test_compute_log_prob_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
     batch = _batch()
     got = group.transport.compute_log_prob(batch, micro_batch_rows=2)
@@ -137,14 +134,17 @@ def test_compute_log_prob_equals_the_engine(group: LocalWorkerGroup, engine: Eng
 
 
 def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup, engine: Engine) -> None:
+    """Every AdamW field (none at its default) reaches the workers' optimizer: their weights
+    after the step are the engine's after the same step."""
+    optimizer = AdamWSettings(learning_rate=1e-3, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.5)
     metrics = group.transport.update_actor(
-        _batch(), {"loss_fn": "importance_sampling", "optimizer": OPTIMIZER.to_json(), "micro_batch_rows": 2}
+        _batch(), {"loss_fn": "importance_sampling", "optimizer": optimizer.to_json(), "micro_batch_rows": 2}
     )
     reference = engine.forward_backward(_datums(), "importance_sampling")
-    step = engine.optim_step(OPTIMIZER)
+    step = engine.optim_step(optimizer)
     assert metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], abs=1e-5)
     assert metrics["actor/grad_norm"] == pytest.approx(step.grad_norm, rel=1e-5)
-    assert metrics["actor/lr"] == OPTIMIZER.learning_rate
+    assert metrics["actor/lr"] == optimizer.learning_rate
     weights = group.transport.get_weights()
     own = dict(engine.model.named_parameters())
     assert set(weights) == set(own)

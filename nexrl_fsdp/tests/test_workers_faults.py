@@ -19,6 +19,8 @@ from nexrl_core.types import Trajectory
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.backend import BackendLost
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
+from nexrl_fsdp.selfhosted.backend import start_local_group
+from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +40,9 @@ def _batch(seed: int, rows: int = 4) -> Batch:
 
 
 def _group(tmp_path: Path, name: str) -> LocalWorkerGroup:
-    group = LocalWorkerGroup(2, tmp_path / f"{name}.log", heartbeat_s=0.5, dead_after_s=3, op_timeout_s=120,
-                             extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"})
+    """Two local ranks, with ``backend.options`` that notice a dead rank within seconds."""
+    fast_faults = SelfHostedBackendConfig(heartbeat_s=0.5, dead_after_s=3, op_timeout_s=120)
+    group = start_local_group(fast_faults, tmp_path / f"{name}.log", extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"})
     group.transport.init_model("nexrl-tiny")
     return group
 

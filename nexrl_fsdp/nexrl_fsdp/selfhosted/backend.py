@@ -231,17 +231,23 @@ def sampler_threads(options: SelfHostedBackendConfig) -> str:
     return str(max(1, len(os.sched_getaffinity(0)) - local_ranks - 1))
 
 
+def start_local_group(options: SelfHostedBackendConfig, log_path: Path, extra_env: dict[str, str] | None = None) -> LocalWorkerGroup:
+    """The worker group ``options`` describe, started on this machine (no ``workers_url``)."""
+    return LocalWorkerGroup(
+        options.world_size,
+        log_path,
+        identifier=options.identifier,
+        heartbeat_s=options.heartbeat_s,
+        dead_after_s=options.dead_after_s,
+        connect_timeout_s=options.connect_timeout_s,
+        op_timeout_s=options.op_timeout_s,
+        extra_env=extra_env,
+    )
+
+
 def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[DirectZmqTransport, LocalWorkerGroup | None]:
     if options.workers_url is None:
-        group = LocalWorkerGroup(
-            options.world_size,
-            setup.work_dir / WORKERS_LOG,
-            identifier=options.identifier,
-            heartbeat_s=options.heartbeat_s,
-            dead_after_s=options.dead_after_s,
-            connect_timeout_s=options.connect_timeout_s,
-            op_timeout_s=options.op_timeout_s,
-        )
+        group = start_local_group(options, setup.work_dir / WORKERS_LOG)
         return group.transport, group
     transport = DirectZmqTransport(
         DirectZmqOptions(

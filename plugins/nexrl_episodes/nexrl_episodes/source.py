@@ -25,6 +25,7 @@ from typing import IO, Any
 from nexrl_core.backend import RolloutSetup
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.schema import TrainConfig
 from nexrl_core.rollout import PendingBatch, RunRequest, SamplingDefaults
 from nexrl_episodes.book import EpisodeBook
 from nexrl_episodes.plugin import EpisodesOptions
@@ -37,6 +38,18 @@ SERVER_FILE = "episode_server.json"
 """Written to the rollout directory: where clients reach this run's server."""
 WORKER_LOG = "workers.log"
 _WORKER_STOP_TIMEOUT_S = 10.0
+
+
+def open_book(store: EpisodeStore, options: EpisodesOptions, recipe: TrainConfig) -> EpisodeBook:
+    """A run's episode book: claims expire and episodes fail as the source's options say;
+    staleness and the model name clients use come from the recipe."""
+    return EpisodeBook(
+        store,
+        claim_timeout_s=options.claim_timeout_s,
+        max_attempts=options.max_attempts,
+        max_staleness=recipe.rollout.max_staleness,
+        model=recipe.model.name or "nexrl-policy",
+    )
 
 
 class EpisodeSource:
@@ -74,13 +87,7 @@ class EpisodeSource:
         dropped = store.drop_unfinished()
         if dropped:
             log.info("%d episode(s) of an earlier server had not ended; they run again when their step comes", dropped)
-        book = EpisodeBook(
-            store,
-            claim_timeout_s=options.claim_timeout_s,
-            max_attempts=options.max_attempts,
-            max_staleness=recipe.rollout.max_staleness,
-            model=recipe.model.name or "nexrl-policy",
-        )
+        book = open_book(store, options, recipe)
         defaults = SamplingDefaults(
             max_tokens=recipe.rollout.max_tokens, temperature=recipe.rollout.temperature, top_p=recipe.rollout.top_p
         )

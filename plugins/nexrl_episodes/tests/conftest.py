@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.config.schema import ModelConfig
+from nexrl_core.config.schema import ModelConfig, RolloutConfig, TrainConfig
 from nexrl_core.rollout import RunRequest, SamplingDefaults
-from nexrl_episodes.book import EpisodeBook
+from nexrl_episodes.plugin import EpisodesOptions
 from nexrl_episodes.server import EpisodeServer
+from nexrl_episodes.source import open_book
 from nexrl_episodes.store import EpisodeStore
 
 DEFAULTS = SamplingDefaults(max_tokens=8, temperature=1.0, top_p=1.0)
@@ -42,13 +43,14 @@ def requests_for(count: int, step: int = 1, is_val: bool = False) -> list[RunReq
 
 
 class Served:
-    """A book behind a running server, with its store on disk."""
+    """A book behind a running server, with its store on disk, opened as a run opens it:
+    from the ``episodes`` source's options and the recipe's ``rollout.max_staleness``."""
 
-    def __init__(self, directory: Path, model: Any, url: str, **book_options: Any) -> None:
+    def __init__(self, directory: Path, model: Any, url: str, max_staleness: int = 0, **source_options: Any) -> None:
         self.directory = directory
         self.store = EpisodeStore(url)
-        options = {"claim_timeout_s": 30.0, "max_attempts": 3, **book_options}
-        self.book = EpisodeBook(self.store, **options)
+        recipe = TrainConfig(rollout=RolloutConfig(max_staleness=max_staleness))
+        self.book = open_book(self.store, EpisodesOptions(**source_options), recipe)
         self.server = EpisodeServer(self.book, model)
         self.url = self.server.start()
 
@@ -68,8 +70,9 @@ def make_served(tmp_path: Path, chat_model: Any, sql_url: str) -> Iterator[Any]:
     restarted one); all stopped at the end."""
     made: list[Served] = []
 
-    def make(**book_options: Any) -> Served:
-        made.append(Served(tmp_path, chat_model, sql_url, **book_options))
+    def make(**options: Any) -> Served:
+        """``max_staleness`` as the recipe's rollout section sets it, the rest as the source's options."""
+        made.append(Served(tmp_path, chat_model, sql_url, **options))
         return made[-1]
 
     yield make

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy
 
 from nexrl_core.backend import RolloutSetup
@@ -16,22 +17,26 @@ from nexrl_episodes import EpisodeClient
 from nexrl_episodes.plugin import EpisodesOptions
 from nexrl_episodes.source import EpisodeSource
 
+HOST = "127.0.0.2"
+"""A loopback address other than the default ``host`` (Linux answers on all of 127/8)."""
 REQUEST = RunRequest(step=1, item_index=0, run_id=0, group_id="g", task_id="t", item={"a": 1, "b": 2}, seed=1, is_val=False)
 
 
 def _free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("127.0.0.1", 0))  # free where the default host would listen, so the refusal below is ours
         return int(probe.getsockname()[1])
 
 
 def test_server_options_shape_what_clients_get(tmp_path: Path, chat_model: Any) -> None:
-    """``port`` is where it listens, ``api_key`` guards claims, ``public_url`` is the base
-    URL handed out with each claim, ``db_url`` is where the episodes are kept."""
+    """``host`` and ``port`` are where it listens (another loopback address than the
+    default's, so nothing answers at the default), ``api_key`` guards claims,
+    ``public_url`` is the base URL handed out with each claim, ``db_url`` is where the
+    episodes are kept."""
     port, database = _free_port(), tmp_path / "elsewhere" / "episodes.db"
     database.parent.mkdir()
     options = EpisodesOptions(
-        host="127.0.0.1", port=port, public_url="http://proxy.example:9999", db_url=f"sqlite:///{database}", api_key="sk-claims"
+        host=HOST, port=port, public_url="http://proxy.example:9999", db_url=f"sqlite:///{database}", api_key="sk-claims"
     )
     recipe = load_config(None, ["rollout.source.name=episodes"])
     setup = RolloutSetup(recipe=recipe, options=options, model=chat_model, agent=None, work_dir=tmp_path / "rollout")
@@ -39,7 +44,9 @@ def test_server_options_shape_what_clients_get(tmp_path: Path, chat_model: Any) 
     source = EpisodeSource.open(setup)
     try:
         source.submit(1, [REQUEST])
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{HOST}:{port}"
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(f"http://127.0.0.1:{port}/claim_episode", json={"client_id": "x", "wait_s": 0})
         assert httpx.post(f"{url}/claim_episode", json={"client_id": "x", "wait_s": 0}).status_code == 401
         episode = EpisodeClient(url, api_key="sk-claims").claim(timeout_s=10)
         assert episode.base_url.startswith("http://proxy.example:9999/")

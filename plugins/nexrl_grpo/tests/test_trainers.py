@@ -14,6 +14,7 @@ from nexrl_grpo.trainers import RemoteApiGrpoTrainer
 
 from nexrl_core import hookspecs
 from nexrl_core.config import load_config
+from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
 from nexrl_remote_api.trainer import RemoteApiTrainerConfig
@@ -120,18 +121,13 @@ def test_the_trainer_is_registered_lazily() -> None:
 
 
 def test_config_from_the_recipe() -> None:
-    config = RemoteApiTrainerConfig.from_recipe(
-        load_config(
-            None,
-            [
-                "algorithm.weight_decay=0.2",
-                "algorithm.grad_clip_norm=0.5",
-                "algorithm.advantage.options.norm_by_std=false",
-            ],
-        )
+    adamw = ("learning_rate=0.001", "beta1=0.8", "beta2=0.99", "eps=1e-6", "weight_decay=0.2", "grad_clip_norm=0.5")
+    estimator = "algorithm.advantage={name: reinforce_plus_plus, options: {gamma: 0.5}}"
+    config = RemoteApiTrainerConfig.from_recipe(load_config(None, [*(f"algorithm.{setting}" for setting in adamw), estimator]))
+    assert config.advantage.name == "reinforce_plus_plus" and config.advantage_options.gamma == 0.5
+    assert config.train_step.optimizer == AdamWSettings(
+        learning_rate=0.001, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.2, grad_clip_norm=0.5
     )
-    assert config.advantage.name == "grpo" and config.advantage_options.norm_by_std is False
-    assert config.train_step.optimizer.weight_decay == 0.2 and config.train_step.optimizer.grad_clip_norm == 0.5
     assert config.train_step.loss_fn == "importance_sampling"
     assert config.train_step.loss_fn_config == {"agg_mode": "token-mean", "entropy_coeff": 0.0}
 

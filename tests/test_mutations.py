@@ -1,0 +1,280 @@
+"""Tests of the tests: each mutation in ``tests/mutations.yaml`` breaks one promise on
+purpose, in a throwaway copy of the repository, and the tests it names must fail there.
+
+The copy holds the files git tracks (and untracked ones it does not ignore); its tests
+run with ``PYTHONPATH`` listing the copy's distribution folders, so they import the
+copy's code, not the installed one. Each named test runs on its own, from its own
+distribution's folder, as ``make test`` runs it: once on the unmutated copy (it must
+pass) and once per mutation that names it (it must fail). Mutations run one after
+the other, each restored before the next.
+
+``make mutations`` (``python tests/test_mutations.py``) runs the list and prints, per
+mutation, the tests that caught it and how long it took; `test_every_mutation_is_caught`
+runs it in CI. The cheap tests below check the list itself and the runner's verdicts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTATIONS_FILE = ROOT / "tests" / "mutations.yaml"
+FIELDS = ("id", "file", "original", "replacement", "tests", "why")
+TEST_TIMEOUT_S = 600
+FAILED = 1
+"""pytest's exit status when tests ran and some failed (any other non-zero status means
+they could not run: a collection error, a usage error, no such test)."""
+RECORDING_ENV = ("NEXRL_RECIPE_KEY_RECORDS", "NEXRL_RECIPE_KEY_TEST")
+"""The recipe-key recorder's variables: a mutation's test runs record nothing."""
+
+
+@attrs.frozen
+class Mutation:
+    """One deliberate break, and the tests that must catch it."""
+
+    id: str
+    file: str
+    """Path from the repository root."""
+    original: str
+    """Exact text of the file; it occurs exactly once."""
+    replacement: str
+    tests: tuple[str, ...]
+    """``path::name`` from the repository root; each must fail with the mutation."""
+    why: str
+    """The promise the mutation breaks."""
+
+
+def load_mutations(path: Path = MUTATIONS_FILE) -> list[Mutation]:
+    """The list in ``path``; a malformed entry is an error naming it and what is wrong."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    entries = data.get("mutations") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a mapping with a 'mutations' list")
+    mutations = []
+    for index, entry in enumerate(entries):
+        name = entry.get("id", "no id") if isinstance(entry, dict) else repr(entry)
+        where = f"{path.name}: mutation {index} ({name})"
+        if not isinstance(entry, dict) or set(entry) != set(FIELDS):
+            given = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise ValueError(f"{where}: needs exactly the keys {', '.join(FIELDS)}; has {given}")
+        tests = entry["tests"]
+        if not (isinstance(tests, list) and tests and all(isinstance(test, str) and "::" in test for test in tests)):
+            raise ValueError(f"{where}: tests must be a non-empty list of path::name")
+        text_fields = ("id", "file", "original", "replacement", "why")
+        if not all(isinstance(entry[field], str) for field in text_fields) or entry["original"] == entry["replacement"]:
+            raise ValueError(f"{where}: {', '.join(text_fields)} must be strings, and the replacement must differ")
+        mutations.append(Mutation(**{**entry, "tests": tuple(tests)}))
+    ids = [mutation.id for mutation in mutations]
+    repeated = sorted({mutation_id for mutation_id in ids if ids.count(mutation_id) > 1})
+    if repeated:
+        raise ValueError(f"{path.name}: ids used more than once: {', '.join(repeated)}")
+    return mutations
+
+
+def misplaced(mutation: Mutation, root: Path) -> str | None:
+    """Why ``mutation`` cannot be applied to the tree at ``root``, or None."""
+    target = root / mutation.file
+    if not target.is_file():
+        return f"{mutation.id}: no file {mutation.file}"
+    count = target.read_text(encoding="utf-8").count(mutation.original)
+    if count != 1:
+        return f"{mutation.id}: the original text occurs {count} times in {mutation.file}; it must occur exactly once"
+    for test in mutation.tests:
+        if not (root / test.partition("::")[0]).is_file():
+            return f"{mutation.id}: no test file {test.partition('::')[0]}"
+    return None
+
+
+# --- the throwaway copy ------------------------------------------------------------------------------
+
+
+def source_files(root: Path) -> list[str]:
+    """What git tracks, and untracked files it does not ignore (a test not committed yet)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, check=True,
+    ).stdout.decode()  # fmt: skip
+    return sorted({name for name in listed.split("\0") if name and (root / name).is_file()})
+
+
+def distribution_dirs(root: Path) -> list[Path]:
+    """Each distribution's folder (one ``pyproject.toml`` each), the root's first."""
+    return sorted({path.parent for path in root.rglob("pyproject.toml")}, key=lambda folder: len(folder.parts))
+
+
+@contextmanager
+def throwaway_copy(root: Path) -> Iterator[Path]:
+    """A copy of the repository's source files, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="nexrl-mutants-"))
+    try:
+        for name in source_files(root):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, folder / name)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def copy_environment(copy: Path) -> dict[str, str]:
+    """The environment the copy's tests run in: its distributions first on the path."""
+    env = {key: value for key, value in os.environ.items() if key not in RECORDING_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(str(folder) for folder in distribution_dirs(copy))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutated module's bytecode never outlives its restore
+    return env
+
+
+def run_test(copy: Path, test: str) -> int:
+    """pytest's exit status for one ``path::name`` of the copy, run from its distribution."""
+    path, _, name = test.partition("::")
+    test_file = copy / path
+    folder = next(parent for parent in test_file.parents if (parent / "pyproject.toml").is_file())
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"{test_file.relative_to(folder)}::{name}"],
+        cwd=folder, env=copy_environment(copy), capture_output=True, timeout=TEST_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    return done.returncode
+
+
+# --- running the list ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Verdict:
+    """How one mutation went."""
+
+    mutation: Mutation
+    statuses: dict[str, int]
+    """Each named test → pytest's exit status with the mutation applied."""
+    seconds: float
+
+    @property
+    def caught(self) -> bool:
+        return all(status == FAILED for status in self.statuses.values())
+
+    def problems(self) -> list[str]:
+        problems = []
+        for test, status in self.statuses.items():
+            if status == 0:
+                problems.append(f"{self.mutation.id}: survived {test} ({self.mutation.why})")
+            elif status != FAILED:
+                problems.append(f"{self.mutation.id}: {test} could not run with the mutation (pytest exit {status}); "
+                                "the replacement must break the promise, not the import")  # fmt: skip
+        return problems
+
+
+@attrs.frozen
+class Report:
+    baseline: dict[str, int]
+    """Each named test → its exit status on the unmutated copy (0 expected)."""
+    verdicts: list[Verdict]
+    seconds: float
+
+    def problems(self) -> list[str]:
+        problems = [f"{test} does not pass on the unmutated copy (pytest exit {status})" for test, status in self.baseline.items() if status]
+        return problems + [problem for verdict in self.verdicts for problem in verdict.problems()]
+
+
+@contextmanager
+def mutated(copy: Path, mutation: Mutation) -> Iterator[None]:
+    target = copy / mutation.file
+    original = target.read_bytes()
+    target.write_text(original.decode("utf-8").replace(mutation.original, mutation.replacement, 1), encoding="utf-8")
+    try:
+        yield
+    finally:
+        target.write_bytes(original)
+
+
+def run_mutations(mutations: Sequence[Mutation], root: Path = ROOT, verbose: bool = False) -> Report:
+    """Apply each mutation in turn to one throwaway copy of ``root`` and run its tests."""
+    problems = [problem for mutation in mutations if (problem := misplaced(mutation, root))]
+    if problems:
+        raise ValueError("\n".join(problems))
+    started = time.monotonic()
+    with throwaway_copy(root) as copy:
+        named = sorted({test for mutation in mutations for test in mutation.tests})
+        baseline = {test: run_test(copy, test) for test in named}
+        verdicts = []
+        for mutation in mutations:
+            began = time.monotonic()
+            with mutated(copy, mutation):
+                statuses = {test: run_test(copy, test) for test in mutation.tests}
+            verdicts.append(Verdict(mutation, statuses, time.monotonic() - began))
+            if verbose:
+                print(describe(verdicts[-1]), flush=True)
+    return Report(baseline, verdicts, time.monotonic() - started)
+
+
+def describe(verdict: Verdict) -> str:
+    state = "caught" if verdict.caught else "NOT CAUGHT"
+    return f"{verdict.mutation.id}: {state} in {verdict.seconds:.1f} s by {', '.join(verdict.mutation.tests)}"
+
+
+# --- the tests ----------------------------------------------------------------------------------
+
+
+def test_the_list_is_well_formed_and_each_mutation_applies() -> None:
+    mutations = load_mutations()
+    assert len(mutations) >= 10
+    assert [problem for mutation in mutations if (problem := misplaced(mutation, ROOT))] == []
+
+
+@pytest.mark.slow
+def test_every_mutation_is_caught() -> None:
+    report = run_mutations(load_mutations())
+    assert not report.problems(), "\n".join(report.problems())
+
+
+KL_TEST = "plugins/nexrl_grpo/tests/test_kl.py::test_fixed_controller_never_moves"
+
+
+@pytest.mark.slow
+def test_a_mutation_no_test_catches_is_reported() -> None:
+    """The test of the runner: a harmless change survives its test, and is reported;
+    a real break of what the test checks is caught."""
+    harmless = Mutation(
+        id="docstring", file="plugins/nexrl_grpo/nexrl_grpo/kl.py", original='"""Keeps the KL coefficient constant."""',
+        replacement='"""Keeps the KL coefficient fixed."""', tests=(KL_TEST,), why="changes no behaviour",
+    )  # fmt: skip
+    breaking = attrs.evolve(
+        harmless, id="fixed-moves", original='"""Does nothing; present so both controllers can be driven the same way."""',
+        replacement="self.value *= 2",
+    )  # fmt: skip
+    report = run_mutations([harmless, breaking])
+    assert report.baseline == {KL_TEST: 0}
+    assert [verdict.caught for verdict in report.verdicts] == [False, True]
+    assert report.problems() == [f"docstring: survived {KL_TEST} (changes no behaviour)"]
+
+
+def test_a_mutation_that_does_not_apply_is_refused() -> None:
+    twice = Mutation(id="twice", file="plugins/nexrl_grpo/nexrl_grpo/kl.py", original="self.controller.value", replacement="self.other",
+                     tests=(KL_TEST,), why="-")  # fmt: skip
+    with pytest.raises(ValueError, match="twice: the original text occurs [0-9]+ times in plugins/nexrl_grpo/nexrl_grpo/kl.py"):
+        run_mutations([twice])
+
+
+def test_a_malformed_entry_is_named(tmp_path: Path) -> None:
+    listed = tmp_path / "mutations.yaml"
+    listed.write_text("mutations:\n  - id: lonely\n    file: x.py\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="mutation 0 \\(lonely\\): needs exactly the keys id, file, original"):
+        load_mutations(listed)
+
+
+if __name__ == "__main__":  # `make mutations`
+    report = run_mutations(load_mutations(), verbose=True)
+    print(f"{len(report.verdicts)} mutations in {report.seconds:.0f} s")
+    for problem in report.problems():
+        print(problem)
+    sys.exit(1 if report.problems() else 0)
