@@ -97,6 +97,7 @@ class LocalWorkerGroup:
                     except ProcessLookupError:
                         pass
                     self.process.wait()
+            _end_session(self.process.pid)
             self.process = None
         if transport is not None:
             transport.close()
@@ -112,3 +113,12 @@ class LocalWorkerGroup:
             return self.log_path.read_text(errors="replace")[-limit:]
         except OSError:
             return ""
+
+
+def _end_session(session_id: int) -> None:
+    """Kill whatever is left of the launcher's session once the launcher has exited: a
+    rank that was stopped (SIGSTOP, a debugger) never acts on the SIGTERM it was sent."""
+    try:
+        os.killpg(session_id, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
