@@ -43,7 +43,7 @@ from nexrl_fsdp.loading import (
     save_hf_directory,
     torch_dtype,
 )
-from nexrl_fsdp.lora import apply_training_mode, merged_copy, save_adapter
+from nexrl_fsdp.lora import apply_training_mode, load_in_place, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
@@ -506,19 +506,20 @@ class Engine:
     def sampler_with(self, weights: Mapping[str, torch.Tensor], path: str | Path | None = None) -> Engine:
         """Like `export_sampler`, with ``weights`` (every parameter of this engine's
         model, by name: a worker group's pushed policy) in place of this engine's own;
-        without ``path`` nothing is written and the engine names this one's model.
+        without ``path`` nothing is written and the engine names this one's model. A
+        LoRA policy that adapted the output projection of a tied model arrives with a
+        head weight of its own; the copy's head is then untied (`load_in_place`).
 
         :raises ValueError: naming missing or unexpected parameters, before anything is copied.
         """
         if self._peft is not None:
             raise ValueError("sampler_with needs a full model's engine (the base model's sampler), not a LoRA engine")
         with self._lock:
-            own = dict(self.model.named_parameters())
-            missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-            if missing or unexpected:
-                raise ValueError(f"the weights do not match the model {self.base_model_id!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-            model = self._weights_copy(weights)
-        return self._sampler_on(model, path, recycle=True)
+            if set(weights) == {name for name, _ in self.model.named_parameters()}:
+                return self._sampler_on(self._weights_copy(weights), path, recycle=True)
+            model = copy.deepcopy(self.model)
+        load_in_place(model, weights)
+        return self._sampler_on(model, path, recycle=False)
 
     def _sampler_on(self, model: torch.nn.Module, path: str | Path | None, recycle: bool) -> Engine:
         """Write ``model`` as an HF directory at ``path`` (if given) and wrap it in an

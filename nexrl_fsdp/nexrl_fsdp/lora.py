@@ -10,7 +10,7 @@ import contextlib
 import copy
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "UNEMBED_MODULES",
     "adapters_disabled",
     "apply_training_mode",
+    "load_in_place",
     "lora_target_modules",
     "merged_copy",
     "output_embeddings_tied",
@@ -159,3 +160,25 @@ def save_adapter(peft_model: Any, directory: Path) -> None:
     if isinstance(config.get("target_modules"), list):
         config["target_modules"] = sorted(config["target_modules"])
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (every parameter, by name) into ``model``'s parameters.
+
+    A LoRA run that adapts ``lm_head`` of a model with tied embeddings sends the output
+    projection merged, as a weight of its own: the model's head is then untied first
+    (as `nexrl_fsdp.lora.merged_copy` unties it), so the input embeddings keep theirs.
+
+    :raises ValueError: naming missing or unexpected parameters, before anything is copied.
+    """
+    head = model.get_output_embeddings()
+    head_name = next((f"{name}.weight" for name, module in model.named_modules() if module is head), None)
+    if head_name in weights and head_name not in dict(model.named_parameters()) and output_embeddings_tied(model, head):
+        untie_output_embeddings(model, head)
+    parameters = dict(model.named_parameters())
+    if set(parameters) != set(weights):
+        missing, extra = sorted(set(parameters) - set(weights)), sorted(set(weights) - set(parameters))
+        raise ValueError(f"the weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.copy_(weights[name])

@@ -1,4 +1,4 @@
-"""`WorkerGroupEngine`: a model on a worker group (2 gloo ranks under real torchrun) behaves
+"""`WorkerGroupEngine`: a model on a worker group (2 gloo ranks on the loopback) behaves
 as an `Engine` does, and refuses what an engine refuses, with the same words.
 
 One group serves the module; tests run in file order and keep an engine in step with it.
@@ -16,7 +16,9 @@ import torch
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_fsdp import Datum, Engine
+from nexrl_fsdp import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors, tensor_datums
+from nexrl_fsdp.lora import merged_copy
 from nexrl_fsdp.loss_fns import build_loss_fn, check_datums
 from nexrl_fsdp.runtime.engines import TrainingSpec
 from nexrl_fsdp.runtime.worker_groups import GroupSettings, WorkerGroupEngine
@@ -158,8 +160,32 @@ def test_bad_requests_are_refused_as_the_engine_refuses_them(group: WorkerGroupE
     assert group.forward(datums(1), "cross_entropy").metrics["num_sequences:sum"] == 1.0  # still serving
 
 
-def test_lora_is_refused_before_a_group_starts(tmp_path: Path, base_sampler: Engine) -> None:
-    settings = GroupSettings(ranks=1, threads_per_rank=1, log_dir=tmp_path)
-    with pytest.raises(ValueError, match="LoRA is not available on worker groups yet"):
-        WorkerGroupEngine("lora", TrainingSpec(BASE, lora=LoraSettings(rank=4)), "fp32", settings, lambda: base_sampler)
-    assert not list(tmp_path.iterdir())
+def test_a_lora_model_on_a_group_steps_saves_and_loads_as_the_engine(tmp_path: Path, base_sampler: Engine) -> None:
+    """LoRA with every target on a 2-rank group: the adapters start as the engine's
+    (same seed), two steps end at the engine's adapters and optimizer moments, the
+    states load into each other, and the group's sampler is the engine's merged model."""
+    spec = TrainingSpec(BASE, lora=LoraSettings(rank=4, alpha=8.0), lora_seed=5)
+    twin = Engine(spec.engine_config("fp32"))
+    settings = GroupSettings(ranks=2, threads_per_rank=1, log_dir=tmp_path / "logs")
+    group = WorkerGroupEngine("lora", spec, "fp32", settings, lambda: base_sampler)
+    try:
+        for seed in (4, 5):
+            batch = datums(4, seed=seed)
+            expected, got = twin.forward_backward(batch, "ppo"), group.forward_backward(batch, "ppo")
+            assert got.metrics == pytest.approx(expected.metrics, rel=1e-4, abs=1e-6)
+            assert group.optim_step(SETTINGS).grad_norm == pytest.approx(twin.optim_step(SETTINGS).grad_norm, rel=1e-4)
+        group.save_state(tmp_path / "group")
+        twin.save_state(tmp_path / "engine")
+        assert ckpt.read_manifest(tmp_path / "group") == ckpt.read_manifest(tmp_path / "engine")
+        for read in (ckpt.read_weights, ckpt.read_optimizer):
+            ours, theirs = read(tmp_path / "group"), read(tmp_path / "engine")
+            assert set(ours) == set(theirs) and all("lora_" in name for name in ckpt.read_weights(tmp_path / "engine"))
+            assert max(float((ours[name] - theirs[name]).abs().max()) for name in ours) < 1e-5
+        merged = merged_copy(twin._peft)
+        assert max_difference(group.sampler().model, merged) < 1e-5
+        group.load_state(tmp_path / "engine")
+        Engine(model=BASE).save_state(tmp_path / "full")
+        with pytest.raises(ValueError, match="has LoRA settings"):
+            group.load_state(tmp_path / "full")
+    finally:
+        group.stop()

@@ -92,10 +92,10 @@ def rl_data(data: list[types.Datum], logprobs: list[list[float]]) -> list[types.
     return out
 
 
-def train(client: Any) -> dict[str, Any]:
-    """STEPS steps of SFT plus a PPO term through the SDK; every number each step reports,
-    and the model's export."""
-    training = client.create_lora_training_client(base_model=BASE_MODEL, rank=0).result(timeout=300)
+def train(client: Any, rank: int = 0) -> dict[str, Any]:
+    """STEPS steps of SFT plus a PPO term through the SDK on a model with LoRA ``rank``
+    (0: every weight trains); every number each step reports, and the model's export."""
+    training = client.create_lora_training_client(base_model=BASE_MODEL, rank=rank).result(timeout=300)
     data = sft_data(training.get_tokenizer())
     steps = []
     for _ in range(STEPS):
@@ -120,6 +120,15 @@ def train(client: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(clients: dict[int, Any]) -> dict[int, dict[str, Any]]:
     return {workers: train(client) for workers, client in clients.items()}
+
+
+LORA_RANK = 4
+"""A LoRA model on every target (MLP, attention and the tied tiny model's output head)."""
+
+
+@pytest.fixture(scope="module")
+def lora_runs(clients: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    return {workers: train(client, rank=LORA_RANK) for workers, client in clients.items()}
 
 
 def exported_weights(service: Any, path: str, directory: Path) -> dict[str, torch.Tensor]:
@@ -215,3 +224,35 @@ def test_a_saved_state_rebuilds_a_lost_group(services, runs) -> None:
             new_pids = services[workers].state.engines.training(model_id).rank_pids()
             assert set(new_pids.values()).isdisjoint(old_pids.values())
     assert outcomes[2] == pytest.approx(outcomes[0], rel=1e-4)
+
+
+def test_a_lora_model_on_a_group_trains_and_exports_as_the_engine(services, lora_runs, tmp_path: Path) -> None:
+    """LoRA on a group: every step's numbers, the merged export and the PEFT adapter
+    beside it are the engine's, and the group's sampler scores as its training forward
+    pass (the merged output head of the tied model arrives untied)."""
+    engine, groups = lora_runs[0]["steps"], lora_runs[2]["steps"]
+    for step, (one, two) in enumerate(zip(engine, groups)):
+        for key in ("forward loss", "sft loss", "ppo loss"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-5), f"LoRA step {step}: {key}"
+        assert two["optim"] == pytest.approx(one["optim"], rel=1e-4), f"LoRA step {step}: optimizer"
+    assert engine[-1]["sft loss"] < engine[0]["sft loss"]
+    files = {}
+    for workers in WORKERS:
+        urls = tinker.RestClient(base_url=services[workers].base_url).get_external_weights_urls(lora_runs[workers]["export"]).result(timeout=60).urls
+        files[workers] = {}
+        for name, url in urls.items():
+            if name.endswith(".safetensors"):
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    (tmp_path / f"{workers}-{name.replace('/', '_')}").write_bytes(response.read())
+                files[workers][name] = load_file(str(tmp_path / f"{workers}-{name.replace('/', '_')}"))
+    assert set(files[2]) == set(files[0]) and any("adapter" in name for name in files[0]), sorted(files[0])
+    for name, tensors in files[0].items():
+        assert set(files[2][name]) == set(tensors), name
+        assert max(float((tensors[key] - files[2][name][key]).abs().max()) for key in tensors) < 1e-4, name
+    training = lora_runs[2]["training"]
+    sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
+    data = sft_data(training.get_tokenizer())
+    full = data[0].model_input.to_ints() + [data[0].loss_fn_inputs["target_tokens"].tolist()[-1]]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result(timeout=120)
+    trained = training.forward([data[0]], "cross_entropy").result(timeout=120)
+    np.testing.assert_allclose(scored[1:], trained.loss_fn_outputs[0]["logprobs"].tolist(), atol=1e-4)

@@ -70,11 +70,8 @@ class WorkerGroupEngine:
         ``base_sampler`` gives the base model's sampling engine, whose model takes the
         group's pushed weights for each sampler of this model.
 
-        :raises ValueError: for a LoRA model (not on worker groups yet).
         :raises WorkerGroupError: when the group does not start (its log names why).
         """
-        if spec.lora.rank > 0:
-            raise ValueError("LoRA is not available on worker groups yet; serve with --workers 0 to train LoRA models")
         self.model_id = model_id
         self.spec = spec
         self.config = spec.engine_config(dtype)
@@ -91,7 +88,7 @@ class WorkerGroupEngine:
             extra_env={"OMP_NUM_THREADS": str(settings.threads_per_rank)},
         )
         try:
-            info = self.group.transport.init_model(self.config.model, dtype=self.config.dtype, seed=spec.lora_seed)
+            info = self.group.transport.init_model(self.config.model, dtype=self.config.dtype, seed=spec.lora_seed, lora=spec.lora)
         except BaseException:
             self.group.stop()
             raise
@@ -172,17 +169,20 @@ class WorkerGroupEngine:
 
     def export_sampler(self, path: str | Path) -> Engine:
         """The policy as an HF directory at ``path`` and a sampling engine on it, fed
-        from the group (as `Engine.export_sampler`)."""
-        return self._pushed_sampler(Path(path))
+        from the group (as `Engine.export_sampler`; for LoRA the adapter is written beside)."""
+        if self.spec.lora.is_lora:
+            self.export_hf(path)
+        return self._pushed_sampler(None if self.spec.lora.is_lora else Path(path))
 
     def sampler(self) -> Engine:
         """A sampling engine on the current policy, fed from the group; nothing is written."""
         return self._pushed_sampler(None)
 
     def export_hf(self, path: str | Path) -> Path:
-        """The policy as an HF directory at ``path`` (as `Engine.export_hf`)."""
-        self._pushed_sampler(Path(path))
-        return Path(path)
+        """The policy as an HF directory at ``path``, written by rank 0 as `Engine.export_hf`
+        writes it (for LoRA: the adapters merged in and the adapter in PEFT layout beside)."""
+        with self._lock:
+            return Path(self.group.transport.export_hf(str(path)))
 
     # --- lifecycle ------------------------------------------------------------------------------
 

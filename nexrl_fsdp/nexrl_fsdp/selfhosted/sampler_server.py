@@ -51,10 +51,10 @@ from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.engine import Engine
 from nexrl_fsdp.inprocess.chat import EngineChat
 from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
-from nexrl_fsdp.lora import output_embeddings_tied, untie_output_embeddings
+from nexrl_fsdp.lora import load_in_place
 from nexrl_fsdp.types import SampledSequence, SamplingParams
 
-__all__ = ["SamplerSettings", "SamplerServer", "load_in_place", "main"]
+__all__ = ["SamplerSettings", "SamplerServer", "main"]
 
 _PARENT_POLL_S = 0.5
 
@@ -76,28 +76,6 @@ class SamplerSettings:
     def from_json(cls, text: str) -> SamplerSettings:
         values = json.loads(text)
         return cls(engine=EngineConfig(**values["engine"]), batching=BatchedSamplingOptions(**values["batching"]))
-
-
-def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``weights`` (every parameter, by name) into ``model``'s parameters.
-
-    A LoRA run that adapts ``lm_head`` of a model with tied embeddings sends the output
-    projection merged, as a weight of its own: the model's head is then untied first
-    (as `nexrl_fsdp.lora.merged_copy` unties it), so the input embeddings keep theirs.
-
-    :raises RuntimeError: naming missing or unexpected parameters, before anything is copied.
-    """
-    head = model.get_output_embeddings()
-    head_name = next((f"{name}.weight" for name, module in model.named_modules() if module is head), None)
-    if head_name in weights and head_name not in dict(model.named_parameters()) and output_embeddings_tied(model, head):
-        untie_output_embeddings(model, head)
-    parameters = dict(model.named_parameters())
-    if set(parameters) != set(weights):
-        missing, extra = sorted(set(parameters) - set(weights)), sorted(set(weights) - set(parameters))
-        raise RuntimeError(f"the workers' weights do not match the sampler's model: missing {missing[:5]}, unexpected {extra[:5]}")
-    with torch.no_grad():
-        for name, parameter in parameters.items():
-            parameter.copy_(weights[name])
 
 
 class SamplerServer:

@@ -118,6 +118,8 @@ class DatumOps:
         self._losses: dict[str, LossFn] = {}
         self.base_model_id = actor.options.model if actor.options.model in SHIPPED_MODELS else str(actor.model_dir)
         """How checkpoints name the base model (as `Engine.base_model_id`)."""
+        self.lora_record = actor.options.lora.to_json() if actor.is_lora else None
+        """How checkpoints record the LoRA settings (as `Engine.save_state`; None: every weight trains)."""
 
     # --- checks (rank 0, before any rank sees the op) -------------------------------------------
 
@@ -277,7 +279,7 @@ class DatumOps:
             manifest = ckpt.CheckpointManifest(
                 base_model=self.base_model_id,
                 dtype=self.actor.options.dtype,
-                lora=None,
+                lora=self.lora_record,
                 step=self.actor.optimizer.steps,
                 has_optimizer=include_optimizer,
                 parameters=list(weights),
@@ -290,7 +292,7 @@ class DatumOps:
         return ckpt.read_for_loading(
             path,
             base_model=self.base_model_id,
-            lora=None,
+            lora=self.lora_record,
             shapes={name: tuple(p.shape) for name, p in self.trainable()},
             load_optimizer=load_optimizer,
         )
