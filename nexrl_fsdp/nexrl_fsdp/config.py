@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 from nexrl_core.config.lora import LoraSettings
 
-__all__ = ["DTYPES", "EngineConfig"]
+__all__ = ["DTYPES", "EngineConfig", "TrainingSpec"]
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 """Accepted spellings of the two supported parameter dtypes, mapped to the canonical name."""
@@ -77,3 +77,15 @@ class EngineConfig:
     """forward/forward_backward run a prefix shared by several datums (a GRPO group's
     prompt) once and only each datum's own tokens again (`nexrl_fsdp.shared_prefix`);
     results equal the plain pass up to float rounding."""
+
+
+@attrs.frozen
+class TrainingSpec:
+    """How a training model's engine is configured (what the client asked at creation)."""
+
+    base_model: str
+    lora: LoraSettings = attrs.field(factory=LoraSettings)
+    lora_seed: int = 0
+
+    def engine_config(self, dtype: str) -> EngineConfig:
+        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype)

@@ -150,11 +150,16 @@ def save_hf_directory(path: Path, model: Any, tokenizer: Any, state_dict: Mappin
     and ``transformers.AutoModelForCausalLM.from_pretrained`` read back; returns ``path``.
 
     :param state_dict: the weights to write instead of the model's own, e.g. a sharded
-        model's gathered whole (the model then only supplies its config and layout).
+        model's gathered whole (the model then only supplies its config and layout). A
+        weight the model ties to another (a tied output head) is written once, as the
+        model's own save writes it: the gathered copies no longer share storage.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    if state_dict is not None:
+        aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {name for name, _ in model.named_parameters()}
+        state_dict = {name: tensor for name, tensor in state_dict.items() if name not in aliases}
     with quiet_progress():
-        model.save_pretrained(str(path), state_dict=dict(state_dict) if state_dict is not None else None)
+        model.save_pretrained(str(path), state_dict=state_dict)
         tokenizer.save_pretrained(str(path))
     return path

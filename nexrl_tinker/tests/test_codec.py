@@ -11,7 +11,7 @@ from nexrl_tinker.server.codec import (
     encode_forward_backward_output,
     encode_sample_response,
 )
-from nexrl_fsdp.runtime.errors import BadRequest
+from nexrl_service.errors import BadRequest
 from nexrl_tinker.server.training import normalise_metrics
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.response_conv import (

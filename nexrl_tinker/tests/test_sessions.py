@@ -65,7 +65,7 @@ def test_stale_sessions_are_expired_and_release_resources(tmp_path: Path) -> Non
             assert state.engines.training(training.model_id) is not None
             session_id = client.holder.get_session_id()
             with state.store.tx() as s:  # the client is alive and heartbeating: age the session by hand
-                from nexrl_fsdp.runtime.store import SessionRow
+                from nexrl_service.store import SessionRow
 
                 s.get(SessionRow, session_id).last_heartbeat = time.time() - 10
             state.janitor.sweep()

@@ -88,7 +88,7 @@ def test_a_resent_submission_is_applied_once(tmp_path, monkeypatch: pytest.Monke
 def store_futures(store, lane: str) -> list:
     from sqlalchemy import select
 
-    from nexrl_fsdp.runtime.store import FutureRow
+    from nexrl_service.store import FutureRow
 
     with store.tx() as session:
         return list(session.scalars(select(FutureRow).where(FutureRow.lane == lane)))

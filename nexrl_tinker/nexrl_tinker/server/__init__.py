@@ -1,7 +1,7 @@
 """TinkerCloud: a local server speaking the Tinker wire protocol of SDK 0.38.
 
 Only the Tinker wire lives here, on the protocol-independent runtime of
-`nexrl_fsdp.runtime` (SQL store, futures, scheduler, engine pool, auth, janitor,
+`nexrl_service` (SQL store, futures, scheduler, engine pool, auth, janitor,
 uvicorn service). Modules, one job each: `ids` (id and ``tinker://`` path formats),
 `codec` (protobuf), `schemas` (JSON bodies), `app` (routes and the ``tml-`` key
 policy), the glue that turns bodies into runtime operations and results into the

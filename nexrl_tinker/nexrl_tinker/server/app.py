@@ -18,10 +18,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
-from nexrl_fsdp.runtime.auth import Authenticator
-from nexrl_fsdp.runtime.downloads import add_download_route
-from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
-from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_service.auth import Authenticator
+from nexrl_service.downloads import add_download_route
+from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
+from nexrl_service.state import ServiceState
 from nexrl_tinker.server.codec import (
     decode_forward_backward,
     decode_forward_backward_json,

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from nexrl_fsdp.runtime.errors import BadRequest
+from nexrl_service.errors import BadRequest
 
 __all__ = [
     "PROTO_CONTENT_TYPE",

@@ -18,7 +18,7 @@ import uuid
 
 import attrs
 
-from nexrl_fsdp.runtime.errors import BadRequest
+from nexrl_service.errors import BadRequest
 
 __all__ = [
     "CHECKPOINT_SEGMENTS",

@@ -12,9 +12,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from nexrl_fsdp.runtime.errors import BadRequest, NotFound
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow
+from nexrl_service.errors import BadRequest, NotFound
+from nexrl_service.state import ServiceState
+from nexrl_service.store import CheckpointRow, ModelRow
 from nexrl_tinker.server.ids import parse_tinker_path
 from nexrl_tinker.server.sessions import str_dict
 

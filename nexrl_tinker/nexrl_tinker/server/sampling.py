@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_fsdp.runtime.engines import WeightsRef
-from nexrl_fsdp.runtime.errors import BadRequest
-from nexrl_fsdp.runtime.futures import Outcome, new_request_id
-from nexrl_fsdp.runtime.sampling import SampleTask, SamplingOps
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.training import TrainingOps
+from nexrl_service.engines import WeightsRef
+from nexrl_service.errors import BadRequest
+from nexrl_service.futures import Outcome, new_request_id
+from nexrl_service.sampling import SampleTask, SamplingOps
+from nexrl_service.state import ServiceState
+from nexrl_service.training import TrainingOps
 from nexrl_tinker.server.codec import PROTO_CONTENT_TYPE, encode_sample_response
 from nexrl_tinker.server.ids import new_sampler_id, parse_tinker_path
 from nexrl_tinker.server.schemas import CreateSamplingSessionBody, SampleBody

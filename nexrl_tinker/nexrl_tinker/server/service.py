@@ -1,4 +1,4 @@
-"""`TinkerService`: TinkerCloud as a `nexrl_fsdp.runtime.server.LocalService`.
+"""`TinkerService`: TinkerCloud as a `nexrl_service.server.LocalService`.
 
 The runtime serves it (thread, child process or foreground); this class only names
 the protocol and hands over its routes. ``nexrl serve tinker`` and the embedded
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_fsdp.runtime.server import LocalService
+from nexrl_service.server import LocalService
 
 __all__ = ["TinkerService"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_fsdp.runtime.sessions import Sessions
-from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_service.sessions import Sessions
+from nexrl_service.state import ServiceState
 from nexrl_tinker.server.ids import new_session_id
 from nexrl_tinker.server.schemas import CreateSessionBody, FinishSessionBody
 

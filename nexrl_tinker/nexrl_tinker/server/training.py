@@ -17,12 +17,12 @@ import attrs
 import numpy as np
 from nexrl_core.config.lora import LoraSettings
 
-from nexrl_fsdp.runtime.engines import TrainingSpec
-from nexrl_fsdp.runtime.errors import BadRequest
-from nexrl_fsdp.runtime.futures import Outcome
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import ModelRow
-from nexrl_fsdp.runtime.training import NewModel, Prepare, TrainingOps
+from nexrl_fsdp.config import TrainingSpec
+from nexrl_service.errors import BadRequest
+from nexrl_service.futures import Outcome
+from nexrl_service.state import ServiceState
+from nexrl_service.store import ModelRow
+from nexrl_service.training import NewModel, Prepare, TrainingOps
 from nexrl_tinker.server.codec import (
     PROTO_CONTENT_TYPE,
     FwdBwdRequest,

@@ -1,7 +1,7 @@
 """A local server speaking the Weaver wire protocol of nex-weaver 1.19.
 
 Only the Weaver wire lives here, on the protocol-independent runtime of
-`nexrl_fsdp.runtime` (SQL store, futures, scheduler, engine pool, auth, janitor,
+`nexrl_service` (SQL store, futures, scheduler, engine pool, auth, janitor,
 uvicorn service). Modules, one job each: `ids` (ids and ``weaver://`` paths),
 `errors` (Weaver's JSON error bodies), `tensors` (JSON tensors, the ``http-binary``
 multipart packs and result packs), `operations` (the operation envelope and how a

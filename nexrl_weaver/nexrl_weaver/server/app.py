@@ -24,10 +24,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
-from nexrl_fsdp.runtime.auth import Authenticator
-from nexrl_fsdp.runtime.downloads import add_download_route
-from nexrl_fsdp.runtime.errors import ApiError, BadRequest, Forbidden, NotFound
-from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_service.auth import Authenticator
+from nexrl_service.downloads import add_download_route
+from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound
+from nexrl_service.state import ServiceState
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.artifacts import CHECKPOINT_EXPORT_REFUSAL, WeaverArtifacts
 from nexrl_weaver.server.sampling import WeaverSampling

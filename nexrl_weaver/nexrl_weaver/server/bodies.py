@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nexrl_fsdp.runtime.errors import BadRequest
+from nexrl_service.errors import BadRequest
 
 __all__ = ["flag", "number", "obj", "optional_int", "optional_str", "required_int", "required_str"]
 

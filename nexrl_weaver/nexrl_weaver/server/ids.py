@@ -18,7 +18,7 @@ import uuid
 
 import attrs
 
-from nexrl_fsdp.runtime.errors import BadRequest
+from nexrl_service.errors import BadRequest
 
 __all__ = ["WeaverPath", "check_name", "checkpoint_id", "checkpoint_path", "new_id", "parse_weaver_path"]
 

@@ -30,12 +30,12 @@ import numpy as np
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_fsdp.runtime.engines import TrainingSpec
-from nexrl_fsdp.runtime.errors import BadRequest, Gone
-from nexrl_fsdp.runtime.futures import Outcome
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow
-from nexrl_fsdp.runtime.training import NewModel, Prepare, TrainingOps
+from nexrl_fsdp.config import TrainingSpec
+from nexrl_service.errors import BadRequest, Gone
+from nexrl_service.futures import Outcome
+from nexrl_service.state import ServiceState
+from nexrl_service.store import CheckpointRow, ModelRow
+from nexrl_service.training import NewModel, Prepare, TrainingOps
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.bodies import flag, obj, optional_int, optional_str, required_str
 from nexrl_weaver.server.ids import check_name, checkpoint_id, checkpoint_path, new_id, parse_weaver_path

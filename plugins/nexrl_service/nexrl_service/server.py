@@ -10,7 +10,7 @@ training process's SDK client threads); ``serve_forever()`` serves in the foregr
 is bound before uvicorn starts (in the parent, and handed to a child process), so port
 0 gives a real port to report and a busy port fails in ``start()`` with a clear error
 instead of inside a thread or a child. A child process is ``python -m
-nexrl_fsdp.runtime.server``; it rebuilds the same subclass from its import path.
+nexrl_service.server``; it rebuilds the same subclass from its import path.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before anything lo
 
 from nexrl_core.longlived import freeze_long_lived_objects
 from nexrl_core.serving import ServeOptions, ServiceStartError
-from nexrl_fsdp.runtime.settings import ServerSettings
+from nexrl_service.settings import ServerSettings
 
 __all__ = ["LocalService"]
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+log = logging.getLogger("nexrl_service")
 
 # How a child-process server learns what to serve (see `LocalService._start_child`).
 _CLASS_ENV = "NEXRL_SERVICE_CLASS"
@@ -130,7 +130,7 @@ class LocalService:
     def _prepare(self) -> Any:
         import uvicorn
 
-        from nexrl_fsdp.runtime.state import ServiceState
+        from nexrl_service.state import ServiceState
 
         self._socket = self._listen()
         try:
@@ -211,7 +211,7 @@ class LocalService:
         return self.base_url
 
     def _start_child(self) -> str:
-        """Serve from ``python -m nexrl_fsdp.runtime.server`` on a socket bound here."""
+        """Serve from ``python -m nexrl_service.server`` on a socket bound here."""
         sock = self._bind()
         try:
             base_url = self._set_base_url(sock)
@@ -227,7 +227,7 @@ class LocalService:
             env[_LISTEN_FD_ENV] = str(sock.fileno())
             env[_PARENT_PID_ENV] = str(os.getpid())
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "nexrl_fsdp.runtime.server"],
+                [sys.executable, "-m", "nexrl_service.server"],
                 stdin=subprocess.DEVNULL,
                 stdout=self._process_log,
                 stderr=subprocess.STDOUT,
@@ -361,7 +361,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _child_main() -> None:
-    """``python -m nexrl_fsdp.runtime.server``: the child process of a
+    """``python -m nexrl_service.server``: the child process of a
     ``LocalService(separate_process=True)``; everything comes from the environment."""
     module, _, qualname = os.environ.pop(_CLASS_ENV).partition(":")
     service_class = getattr(importlib.import_module(module), qualname)

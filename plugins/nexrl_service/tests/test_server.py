@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from nexrl_core.serving import ServeOptions, ServiceStartError
-from nexrl_fsdp.runtime.server import LocalService
-from nexrl_fsdp.runtime.state import ServiceState
+from nexrl_service.server import LocalService
+from nexrl_service.state import ServiceState
 
 
 class EchoService(LocalService):

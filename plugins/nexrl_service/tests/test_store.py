@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_fsdp.runtime.store import CheckpointRow, FutureRow, ModelRow, SamplerRow, SessionRow, Store
+from nexrl_service.store import CheckpointRow, FutureRow, ModelRow, SamplerRow, SessionRow, Store
 
 
 def _session(session_id: str = "s1", owner: str = "o1", heartbeat: float | None = None) -> SessionRow:

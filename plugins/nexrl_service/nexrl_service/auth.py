@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from nexrl_fsdp.runtime.errors import Unauthorized
+from nexrl_service.errors import Unauthorized
 
 __all__ = ["ANONYMOUS_OWNER", "Authenticator", "owner_of"]
 

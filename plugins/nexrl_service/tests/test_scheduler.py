@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_fsdp.runtime.errors import RequestFailed
-from nexrl_fsdp.runtime.futures import FutureBook, Outcome
-from nexrl_fsdp.runtime.scheduler import Job, Scheduler
-from nexrl_fsdp.runtime.store import Store
+from nexrl_service.errors import RequestFailed
+from nexrl_service.futures import FutureBook, Outcome
+from nexrl_service.scheduler import Job, Scheduler
+from nexrl_service.store import Store
 
 
 @pytest.fixture

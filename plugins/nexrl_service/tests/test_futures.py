@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_fsdp.runtime.futures import RESTART_MESSAGE, FutureBook, Outcome
-from nexrl_fsdp.runtime.store import Store
+from nexrl_service.futures import RESTART_MESSAGE, FutureBook, Outcome
+from nexrl_service.store import Store
 
 
 @pytest.fixture

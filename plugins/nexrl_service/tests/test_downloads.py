@@ -7,8 +7,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from nexrl_fsdp.runtime.downloads import DOWNLOAD_ROUTE, SignedDownloads
-from nexrl_fsdp.runtime.errors import Forbidden, NotFound
+from nexrl_service.downloads import DOWNLOAD_ROUTE, SignedDownloads
+from nexrl_service.errors import Forbidden, NotFound
 
 NOW = 1_000_000.0
 

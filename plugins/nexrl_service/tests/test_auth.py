@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nexrl_fsdp.runtime.auth import Authenticator, owner_of
-from nexrl_fsdp.runtime.errors import Unauthorized
+from nexrl_service.auth import Authenticator, owner_of
+from nexrl_service.errors import Unauthorized
 
 
 def test_a_configured_key_admits_only_itself() -> None:
@@ -37,7 +37,7 @@ def test_a_missing_key_names_the_header_and_the_hint() -> None:
 
 
 def test_anonymous_callers_are_one_tenant_only_without_a_configured_key() -> None:
-    from nexrl_fsdp.runtime.auth import ANONYMOUS_OWNER
+    from nexrl_service.auth import ANONYMOUS_OWNER
 
     open_door = Authenticator(None, allow_anonymous=True)
     assert open_door.check(None) == open_door.check("") == ANONYMOUS_OWNER

@@ -29,7 +29,7 @@ its wire: routes, codec and id formats. Everything else is here, one job per mod
 
 Building a service on it::
 
-    from nexrl_fsdp.runtime.server import LocalService
+    from nexrl_service.server import LocalService
 
     class MyService(LocalService):
         name = "myproto"          # ~/.nexrl/myproto/myproto.db by default

@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["CHECKPOINT_KINDS", "CheckpointFiles", "safe_dirname"]
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+log = logging.getLogger("nexrl_service")
 
 CHECKPOINT_KINDS = ("training", "sampler", "external")
 """``training``: engine state to resume from; ``sampler``: exported weights to sample from;

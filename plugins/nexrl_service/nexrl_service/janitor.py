@@ -15,14 +15,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from nexrl_fsdp.runtime.store import SessionRow
+from nexrl_service.store import SessionRow
 
 if TYPE_CHECKING:
-    from nexrl_fsdp.runtime.state import ServiceState
+    from nexrl_service.state import ServiceState
 
 __all__ = ["Janitor"]
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+log = logging.getLogger("nexrl_service")
 
 
 class Janitor:

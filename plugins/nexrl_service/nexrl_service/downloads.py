@@ -24,7 +24,7 @@ from urllib.parse import quote, urlencode
 
 import attrs
 
-from nexrl_fsdp.runtime.errors import Forbidden, NotFound
+from nexrl_service.errors import Forbidden, NotFound
 
 __all__ = ["DOWNLOAD_ROUTE", "SignedDownloads", "SignedUrls", "add_download_route"]
 

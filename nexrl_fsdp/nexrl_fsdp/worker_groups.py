@@ -33,7 +33,7 @@ from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_fsdp.engine import Engine, adam_settings
 from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, check_datums
-from nexrl_fsdp.runtime.engines import TrainingSpec
+from nexrl_fsdp.config import TrainingSpec
 from nexrl_fsdp.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 
 __all__ = ["GroupSettings", "WorkerGroupEngine"]

@@ -74,7 +74,7 @@ class ServerSettings:
     batch_linger_max_s: float = 0.1
     workers: int = 0
     """Ranks per training model: 0 trains every model on an engine in this process, N
-    gives each its own worker group of N processes (`nexrl_fsdp.runtime.worker_groups`)."""
+    gives each its own worker group of N processes (`nexrl_fsdp.worker_groups`)."""
     max_worker_groups: int = 4
     """With ``workers``: most worker groups at once; creating one more model is refused."""
     sampler_cache_size: int = 4

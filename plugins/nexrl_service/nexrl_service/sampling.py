@@ -21,13 +21,13 @@ from typing import Any
 
 import attrs
 
-from nexrl_fsdp.runtime.engines import WeightsRef
-from nexrl_fsdp.runtime.errors import BadRequest, Gone, RequestFailed
-from nexrl_fsdp.runtime.futures import Outcome
-from nexrl_fsdp.runtime.scheduler import Job
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import FutureRow, SamplerRow
-from nexrl_fsdp.runtime.training import TrainingOps, training_spec_of
+from nexrl_service.engines import WeightsRef
+from nexrl_service.errors import BadRequest, Gone, RequestFailed
+from nexrl_service.futures import Outcome
+from nexrl_service.scheduler import Job
+from nexrl_service.state import ServiceState
+from nexrl_service.store import FutureRow, SamplerRow
+from nexrl_service.training import TrainingOps, training_spec_of
 
 __all__ = ["MAX_NUM_SAMPLES", "CheckpointWeights", "SampleTask", "SamplingOps"]
 

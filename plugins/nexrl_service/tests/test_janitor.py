@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_fsdp.runtime.futures import RESTART_MESSAGE, FutureBook
-from nexrl_fsdp.runtime.settings import ServerSettings
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow, SamplerRow, SessionRow
+from nexrl_service.futures import RESTART_MESSAGE, FutureBook
+from nexrl_service.settings import ServerSettings
+from nexrl_service.state import ServiceState
+from nexrl_service.store import CheckpointRow, ModelRow, SamplerRow, SessionRow
 
 
 @pytest.fixture

@@ -30,16 +30,17 @@ from typing import Any
 import attrs
 from nexrl_core.config.lora import LoraSettings
 
-from nexrl_fsdp.runtime.engines import TrainingSpec, WeightsRef
-from nexrl_fsdp.runtime.errors import ApiError, BadRequest, RequestFailed, TooManyRequests
-from nexrl_fsdp.runtime.futures import Outcome
-from nexrl_fsdp.runtime.scheduler import Job
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow, SamplerRow
+from nexrl_fsdp.config import TrainingSpec
+from nexrl_service.engines import WeightsRef
+from nexrl_service.errors import ApiError, BadRequest, RequestFailed, TooManyRequests
+from nexrl_service.futures import Outcome
+from nexrl_service.scheduler import Job
+from nexrl_service.state import ServiceState
+from nexrl_service.store import CheckpointRow, ModelRow, SamplerRow
 
 __all__ = ["NewModel", "Prepare", "TrainingOps", "training_spec_of"]
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+log = logging.getLogger("nexrl_service")
 
 Prepare = Callable[[], Callable[[], Outcome]]
 """Validates a submission (raising `ApiError` or ValueError) and returns the job body."""

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from nexrl_core.config.lora import LoraSettings
 
-from nexrl_fsdp.runtime.errors import RequestFailed, TooManyRequests
+from nexrl_fsdp.config import TrainingSpec
 
-__all__ = ["BaseModelInfo", "EnginePool", "GroupLimits", "ModelReleased", "TrainingSpec", "WeightsRef"]
+from nexrl_service.errors import RequestFailed, TooManyRequests
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+__all__ = ["BaseModelInfo", "EnginePool", "GroupLimits", "ModelReleased", "WeightsRef"]
+
+log = logging.getLogger("nexrl_service")
 
 
 def _new_engine(*args: Any, **kwargs: Any) -> Any:
@@ -76,23 +77,9 @@ class BaseModelInfo:
         )
 
 
-@attrs.frozen
-class TrainingSpec:
-    """How a training model's engine is configured (what the client asked at creation)."""
-
-    base_model: str
-    lora: LoraSettings = attrs.field(factory=LoraSettings)
-    lora_seed: int = 0
-
-    def engine_config(self, dtype: str) -> Any:
-        from nexrl_fsdp.config import EngineConfig
-
-        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype)
-
-
 @attrs.frozen(kw_only=True)
 class GroupLimits:
-    """Training models on worker groups (`nexrl_fsdp.runtime.worker_groups`)."""
+    """Training models on worker groups (`nexrl_fsdp.worker_groups`)."""
 
     settings: Any
     """`GroupSettings`: ranks per group, threads per rank, where logs go."""
@@ -177,7 +164,7 @@ class EnginePool:
         takes one of the places `reserve_group` hands out)."""
         if self.groups is None:
             return _new_engine(spec.engine_config(self.dtype))
-        from nexrl_fsdp.runtime.worker_groups import WorkerGroupEngine
+        from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
         self.reserve_group(model_id)
         try:

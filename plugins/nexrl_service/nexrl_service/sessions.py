@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nexrl_fsdp.runtime.errors import Gone
-from nexrl_fsdp.runtime.state import ServiceState
-from nexrl_fsdp.runtime.store import SessionRow
+from nexrl_service.errors import Gone
+from nexrl_service.state import ServiceState
+from nexrl_service.store import SessionRow
 
 __all__ = ["Sessions"]
 

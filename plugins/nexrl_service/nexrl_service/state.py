@@ -13,19 +13,19 @@ import logging
 import time
 from pathlib import Path
 
-from nexrl_fsdp.runtime.downloads import SignedDownloads
-from nexrl_fsdp.runtime.engines import BaseModelInfo, EnginePool, GroupLimits
-from nexrl_fsdp.runtime.errors import BadRequest, Forbidden, Gone, NotFound
-from nexrl_fsdp.runtime.files import CheckpointFiles
-from nexrl_fsdp.runtime.futures import FutureBook
-from nexrl_fsdp.runtime.janitor import Janitor
-from nexrl_fsdp.runtime.scheduler import Scheduler
-from nexrl_fsdp.runtime.settings import ServerSettings
-from nexrl_fsdp.runtime.store import CheckpointRow, ModelRow, SamplerRow, SessionRow, Store
+from nexrl_service.downloads import SignedDownloads
+from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
+from nexrl_service.errors import BadRequest, Forbidden, Gone, NotFound
+from nexrl_service.files import CheckpointFiles
+from nexrl_service.futures import FutureBook
+from nexrl_service.janitor import Janitor
+from nexrl_service.scheduler import Scheduler
+from nexrl_service.settings import ServerSettings
+from nexrl_service.store import CheckpointRow, ModelRow, SamplerRow, SessionRow, Store
 
 __all__ = ["ServiceState", "warm_up_imports"]
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+log = logging.getLogger("nexrl_service")
 
 
 def warm_up_imports() -> None:
@@ -52,7 +52,7 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
         return None
     import torch
 
-    from nexrl_fsdp.runtime.worker_groups import GroupSettings
+    from nexrl_fsdp.worker_groups import GroupSettings
 
     group = GroupSettings(
         ranks=settings.workers,

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_fsdp.runtime.store import FutureRow, Store
+from nexrl_service.store import FutureRow, Store
 
 __all__ = ["JSON_CONTENT_TYPE", "RESTART_MESSAGE", "FutureBook", "Outcome", "new_request_id"]
 

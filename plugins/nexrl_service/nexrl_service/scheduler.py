@@ -37,12 +37,12 @@ from typing import Any
 
 import attrs
 
-from nexrl_fsdp.runtime.errors import RequestFailed
-from nexrl_fsdp.runtime.futures import FutureBook, Outcome
+from nexrl_service.errors import RequestFailed
+from nexrl_service.futures import FutureBook, Outcome
 
 __all__ = ["MAX_BATCH_ROWS", "Job", "Scheduler", "failure_outcome"]
 
-log = logging.getLogger("nexrl_fsdp.runtime")
+log = logging.getLogger("nexrl_service")
 
 MAX_BATCH_ROWS = 256
 """Most rows (prompts x samples) one batched sampling call takes; a single larger
