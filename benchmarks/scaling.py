@@ -28,7 +28,10 @@ samples each at T=1 with a fixed seed in fp32, digit fraction, mean ± standard 
 ``--dtype bfloat16`` trains in bf16 (``model.dtype=bf16`` on NexRL, the model loaded in
 ``torch.bfloat16`` on TRL); a backend that refuses bf16 before step 1 is shown as refused,
 with its reason. Targets, printed as PASS/FAIL per size and side: NexRL s/step at most
-0.5x TRL's, and NexRL's reward at least TRL's within one standard error. Exit status 0
+0.5x TRL's, and NexRL's reward at least TRL's within one standard error; and each worker-group
+side against the same work on an in-process engine (`PEER_TARGETS`): the embedded Tinker
+service on 1-rank groups at most 1.3x its s/step on the in-process engine, and a 1-rank
+self-hosted run's train phase at most 1.5x the in-process backend's. Exit status 0
 whatever the verdict: this is a benchmark, not a test.
 
 Run: ``python benchmarks/scaling.py [--sizes tiny 10m 50m] [--steps 6]
@@ -82,6 +85,12 @@ INHERITED_CONFIG = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 SPEED_TARGET = 0.5
 """NexRL s/step must be at most this multiple of TRL's."""
+PEER_TARGETS: dict[str, tuple[str, str, float]] = {
+    "remote_api_workers1": ("remote_api", "step", 1.3),
+    "self-hosted_1rank": ("inprocess", "train", 1.5),
+}
+"""A worker-group side against the same work on an in-process engine: side -> (peer side,
+what is compared: ``step`` for s/step or a phase of `STEP_PARTS`, most allowed ratio)."""
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 """``--dtype`` -> NexRL's ``model.dtype``."""
 
@@ -262,7 +271,33 @@ def size_rows(size: str, params: int, sides: list[str], results: dict, evals: di
             f"{size} {side}: speed {'PASS' if speed_ok else 'FAIL'} ({fmt(speed_ratio, 2)}x TRL, target <= {SPEED_TARGET}x); "
             f"reward {'PASS' if reward_ok else 'FAIL'} (diff {fmt(diff)} vs one standard error {noise:.3f})"
         )
+    verdicts.extend(peer_verdicts(size, sides, results))
     return rows, verdicts
+
+
+def _seconds(result: dict[str, Any], what: str) -> float | None:
+    """A side's median s/step (``step``) or median seconds of one step phase."""
+    if "error" in result:
+        return None
+    if what == "step":
+        return median_after_first(result["step_seconds"])
+    return result.get("step_parts", {}).get(what)
+
+
+def peer_verdicts(size: str, sides: list[str], results: dict) -> list[str]:
+    """Each worker-group side of `PEER_TARGETS` against its in-process peer."""
+    verdicts = []
+    for side, (peer, what, limit) in PEER_TARGETS.items():
+        if side not in sides or peer not in sides:
+            continue
+        mine, theirs = _seconds(results[side], what), _seconds(results[peer], what)
+        measured = ratio(mine, theirs)
+        verdict = "NOT MEASURED" if measured is None else ("PASS" if measured <= limit else "FAIL")
+        label = "s/step" if what == "step" else f"{what} s"
+        verdicts.append(
+            f"{size} {side}: {label} {fmt(mine, 2)} vs {peer} {fmt(theirs, 2)}: {verdict} ({fmt(measured, 2)}x, target <= {limit}x)"
+        )
+    return verdicts
 
 
 def report(args: argparse.Namespace, table: list[str], verdicts: list[str], starts: dict[str, tuple]) -> None:

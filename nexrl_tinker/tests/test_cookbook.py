@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import pytest
 tinker_cookbook = pytest.importorskip("tinker_cookbook", reason="tinker-cookbook is not installed (see module docstring)")
 
 import chz
-from nexrl_tinker.testing import BASE_MODEL
+from nexrl_tinker.testing import BASE_MODEL, start_service
 from tinker_cookbook import renderers, tokenizer_utils
 from tinker_cookbook.rl import train
 from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
@@ -80,8 +80,21 @@ class AdditionDatasetBuilder(RLDatasetBuilder):
         return AdditionDataset(self.batch_size, self.group_size, self.batches), None
 
 
+@pytest.fixture(scope="module")
+def group_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A service that trains each model on a worker group of two ranks (``--workers 2``)."""
+    service = start_service(tmp_path_factory.mktemp("tinkercloud-groups"), workers=2)
+    try:
+        yield service.base_url
+    finally:
+        service.stop()
+
+
 @pytest.mark.slow
-def test_cookbook_rl_train_main_runs_three_steps(base_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("served_on", ["engine", "worker group"])
+def test_cookbook_rl_train_main_runs_three_steps(served_on: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The cookbook's RL loop (LoRA rank 8) on the in-process engine and on 2-rank groups."""
+    base_url = request.getfixturevalue("base_url" if served_on == "engine" else "group_base_url")
     tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
     log_path = tmp_path / "run"
     config = train.Config(

@@ -174,17 +174,6 @@ class EnginePool:
                 self._group_slots.discard(model_id)
             raise
 
-    def check_training_spec(self, spec: TrainingSpec) -> None:
-        """Refuse a model this pool cannot train, before anything is started.
-
-        :raises ValueError: for LoRA on worker groups (not there yet).
-        """
-        if self.groups is not None and spec.lora.rank > 0:
-            raise ValueError(
-                "LoRA is not available on worker groups yet: this service trains on worker groups (--workers "
-                f"{self.groups.settings.ranks}); ask for full fine-tuning (rank 0) or serve with --workers 0"
-            )
-
     def reserve_group(self, model_id: str) -> None:
         """Hold a worker-group place for the model (kept until `release_training`); a
         no-op without worker groups or when the model holds one already.

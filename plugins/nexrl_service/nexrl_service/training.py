@@ -201,10 +201,6 @@ class TrainingOps:
             spec.engine_config(self.state.engines.dtype)
         except ValueError as exc:
             raise BadRequest(f"invalid lora_config: {exc}") from None
-        try:
-            self.state.engines.check_training_spec(spec)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
 
         model_id = new.model_id
 
@@ -236,10 +232,6 @@ class TrainingOps:
             raise BadRequest(f"checkpoint {checkpoint.path!r} was saved without optimizer state; load it without the optimizer")
         source = self.source_of(checkpoint)
         spec = training_spec_of(source)
-        try:
-            self.state.engines.check_training_spec(spec)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
         if new.user_metadata is None:
             new = attrs.evolve(new, user_metadata=source.user_metadata)
         model_id = new.model_id
