@@ -96,10 +96,14 @@ def custom_loss(data: Any, logprobs: Any) -> tuple[Any, dict[str, float]]:
     return -sum(lp.sum() for lp in logprobs), {}
 
 
-def train(client: Any) -> dict[str, Any]:
-    """STEPS steps of SFT, PPO and a custom loss through the SDK; every number each step
-    reports, and the model's export."""
-    model = client.create_model(base_model=BASE_MODEL, training_mode="full_ft")
+def train(client: Any, lora_rank: int = 0) -> dict[str, Any]:
+    """STEPS steps of SFT, PPO and a custom loss through the SDK on a model with LoRA
+    ``lora_rank`` (0: every weight trains); every number each step reports, and the
+    model's export."""
+    if lora_rank:
+        model = client.create_model(base_model=BASE_MODEL, training_mode="lora", lora_config={"rank": lora_rank, "seed": 3})
+    else:
+        model = client.create_model(base_model=BASE_MODEL, training_mode="full_ft")
     data = sft_data(model.get_tokenizer())
     steps = []
     for _ in range(STEPS):
@@ -125,7 +129,14 @@ def runs(clients: dict[int, Any]) -> dict[int, dict[str, Any]]:
     return {workers: train(client) for workers, client in clients.items()}
 
 
-def test_every_step_equals_the_in_process_engine(runs: dict[int, dict[str, Any]]) -> None:
+@pytest.fixture(scope="module")
+def lora_runs(clients: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    return {workers: train(client, lora_rank=4) for workers, client in clients.items()}
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_every_step_equals_the_in_process_engine(kind: str, request: pytest.FixtureRequest) -> None:
+    runs = request.getfixturevalue("runs" if kind == "full" else "lora_runs")
     engine, groups = runs[0]["steps"], runs[2]["steps"]
     for step, (one, two) in enumerate(zip(engine, groups)):
         for key in ("sft loss", "ppo loss", "custom loss"):
@@ -136,15 +147,22 @@ def test_every_step_equals_the_in_process_engine(runs: dict[int, dict[str, Any]]
     assert engine[-1]["sft loss"] < engine[0]["sft loss"]  # the steps did train
 
 
-def test_the_downloaded_export_equals_the_in_process_engine(clients, runs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_the_downloaded_export_equals_the_in_process_engine(kind: str, clients, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The full model's export (``hf_model``), and a LoRA model's (its ``hf_adapter``)."""
+    runs = request.getfixturevalue("runs" if kind == "full" else "lora_runs")
+    file = "model.safetensors" if kind == "full" else "adapter_model.safetensors"
     weights = {
-        workers: load_file(str(clients[workers].download_weights(runs[workers]["export"], tmp_path / str(workers)) / "model.safetensors"))
+        workers: load_file(str(clients[workers].download_weights(runs[workers]["export"], tmp_path / str(workers)) / file))
         for workers in WORKERS
     }
     assert set(weights[0]) == set(weights[2])
     assert max(float((weights[0][name] - weights[2][name]).abs().max()) for name in weights[0]) < 1e-4
-    base = load_file(str(resolve_model_dir(BASE_MODEL) / "model.safetensors"))
-    assert max(float((base[name] - weights[2][name]).abs().max()) for name in base) > 1e-4  # it did train
+    if kind == "full":
+        base = load_file(str(resolve_model_dir(BASE_MODEL) / "model.safetensors"))
+        assert max(float((base[name] - weights[2][name]).abs().max()) for name in base) > 1e-4  # it did train
+    else:
+        assert any("lora_B" in name and float(weights[2][name].abs().max()) > 0 for name in weights[2])  # it did train
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_remote_api.holder_backend import build_trainer
 
-__all__ = ["SelfHostedBackend", "open_self_hosted", "refused_options", "sampler_threads"]
+__all__ = ["SelfHostedBackend", "open_self_hosted", "rank_threads", "refused_options", "sampler_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +231,16 @@ def sampler_threads(options: SelfHostedBackendConfig) -> str:
     return str(max(1, len(os.sched_getaffinity(0)) - local_ranks - 1))
 
 
+def rank_threads(options: SelfHostedBackendConfig) -> str:
+    """Each local rank's ``OMP_NUM_THREADS``: the user's, else this process's cores shared
+    out among the ranks. A step's phases take turns (the sampler rolls out, then the
+    ranks train), so the ranks may use the cores the sampler uses: one thread for a lone
+    rank on two cores made its train phase 3x slower than the in-process engine's."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return os.environ["OMP_NUM_THREADS"]
+    return str(max(1, len(os.sched_getaffinity(0)) // options.world_size))
+
+
 def start_local_group(options: SelfHostedBackendConfig, log_path: Path, extra_env: dict[str, str] | None = None) -> LocalWorkerGroup:
     """The worker group ``options`` describe, started on this machine (no ``workers_url``)."""
     return LocalWorkerGroup(
@@ -241,7 +251,7 @@ def start_local_group(options: SelfHostedBackendConfig, log_path: Path, extra_en
         dead_after_s=options.dead_after_s,
         connect_timeout_s=options.connect_timeout_s,
         op_timeout_s=options.op_timeout_s,
-        extra_env=extra_env,
+        extra_env={"OMP_NUM_THREADS": rank_threads(options), **(extra_env or {})},
     )
 
 
