@@ -63,12 +63,14 @@ NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "remote_api_workers2": ("nexrl_tinker", ("backend.options.workers=2",)),
     "inprocess": ("nexrl_fsdp", ("backend.name=inprocess", "backend.options={}")),
     "weaver": ("nexrl_weaver", ("backend.options.service_holder=weaver",)),
-    "self-hosted": ("nexrl_fsdp", ("backend.name=self-hosted",)),
-    "self-hosted_1rank": ("nexrl_fsdp", ("backend.name=self-hosted", "backend.options.world_size=1")),
+    "self-hosted": ("nexrl_fsdp", ("backend.name=self-hosted", "backend.options.update.micro_batch_rows=64")),
+    "self-hosted_1rank": ("nexrl_fsdp", ("backend.name=self-hosted", "backend.options.world_size=1", "backend.options.update.micro_batch_rows=64")),
 }
 """NexRL's local backends: side name -> (module that must be installed, recipe overrides
 on top of the quickstart, whose backend is ``remote_api`` on the embedded Tinker
-service; ``_workersN``: that service training the model on a worker group of N ranks).
+service; ``_workersN``: that service training the model on a worker group of N ranks;
+self-hosted: a rank's share of a step in one pass, as ``recipes/quickstart_fsdp.yaml``
+and as the in-process engine does).
 A new backend is one more line."""
 TRL = "trl"
 SIZES: dict[str, dict[str, int] | None] = {
