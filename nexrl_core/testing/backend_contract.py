@@ -13,6 +13,8 @@ are real samples of the backend's own model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import json
 import math
 from pathlib import Path
@@ -87,8 +89,15 @@ class TrainerContract:
     """Checks any registered trainer on a real holder; override ``trainer`` and ``holder``."""
 
     @pytest.fixture
-    def trainer(self) -> Trainer:
-        raise NotImplementedError("override the 'trainer' fixture to return the trainer under test")
+    def new_trainer(self) -> Callable[[], Trainer]:
+        raise NotImplementedError(
+            "override the 'new_trainer' fixture to return a function that builds the trainer under test, configured "
+            "so that a step moves its state (e.g. an adaptive KL coefficient)"
+        )
+
+    @pytest.fixture
+    def trainer(self, new_trainer: Callable[[], Trainer]) -> Trainer:
+        return new_trainer()
 
     @pytest.fixture
     def holder(self) -> ServiceHolder:
@@ -104,9 +113,14 @@ class TrainerContract:
         assert isinstance(published, str) and published
         assert probe_sample(holder).response_logprobs != before.response_logprobs
 
-    def test_state_survives_json(self, trainer: Trainer, holder: ServiceHolder) -> None:
+    def test_a_new_trainer_resumes_from_the_state_through_json(
+        self, new_trainer: Callable[[], Trainer], holder: ServiceHolder
+    ) -> None:
+        """What ``--resume`` does: a trained trainer's state, through JSON, into a new one."""
+        trainer = new_trainer()
         trainer.train(holder, sampled_group(holder), step=1)
         state = trainer.state()
-        restored = json.loads(json.dumps(state))
-        trainer.load_state(restored)
-        assert trainer.state() == state
+        fresh = new_trainer()
+        assert fresh.state() != state, "a step did not move the trainer's state: configure new_trainer so that it does"
+        fresh.load_state(json.loads(json.dumps(state)))
+        assert fresh.state() == state

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
@@ -88,10 +88,10 @@ class TestGrpoTrainerContract(TrainerContract):
     coefficient so that its state is more than empty."""
 
     @pytest.fixture
-    def trainer(self) -> Trainer:
+    def new_trainer(self) -> Callable[[], Trainer]:
         with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
-            recipe = load_config(path, ["algorithm.kl.coef=0.1", "algorithm.kl.controller=adaptive"])
-        return build_trainer(recipe, "remote_api_grpo", "backend.options.trainer")
+            recipe = load_config(path, ["algorithm.kl.coef=0.1", "algorithm.kl.controller=adaptive", "algorithm.kl.horizon=10"])
+        return lambda: build_trainer(recipe, "remote_api_grpo", "backend.options.trainer")
 
     @pytest.fixture
     def holder(self, shared_holder: EngineHolder) -> EngineHolder:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from collections.abc import Iterator
 
 import numpy as np
@@ -83,6 +84,26 @@ def test_no_pickle_is_used_on_the_socket(pair: tuple[zmq.Socket, zmq.Socket], mo
     wire.send(push, {"kind": "x"}, _sample_tensors())
     _, message = wire.recv(pull)
     assert torch.equal(message.tensors["int64"], torch.arange(12).view(3, 4))
+
+
+class _TouchWhenUnpickled:
+    """Unpickling this runs ``Path.touch`` on the marker: the proof that a decoder unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickled_header_is_refused_and_never_unpickled(tmp_path: Path) -> None:
+    """Whatever module could unpickle it (``pickle``, ``_pickle``, ``copyreg``...), a
+    header that is a valid pickle is refused as not JSON and nothing in it runs."""
+    marker = tmp_path / "unpickled"
+    for header in (pickle.dumps({"kind": "x"}), pickle.dumps({"kind": "x", "run": _TouchWhenUnpickled(marker)}, protocol=2)):
+        with pytest.raises(wire.WireError, match="not JSON"):
+            wire.decode([header])
+    assert not marker.exists(), "the header was unpickled"
 
 
 @pytest.mark.parametrize(

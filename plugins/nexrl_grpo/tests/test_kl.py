@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nexrl_core.config.schema import KLController, KLSettings
-from nexrl_grpo.kl import AdaptiveKLController, FixedKLController, build_kl_controller, kl_penalty
+from nexrl_grpo.kl import AdaptiveKLController, FixedKLController, KLInReward, build_kl_controller, kl_penalty
 
 # logp - ref = [0.5, -1.0]
 LOGP = torch.tensor([-1.0, -2.0], dtype=torch.float64)
@@ -92,3 +92,34 @@ def test_build_kl_controller() -> None:
     adaptive = build_kl_controller(KLSettings(controller=KLController.ADAPTIVE, coef=0.2, target=0.5, horizon=100))
     assert isinstance(adaptive, AdaptiveKLController)
     assert (adaptive.value, adaptive.target_kl, adaptive.horizon) == (0.2, 0.5, 100)
+
+
+def _log_ratio_formula(lp: float, ref: float, kind: str) -> float:
+    """Each penalty written out from its definition, one token at a time."""
+    if kind == "kl":
+        return lp - ref
+    if kind == "abs":
+        return abs(lp - ref)
+    if kind == "mse":
+        return 0.5 * (lp - ref) ** 2
+    return math.exp(ref - lp) - (ref - lp) - 1.0
+
+
+@pytest.mark.parametrize("kind", ["kl", "abs", "mse", "low_var_kl"])
+def test_each_penalty_shapes_the_reward_by_its_formula(kind: str) -> None:
+    """The reward a step trains on, not only the ``kl/mean`` metric: each trained token's
+    reward drops by coef x that token's penalty; untrained tokens keep theirs."""
+    logprobs = [[-0.3, -1.2, -2.0, -0.7]]
+    reference = [[-0.9, -0.4, -2.5, -0.1]]
+    mask = [[0.0, 1.0, 1.0, 1.0]]
+    rewards = [[0.0, 0.0, 0.0, 1.0]]
+    shaped, metrics = KLInReward(KLSettings(coef=0.3, penalty=kind)).apply(
+        torch.tensor(rewards), torch.tensor(logprobs), torch.tensor(reference), torch.tensor(mask), rows=1
+    )
+    expected = [
+        reward - 0.3 * weight * _log_ratio_formula(lp, ref, kind)
+        for reward, weight, lp, ref in zip(rewards[0], mask[0], logprobs[0], reference[0])
+    ]
+    assert shaped[0].tolist() == pytest.approx(expected, abs=1e-6)
+    trained = [_log_ratio_formula(lp, ref, kind) for weight, lp, ref in zip(mask[0], logprobs[0], reference[0]) if weight]
+    assert metrics["kl/mean"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
