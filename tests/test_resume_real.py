@@ -30,6 +30,11 @@ so a resume that does not restore it starts the coefficient over and shows."""
 ADAPTIVE_KL_BACKENDS = ("remote_api", "inprocess")
 
 
+ADAPTIVE_KL = ("algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.0001", "algorithm.kl.horizon=50")
+"""A trainer state that moves every step (the coefficient grows towards a far target),
+so a resume that does not restore it starts the coefficient over and shows."""
+
+
 def command(out_dir: Path, backend: str, *extra: str) -> list[str]:
     overrides = [
         f"output.dir={out_dir}",
@@ -55,10 +60,10 @@ def training_rows(out_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def kill_after_checkpoint(out_dir: Path, backend: str) -> None:
+def kill_after_checkpoint(out_dir: Path, backend: str, *extra: str) -> None:
     """Run until the step-CHECKPOINT checkpoint is recorded, then SIGKILL the whole job."""
     state = out_dir / "run_state.json"
-    process = subprocess.Popen(command(out_dir, backend), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(command(out_dir, backend, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not (state.exists() and json.loads(state.read_text() or "{}").get("step") == CHECKPOINT):
@@ -92,6 +97,22 @@ def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, b
                 assert got[step][key] == value, f"step {step} {key}: {got[step][key]} != {value}"
             elif key.startswith("train/"):
                 assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
+
+
+@pytest.mark.slow
+def test_resume_after_a_hard_kill_restores_the_trainer_state(tmp_path: Path) -> None:
+    """The remote-API backend's checkpoint carries the trainer's state: an adaptive KL
+    coefficient resumed after SIGKILL goes on from where it was (KL in the reward makes
+    the other numbers differ in rounding, so this test compares the coefficient only)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    subprocess.run(command(straight, "remote_api", *ADAPTIVE_KL), check=True, capture_output=True, timeout=600)
+    kill_after_checkpoint(resumed, "remote_api", *ADAPTIVE_KL)
+    done = subprocess.run(command(resumed, "remote_api", *ADAPTIVE_KL, "--resume"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    expected, got = training_rows(straight), training_rows(resumed)
+    coefs = [expected[step]["kl/coef"] for step in range(1, STEPS + 1)]
+    assert coefs[-1] > coefs[0] * 1.05, f"the coefficient did not move: {coefs}"
+    assert [got[step]["kl/coef"] for step in range(1, STEPS + 1)] == pytest.approx(coefs, rel=1e-3)
 
 
 def rank_pids(marker: str) -> list[int]:
