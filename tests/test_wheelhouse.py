@@ -16,6 +16,7 @@ DISTRIBUTIONS = [
     ROOT / "plugins" / "nexrl_grpo",
     ROOT / "plugins" / "nexrl_remote_api",
     ROOT / "nexrl_fsdp",
+    ROOT / "plugins" / "nexrl_service",
     ROOT / "nexrl_tinker",
     ROOT / "nexrl_weaver",
     ROOT / "plugins" / "nexrl_episodes",
@@ -43,6 +44,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
         "nexrl_fsdp",
         "nexrl_grpo",
         "nexrl_remote_api",
+        "nexrl_service",
         "nexrl_tinker",
         "nexrl_weaver",
     ]
