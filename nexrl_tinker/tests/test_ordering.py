@@ -112,8 +112,10 @@ def test_out_of_order_submissions_run_in_seq_order_and_once(fast_poll_url: str) 
         assert step["step:mean"] == 1.0
         # Seq 5, a second optimizer step, is the second one: seq 3 was applied once.
         assert retrieve(client, post_optim(client, model_id, 5)).json()["metrics"]["step:mean"] == 2.0
-        # A duplicate after completion still answers the same finished future.
+        # A duplicate after completion still answers the same finished future, and runs
+        # nothing: the next optimizer step is the third, not the fourth.
         assert post_optim(client, model_id, 3) == r3
+        assert retrieve(client, post_optim(client, model_id, 6)).json()["metrics"]["step:mean"] == 3.0
 
 
 def test_refused_submission_does_not_block_later_ones(fast_poll_url: str) -> None:

@@ -85,6 +85,29 @@ def test_a_resent_submission_is_applied_once(tmp_path, monkeypatch: pytest.Monke
         service.stop()
 
 
+def test_a_resent_finished_optimizer_step_runs_once(client: weaver.ServiceClient, base_url: str) -> None:
+    """Counted by executions, not stored rows: the SDK's POST of an optimizer step that
+    already finished, sent again, answers the same operation and steps nothing; the next
+    step is the second."""
+    import httpx
+
+    model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")
+    steps = f"{base_url}/api/v1/models/{model.model_id}/optimizer-steps"
+
+    def step(seq_id: int) -> dict:
+        body = {"payload": {"seq_id": seq_id, "adam_params": {"learning_rate": 1e-3}}}
+        operation = httpx.post(steps, json=body, timeout=60).json()
+        while operation["status"] == "pending":
+            operation = httpx.get(f"{base_url}/api/v1/operations/{operation['id']}", timeout=60).json()
+        assert operation["status"] == "done", operation
+        return operation
+
+    first = step(1)
+    assert first["response"]["metrics"]["step"] == 1.0
+    assert step(1)["id"] == first["id"], "a re-sent (model, seq_id) must answer the same operation"
+    assert step(2)["response"]["metrics"]["step"] == 2.0, "the re-sent optimizer step ran again"
+
+
 def store_futures(store, lane: str) -> list:
     from sqlalchemy import select
 
