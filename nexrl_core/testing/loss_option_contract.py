@@ -1,5 +1,5 @@
 """Contract: every option of every loss reaches the gradient through a service holder,
-or the holder refuses it before step 1.
+or the holder refuses it before step 1 where it declares that its service lacks it.
 
 Subclass `LossOptionContract` and override two fixtures: ``holder`` (a connected holder
 whose policy is still at the base weights: the probe's importance ratios are set
@@ -7,12 +7,18 @@ against `ServiceHolder.reference_logprobs`) and ``option_cases`` (a loss plugin'
 of `LossOptionCase`, e.g. ``nexrl_grpo.option_cases.LOSS_OPTION_CASES``). Each case
 trains the same datums with an optimizer that cannot move the weights, once with each
 of two values, and compares the gradient norms the holder reports.
+
+Which options a holder refuses is part of its contract, not its choice at run time: a
+holder that can compute everything (the in-process engine, NexRL's own services)
+refuses nothing, and one for a service that cannot (hosted Tinker or Weaver) overrides
+``refusals`` with exactly what that service lacks. A refusal outside that list fails,
+so a holder that stops honouring an option its service computes does not pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -58,7 +64,8 @@ def gradient_norm(metrics: Mapping[str, float]) -> float:
 
 
 class LossOptionContract:
-    """Every option of every loss in ``option_cases`` changes the gradient or is refused."""
+    """Every option of every loss in ``option_cases`` changes the gradient, or is refused
+    if and only if ``refusals`` lists it."""
 
     @pytest.fixture
     def holder(self) -> ServiceHolder:
@@ -68,23 +75,31 @@ class LossOptionContract:
     def option_cases(self) -> Sequence[LossOptionCase]:
         raise NotImplementedError("override the 'option_cases' fixture, e.g. with nexrl_grpo.option_cases.LOSS_OPTION_CASES")
 
+    @pytest.fixture
+    def refusals(self) -> Mapping[str, Collection[str]]:
+        """Loss → the options this holder refuses (every option of a loss it refuses
+        whole); empty when it honours every option of every loss, as by default."""
+        return {}
+
     def test_cases_cover_every_option(self, option_cases: Sequence[LossOptionCase]) -> None:
         for loss in {case.loss for case in option_cases}:
             registered = {field.name for field in attrs.fields(find_spec("policy_losses", loss).config_class)}
             assert {case.option for case in option_cases if case.loss == loss} == registered, loss
 
-    def test_each_option_changes_the_gradient_or_is_refused(
-        self, holder: ServiceHolder, option_cases: Sequence[LossOptionCase]
+    def test_each_option_is_refused_as_declared_or_changes_the_gradient(
+        self, holder: ServiceHolder, option_cases: Sequence[LossOptionCase], refusals: Mapping[str, Collection[str]]
     ) -> None:
         datums = probe_datums(holder)
         ignored: list[str] = []
+        refused: set[str] = set()
         for case in option_cases:
-            refusals = {**holder.refused_options(case.step(case.value)), **holder.refused_options(case.step(case.other))}
-            if refusals:
-                assert all(reason.strip() for reason in refusals.values()), refusals
-                assert {"loss_fn", f"loss_fn_config.{case.option}"} & set(refusals), (
-                    f"{case.loss}.{case.option}: refused under other keys {sorted(refusals)}"
+            reasons = {**holder.refused_options(case.step(case.value)), **holder.refused_options(case.step(case.other))}
+            if reasons:
+                assert all(reason.strip() for reason in reasons.values()), reasons
+                assert {"loss_fn", f"loss_fn_config.{case.option}"} & set(reasons), (
+                    f"{case.loss}.{case.option}: refused under other keys {sorted(reasons)}"
                 )
+                refused.add(f"{case.loss}.{case.option}")
                 continue
             first = gradient_norm(holder.train(datums, case.step(case.value)))
             again = gradient_norm(holder.train(datums, case.step(case.value)))
@@ -92,6 +107,9 @@ class LossOptionContract:
             assert again == pytest.approx(first, rel=1e-6), f"{case.loss}: the same step must give the same gradient"
             if not math.isfinite(changed) or math.isclose(changed, first, rel_tol=1e-4):
                 ignored.append(f"{case.loss}.{case.option}: {case.value!r} -> {case.other!r} left the gradient norm at {first}")
+        declared = {f"{case.loss}.{case.option}" for case in option_cases if case.option in refusals.get(case.loss, ())}
+        assert not refused - declared, f"refused, though this holder's service honours them: {sorted(refused - declared)}"
+        assert not declared - refused, f"listed in 'refusals', yet accepted: {sorted(declared - refused)}"
         assert not ignored, "options accepted and ignored:\n" + "\n".join(ignored)
 
 

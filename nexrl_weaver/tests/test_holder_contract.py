@@ -78,6 +78,19 @@ class TestHostedWeaverLossOptions(TestWeaverHolderLossOptions):
         finally:
             holder.close()
 
+    @pytest.fixture
+    def refusals(self) -> dict[str, tuple[str, ...]]:
+        """What hosted Weaver cannot compute: only cross-entropy and importance sampling,
+        summed over tokens (so no norm_constant), with an entropy bonus."""
+        every = ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff")
+        return {
+            "cross_entropy": ("agg_mode", "norm_constant"),
+            "importance_sampling": ("agg_mode", "norm_constant"),
+            "ppo": (*every, "dual_clip_c"),
+            "cispo": every,
+            "gspo": every,
+        }
+
 
 def test_lora_alpha_is_refused_where_the_weaver_api_has_none() -> None:
     holder = WeaverServiceHolder(WeaverHolderConfig(model=ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=8, alpha=16.0))))
