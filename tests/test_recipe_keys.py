@@ -309,7 +309,9 @@ COMPONENTS: dict[str, Entry] = {
         remote_api="nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
     ),
     "backend.options.holder.tokenizer_path [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"),
-    "backend.options.holder.tensor_transport [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_contract.py::TestWeaverLoraHolderContract"),
+    "backend.options.holder.tensor_transport [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_transport.py::test_http_binary_answers_with_a_tensor_pack_and_the_same_step"
+    ),
     "backend.options.holder.max_retries [weaver]": per_backend(
         remote_api="nexrl_weaver/tests/test_holder_units.py::test_transient_errors_are_retried_with_backoff_then_reported"
     ),
