@@ -324,7 +324,7 @@ def test_a_run_writes_metrics_curve_tensorboard_and_checkpoints(tmp_path: Path) 
     assert all(row["rollout/agent_errors"] == 0 for row in rows[1:])
     assert summary.steps == 6 and summary.metrics_path == run_dir / "metrics.jsonl"
     assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run_dir / "sinks" / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "config.yaml").exists()
     state = load_run_state(run_dir)
     assert state is not None and state.step == 6 and Path(state.checkpoint_path).exists()
