@@ -62,7 +62,6 @@ class WandbSink:
         options: WandbOptions = setup.options
         self.work_dir = setup.work_dir
         previous = resumed_run(setup.work_dir, setup.resumed_from)
-        self.tracker = previous or TrackerRun(run_id=wandb.util.generate_id())
         files_dir = Path(options.dir) if options.dir else setup.work_dir
         files_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -72,8 +71,8 @@ class WandbSink:
                 name=options.run_name or setup.run_name,
                 tags=list(options.tags),
                 config=setup.config,
-                id=self.tracker.run_id,
-                resume="allow",
+                id=previous.run_id if previous else None,
+                resume="allow" if previous else None,
                 dir=str(files_dir),
                 mode=options.mode.value if options.mode else None,
                 settings=wandb.Settings(console="off"),
@@ -83,6 +82,7 @@ class WandbSink:
                 f"wandb.init failed: {type(error).__name__}: {error}. For online runs set WANDB_API_KEY (or run "
                 "`wandb login`); to log without a network set the sink's option mode: offline"
             ) from None
+        self.tracker = previous or TrackerRun(run_id=self.run.id)
         self.tracker.save(self.work_dir)
 
     def log(self, row: Mapping[str, Any]) -> None:
