@@ -277,3 +277,38 @@ def test_resume_continues_the_same_tracker_runs(tmp_path: Path) -> None:
     assert [row["_step"] for row in after.history] == [3]
     assert after.history[0]["reward/mean"] == rows[-1]["reward/mean"]
     assert after.summary["final_model"] == str(tmp_path / "run" / "final_model")
+
+
+def test_a_resumed_tracker_run_gets_no_step_twice(tmp_path: Path) -> None:
+    """The interrupted process sent steps 1-3, its last checkpoint was step 1: the resumed
+    process sends 2 and 3 again, and the tracker keeps the first of each."""
+    from nexrl_core.config.components import resolve_choice_list
+    from nexrl_core.registry import find_spec
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = quickstart(tmp_path / "run", sinks_override(wandb_sink(tmp_path / "wandb-files"), mlflow_sink(tracking_uri)))
+    chosen = resolve_choice_list("metrics_sinks", config.output.sinks, "output.sinks")
+
+    def open_all(resumed_from: int | None) -> list[Any]:
+        sinks = []
+        for choice in chosen:
+            work_dir = tmp_path / "run" / "sinks" / choice.name
+            work_dir.mkdir(parents=True, exist_ok=True)
+            setup = SinkSetup(recipe=config, options=choice.options, output_dir=tmp_path / "run", work_dir=work_dir, resumed_from=resumed_from)
+            sinks.append(find_spec("metrics_sinks", choice.name).open(setup))
+        return sinks
+
+    for sink in open_all(None):
+        for step in (1, 2, 3):
+            sink.log({"step": step, "reward/mean": step / 10})
+        sink.close(RunOutcome.INTERRUPTED)
+    for sink in open_all(1):
+        for step in (2, 3, 4):
+            sink.log({"step": step, "reward/mean": step / 100})
+        sink.close(RunOutcome.FINISHED)
+
+    tracked = mlflow_run(tracking_uri)
+    assert mlflow_history(tracking_uri, tracked.info.run_id, "reward/mean") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.04)]
+    before, after = read_offline_runs(tmp_path / "wandb-files" / "wandb")
+    assert before.run_id == after.run_id
+    assert [(row["_step"], row["reward/mean"]) for row in before.history + after.history] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.04)]
