@@ -231,7 +231,7 @@ COMPONENTS: dict[str, Entry] = {
     **_loss_options(),
     # metrics sinks (output.sinks[].options)
     **{f"output.sinks.options.{key} [wandb]": WANDB_SINK for key in ("project", "entity", "run_name", "tags", "mode", "dir")},
-    **{f"output.sinks.options.{key} [mlflow]": MLFLOW_SINK for key in ("tracking_uri", "experiment", "run_name", "tags")},
+    **{f"output.sinks.options.{key} [mlflow]": MLFLOW_SINK for key in ("tracking_uri", "experiment", "artifact_location", "run_name", "tags")},
     **{f"output.sinks.options.{key} [trackio]": TRACKIO_SINK for key in ("project", "run_name", "group")},
     "algorithm.advantage.options.norm_by_std [grpo]": everywhere(
         "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_without_std_normalisation_is_mean_centred"

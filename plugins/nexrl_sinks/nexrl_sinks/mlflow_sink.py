@@ -44,6 +44,10 @@ class MlflowOptions:
     database; null: MLflow's own default (``MLFLOW_TRACKING_URI``, else its local store)."""
     experiment: str = attrs.field(default="nexrl", validator=non_empty)
     """Experiment the run goes to; created when missing."""
+    artifact_location: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Where an experiment this sink creates keeps its artifacts (the final model,
+    ``config.yaml``); null: the tracking store's default (for a local database,
+    ``./mlruns`` under the directory ``nexrl train`` runs in)."""
     run_name: str | None = attrs.field(default=None, validator=optional_non_empty)
     """Name of the run; null: the output directory's name."""
     tags: dict[str, str] = attrs.field(factory=dict)
@@ -64,7 +68,11 @@ class MlflowSink:
             self.client: Any = MlflowClient(tracking_uri=options.tracking_uri)
             self.tracking_uri = self.client.tracking_uri
             experiment = self.client.get_experiment_by_name(options.experiment)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(options.experiment)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment
+                else self.client.create_experiment(options.experiment, artifact_location=options.artifact_location)
+            )
             previous = resumed_run(setup.work_dir, setup.resumed_from)
             if previous is not None:
                 self.client.update_run(previous.run_id, status=RunStatus.to_string(RunStatus.RUNNING))

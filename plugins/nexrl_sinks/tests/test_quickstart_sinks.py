@@ -65,12 +65,18 @@ def wandb_sink(wandb_dir: Path) -> dict[str, Any]:
     }
 
 
+def mlflow_store(base: Path) -> str:
+    """A local SQLite tracking store in ``base`` (its artifacts go to ``base/artifacts``)."""
+    return f"sqlite:///{base / 'mlflow.db'}"
+
+
 def mlflow_sink(tracking_uri: str) -> dict[str, Any]:
     return {
         "name": "mlflow",
         "options": {
             "tracking_uri": tracking_uri,
             "experiment": "sinks-test",
+            "artifact_location": str(Path(tracking_uri.removeprefix("sqlite:///")).with_name("artifacts")),
             "run_name": "short-quickstart",
             "tags": {"team": "rl"},
         },
@@ -117,7 +123,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     base = tmp_path_factory.mktemp("sinks")
-    tracking_uri = f"sqlite:///{base / 'mlflow.db'}"
+    tracking_uri = mlflow_store(base)
     wandb_dir = base / "wandb-files"
     config = quickstart(base / "run", sinks_override("tensorboard", wandb_sink(wandb_dir), mlflow_sink(tracking_uri)))
     return Run(config, run_training(config, progress_bar=False), tracking_uri, wandb_dir)
@@ -157,6 +163,7 @@ def test_mlflow_run_holds_every_step_the_recipe_and_the_final_model(run: Run) ->
     recipe = Path(client.download_artifacts(run_id, "config.yaml", str(run.out_dir.parent / "downloaded")))
     assert yaml.safe_load(recipe.read_text()) == dump_config(run.config)
     model_files = {Path(info.path).name for info in client.list_artifacts(run_id, "final_model")}
+    assert tracked.info.artifact_uri.startswith(str(run.out_dir.parent / "artifacts")), "where the option put them"
     assert model_files == {path.name for path in (run.out_dir / "final_model").iterdir()}
     assert "model.safetensors" in model_files
     assert tracked.data.tags["nexrl.final_model"] == str((run.out_dir / "final_model").resolve())
@@ -239,7 +246,7 @@ def failing_sink_installed() -> Iterator[None]:
 def test_a_sink_raising_mid_run_is_reported_once_and_the_run_finishes(
     tmp_path: Path, failing_sink_installed: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking_uri = mlflow_store(tmp_path)
     config = quickstart(tmp_path / "run", "schedule.steps=3", sinks_override("acme.failing", mlflow_sink(tracking_uri)))
     with caplog.at_level(logging.WARNING, logger="nexrl.train"):
         summary = run_training(config, progress_bar=False)
@@ -258,7 +265,7 @@ def test_a_sink_raising_mid_run_is_reported_once_and_the_run_finishes(
 
 
 def test_resume_continues_the_same_tracker_runs(tmp_path: Path) -> None:
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking_uri = mlflow_store(tmp_path)
     sinks = sinks_override(wandb_sink(tmp_path / "wandb-files"), mlflow_sink(tracking_uri))
     run_training(quickstart(tmp_path / "run", sinks), progress_bar=False)
     first = mlflow_run(tracking_uri)
@@ -285,7 +292,7 @@ def test_a_resumed_tracker_run_gets_no_step_twice(tmp_path: Path) -> None:
     from nexrl_core.config.components import resolve_choice_list
     from nexrl_core.registry import find_spec
 
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking_uri = mlflow_store(tmp_path)
     config = quickstart(tmp_path / "run", sinks_override(wandb_sink(tmp_path / "wandb-files"), mlflow_sink(tracking_uri)))
     chosen = resolve_choice_list("metrics_sinks", config.output.sinks, "output.sinks")
 
