@@ -18,7 +18,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import attrs
 
@@ -70,7 +70,6 @@ class SinkSetup:
         return Path(self.recipe.output.dir).resolve().name
 
 
-@runtime_checkable
 class MetricsSink(Protocol):
     """A tracker one run reports to; built by a `MetricsSinkSpec` factory from a `SinkSetup`."""
 

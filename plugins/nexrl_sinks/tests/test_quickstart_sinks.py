@@ -207,6 +207,20 @@ def test_a_missing_tracker_package_is_refused_with_the_extra_to_install(tmp_path
     assert "pip install 'nexrl[wandb]'" in str(refused.value)
 
 
+def test_wandb_online_without_an_api_key_is_refused_with_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc from a `wandb login`
+    online = wandb_sink(tmp_path)
+    online["options"]["mode"] = "online"
+    with pytest.raises(ConfigError) as refused:
+        run_training(quickstart(tmp_path / "run", sinks_override(online)), progress_bar=False)
+    message = str(refused.value)
+    assert "output.sinks[0]: metrics sink 'wandb' could not start: wandb.init failed" in message
+    assert "set WANDB_API_KEY (or run `wandb login`)" in message and "mode: offline" in message
+    assert not (tmp_path / "run").exists()
+
+
 # --- a sink failing mid-run ------------------------------------------------------------------------
 
 
