@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 # torch is pinned so pip takes the CPU build instead of several GB of CUDA packages.
 PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
 DISTRIBUTIONS := -e '.[test,tensorboard,postgres,data]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'nexrl_fsdp[test]' -e 'plugins/nexrl_service[test]' -e 'nexrl_tinker[server,test]' \
-	-e 'nexrl_weaver[server,test]' -e 'plugins/nexrl_episodes[test]' -e 'plugins/nexrl_math[test]' -e 'examples/nexrl-example-plugin[test]'
+	-e 'nexrl_weaver[server,test]' -e 'plugins/nexrl_episodes[test]' -e 'plugins/nexrl_math[test]' -e 'plugins/nexrl_sinks[test]' \
+	-e 'examples/nexrl-example-plugin[test]'
 # tinker-cookbook cannot be installed with its declared dependencies from PyPI (it wants
 # tml-renderers>=0.4.1, which is not published there): install it without them, plus the
 # runtime dependencies its RL trainer really uses. Only the cookbook compatibility test needs it.
@@ -15,7 +16,7 @@ COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqd
 # Each distribution's tests run on their own, from its own folder, as a publisher would run them.
 # The core's run last: its recipe-key walk reads what every earlier run recorded (see
 # nexrl_core/testing/recipe_key_records.py) into one folder per `make test`.
-TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo nexrl_fsdp plugins/nexrl_service nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math examples/nexrl-example-plugin .
+TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo nexrl_fsdp plugins/nexrl_service nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math plugins/nexrl_sinks examples/nexrl-example-plugin .
 
 .PHONY: install test mutations demo benchmarks clean
 

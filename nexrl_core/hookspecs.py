@@ -12,6 +12,7 @@ import pluggy
 from nexrl_core.specs import (
     AdvantageEstimatorSpec,
     BackendSpec,
+    MetricsSinkSpec,
     PolicyLossSpec,
     RolloutSourceSpec,
     ServiceHolderSpec,
@@ -138,4 +139,21 @@ def nexrl_services() -> list[ServiceSpec]:
 
     :return: the plugin's `ServiceSpec` records, started by ``nexrl serve NAME`` and by
         backends that start a local service for a run (an embedded service).
+    """
+
+
+# --- reporting --------------------------------------------------------------------------------
+
+
+@hookspec
+def nexrl_metrics_sinks() -> list[MetricsSinkSpec]:
+    """Register metrics sinks: trackers a run reports to besides ``metrics.jsonl``.
+
+    Called once, when the registries are first built. The factory is called with a
+    `nexrl_core.sinks.SinkSetup` and returns a `nexrl_core.sinks.MetricsSink`.
+
+    :return: the plugin's `MetricsSinkSpec` records, picked by name in a recipe's
+        ``output.sinks`` (each with its ``options``, structured into the spec's config
+        class); a recipe that leaves ``output.sinks`` unset uses those whose spec says
+        ``default=True``.
     """

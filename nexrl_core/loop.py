@@ -23,7 +23,9 @@ is reported and the run still ends as done.
 
 Where the model runs and where runs happen are plugins: the loop opens the registered
 backend ``backend.name`` and the rollout source ``rollout.source.name``, and closes
-both at the end, on an error and on Ctrl-C (see `nexrl_core.backend`).
+both at the end, on an error and on Ctrl-C (see `nexrl_core.backend`). So are the
+trackers the rows go to besides ``metrics.jsonl``: the metrics sinks ``output.sinks``
+picks, started before the backend and told how the run ended (`nexrl_core.sinks`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ from nexrl_core.model_export import FINAL_MODEL_DIR, ModelExportError, export_in
 from nexrl_core.metrics import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
-    TENSORBOARD_DIR,
     MetricsLog,
     ProgressDisplay,
     clean_row,
@@ -71,6 +72,7 @@ from nexrl_core.run_state import (
     save_run_state,
 )
 from nexrl_core.serving import ServiceStartError
+from nexrl_core.sinks import SINKS_DIR, RunOutcome, RunSinks, open_sinks, resolve_sinks
 from nexrl_core.validation import run_validation
 
 logger = logging.getLogger("nexrl.train")
@@ -89,7 +91,7 @@ RUN_FILES = (
     CONFIG_FILE,
     RECIPE_DIR_FILE,
     REWARD_CURVE_FILE,
-    TENSORBOARD_DIR,
+    SINKS_DIR,
     BACKEND_DIR,
     ROLLOUT_DIR,
     FINAL_MODEL_DIR,
@@ -129,7 +131,6 @@ class RunSummary:
     output_dir: Path
     metrics_path: Path
     reward_curve: Path | None
-    tensorboard_dir: Path | None
     steps: int
     last_row: dict[str, Any] | None
     checkpoint_step: int | None
@@ -137,6 +138,8 @@ class RunSummary:
     """The final policy as a Hugging Face directory, or None when it was not written."""
     final_model_error: str | None = None
     """Why the final policy was not written (the checkpoints are intact)."""
+    sinks: Mapping[str, str] = attrs.field(factory=dict)
+    """Metrics sink name → where to look at its run (a sink turned off says why)."""
 
 
 # --- building the pieces ---------------------------------------------------------------------------
@@ -240,6 +243,7 @@ class TrainingLoop:
         loader: DataLoader,
         runner: RolloutSource,
         metrics: MetricsLog,
+        sinks: RunSinks,
         display: ProgressDisplay,
         out_dir: Path,
         state: RunState | None,
@@ -253,6 +257,7 @@ class TrainingLoop:
         self.loader = loader
         self.runner = runner
         self.metrics = metrics
+        self.sinks = sinks
         self.display = display
         self.out_dir = out_dir
         self.step = state.step if state else 0
@@ -336,6 +341,7 @@ class TrainingLoop:
         if self.restarts:
             row[RESTARTS_METRIC] = self.restarts
         self.metrics.write(row)
+        self.sinks.log(row)
 
     # -- the run
 
@@ -473,6 +479,7 @@ def run_training(
 
     out_dir = Path(config.output.dir)
     options = resolve_all_options(config)
+    chosen_sinks = resolve_sinks(config)
     state = prepare_output(out_dir, resume, overwrite)
     if state is not None:
         _check_resumable(state, config)
@@ -491,7 +498,6 @@ def run_training(
             output_dir=out_dir,
             metrics_path=out_dir / METRICS_FILE,
             reward_curve=curve,
-            tensorboard_dir=out_dir / TENSORBOARD_DIR,
             steps=state.step,
             last_row=state.metrics[-1] if state.metrics else None,
             checkpoint_step=state.step,
@@ -500,6 +506,8 @@ def run_training(
 
     backend: Backend | None = None
     runner: RolloutSource | None = None
+    sinks: RunSinks | None = None
+    outcome = RunOutcome.FAILED
     metrics: MetricsLog | None = None
     display: ProgressDisplay | None = None
     loop: TrainingLoop | None = None
@@ -507,6 +515,7 @@ def run_training(
     final_model_error: str | None = None
     try:
         try:
+            sinks = open_sinks(config, chosen_sinks, out_dir, resumed_from=state.step if state else None)
             backend = open_backend(config, options["backend"], out_dir)
             check_context(config, backend)
             if state is not None:
@@ -518,6 +527,9 @@ def run_training(
                 if backend is not None:
                     _close_quietly("backend", backend.close)
                     backend = None
+                if sinks is not None:
+                    _close_quietly("metrics sinks", lambda: sinks.close(RunOutcome.FAILED))  # type: ignore[union-attr]
+                    sinks = None
                 _remove_run_files(out_dir)
                 if not any(out_dir.iterdir()):
                     out_dir.rmdir()
@@ -532,6 +544,7 @@ def run_training(
                 loader=loader,
                 runner=runner,
                 metrics=metrics,
+                sinks=sinks,
                 display=display,
                 out_dir=out_dir,
                 state=state,
@@ -546,7 +559,11 @@ def run_training(
                 _close_quietly("progress display", display.close)
                 _close_quietly("metrics log", metrics.close)
         final_model, final_model_error = write_final_model(backend, out_dir)
+        if final_model is not None:
+            sinks.log_final_model(final_model)
+        outcome = RunOutcome.FINISHED
     except KeyboardInterrupt:
+        outcome = RunOutcome.INTERRUPTED
         if loop is not None:
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C stops waiting for saves
                 loop.saving.settle()
@@ -562,6 +579,8 @@ def run_training(
         if metrics is not None:
             _close_quietly("metrics log", metrics.close)
             _close_quietly("reward curve", lambda: plot_reward_curve(metrics.rows, out_dir / REWARD_CURVE_FILE))
+        if sinks is not None:
+            _close_quietly("metrics sinks", lambda: sinks.close(outcome))  # type: ignore[union-attr]
         if backend is not None:
             _close_quietly("backend", backend.close)
 
@@ -571,12 +590,12 @@ def run_training(
         output_dir=out_dir,
         metrics_path=out_dir / METRICS_FILE,
         reward_curve=curve if curve.exists() else None,
-        tensorboard_dir=out_dir / TENSORBOARD_DIR if (out_dir / TENSORBOARD_DIR).exists() else None,
         steps=loop.step if loop else 0,
         last_row=rows[-1] if rows else None,
         checkpoint_step=loop.checkpoint_step if loop else None,
         final_model=final_model,
         final_model_error=final_model_error,
+        sinks=sinks.locations() if sinks else {},
     )
 
 

@@ -1,8 +1,9 @@
-"""What a run reports: one JSON object per step, TensorBoard scalars, a PNG reward curve,
-and a progress bar (or one plain line per step when stdout is not a terminal).
+"""What a run reports itself: one JSON object per step, a PNG reward curve, and a
+progress bar (or one plain line per step when stdout is not a terminal). Trackers
+(TensorBoard, Weights & Biases, ...) are metrics sink plugins (`nexrl_core.sinks`).
 
-tensorboardX, matplotlib and rich are imported inside the functions that use them, so
-importing this module (and the core) stays cheap.
+matplotlib and rich are imported inside the functions that use them, so importing this
+module (and the core) stays cheap.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any, TextIO
 logger = logging.getLogger("nexrl.train")
 
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 REWARD_CURVE_FILE = "reward_curve.png"
 
 WALL_CLOCK_PREFIXES = ("time/", "perf/")
@@ -84,52 +84,26 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsLog:
-    """Appends rows to ``metrics.jsonl`` and TensorBoard; keeps every row for the run state."""
+    """Appends rows to ``metrics.jsonl``; keeps every row for the run state."""
 
-    def __init__(self, out_dir: Path, rows: Sequence[Mapping[str, Any]] = (), tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: Path, rows: Sequence[Mapping[str, Any]] = ()) -> None:
         self.out_dir = out_dir
         self.path = out_dir / METRICS_FILE
         self.rows: list[dict[str, Any]] = [dict(row) for row in rows]
         # A resumed run restarts the file from the checkpoint's rows, dropping any written after it.
         write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))
         self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
-        self._writer: Any = None
-        if tensorboard:
-            self._writer = _summary_writer(
-                out_dir / TENSORBOARD_DIR, purge_step=(self.rows[-1]["step"] + 1) if self.rows else None
-            )
 
     def write(self, row: Mapping[str, Any]) -> None:
         self.rows.append(dict(row))
         assert self._file is not None, "the metrics log is closed"
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        if self._writer is not None:
-            step = int(row["step"])
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-def _summary_writer(logdir: Path, purge_step: int | None) -> Any:
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        logger.warning(
-            "tensorboardX is not installed; no TensorBoard event files are written (pip install tensorboardX)"
-        )
-        return None
-    # purge_step makes TensorBoard drop events a crashed run wrote after the checkpoint we resume from.
-    return SummaryWriter(logdir=str(logdir), purge_step=purge_step, flush_secs=10)
 
 
 def plot_reward_curve(rows: Iterable[Mapping[str, Any]], path: Path) -> Path | None:

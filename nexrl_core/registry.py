@@ -19,6 +19,7 @@ from nexrl_core.specs import (
     AdvantageEstimatorSpec,
     BackendSpec,
     ComponentSpec,
+    MetricsSinkSpec,
     PolicyLossSpec,
     RolloutSourceSpec,
     ServiceHolderSpec,
@@ -38,6 +39,7 @@ KINDS: Mapping[str, type[ComponentSpec]] = {
     "tasks": TaskSpec,
     "backends": BackendSpec,
     "rollout_sources": RolloutSourceSpec,
+    "metrics_sinks": MetricsSinkSpec,
 }
 """Registry kind → the spec record its hook returns; the hook is ``nexrl_<kind>``."""
 

@@ -153,3 +153,16 @@ class RolloutSourceSpec(_SetupSpec):
     takes a `nexrl_core.backend.RolloutSetup`."""
 
     kind: ClassVar[str] = "rollout_source"
+
+
+@attrs.frozen(kw_only=True)
+class MetricsSinkSpec(_SetupSpec):
+    """Registers a metrics sink (see `nexrl_core.sinks.MetricsSink`): a tracker a run's
+    metric rows go to besides ``metrics.jsonl``; the factory takes a
+    `nexrl_core.sinks.SinkSetup`."""
+
+    kind: ClassVar[str] = "metrics_sink"
+
+    default: bool = False
+    """Whether a recipe that leaves ``output.sinks`` unset uses this sink. The core names
+    no sink, so an installed plugin saying so is what makes a sink the default."""

@@ -32,6 +32,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
         "tasks": [],
         "backends": [],
         "rollout_sources": [],
+        "metrics_sinks": [],
     }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 CORE = Path(__file__).resolve().parents[1] / "nexrl_core"
 SOURCES = sorted(CORE.rglob("*.py"))
-PLUGIN_WORDS = re.compile(r"tinker|tml-|weaver", re.IGNORECASE)
+PLUGIN_WORDS = re.compile(r"tinker|tml-|weaver|tensorboard|wandb|mlflow|trackio", re.IGNORECASE)
 
 
 def code_without_docstrings(path: Path) -> ast.Module:

@@ -17,6 +17,7 @@ def test_there_are_hooks() -> None:
     assert HOOKS == [
         "nexrl_advantage_estimators",
         "nexrl_backends",
+        "nexrl_metrics_sinks",
         "nexrl_policy_losses",
         "nexrl_rollout_sources",
         "nexrl_service_holders",

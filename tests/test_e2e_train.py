@@ -35,7 +35,7 @@ def test_shortened_quickstart_raises_validation_reward(tmp_path: Path) -> None:
     assert [row["step"] for row in rows if "reward/mean" in row] == [1, 2, 3, 4]
     assert rows[0]["backend/dtype"] == "float32", "the embedded service says what it trains in"
     assert (out / "reward_curve.png").stat().st_size > 0
-    assert any((out / "tensorboard").iterdir())
+    assert any((out / "sinks" / "tensorboard").iterdir())
     assert "reward_curve.png" in completed.stdout
 
 

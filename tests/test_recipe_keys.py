@@ -72,6 +72,13 @@ def per_backend(refused: Mapping[str, str] | None = None, **effect: str | tuple[
 # --- where each effect is shown ------------------------------------------------------------------
 
 LOOP = "tests/test_train_loop.py"
+SINKS = "plugins/nexrl_sinks/tests/test_quickstart_sinks.py"
+WANDB_SINK = everywhere(f"{SINKS}::test_wandb_offline_run_holds_every_step_the_recipe_and_the_final_model")
+MLFLOW_SINK = everywhere(f"{SINKS}::test_mlflow_run_holds_every_step_the_recipe_and_the_final_model")
+TRACKIO_SINK = everywhere(
+    "plugins/nexrl_sinks/tests/test_trackio_sink.py::"
+    "test_trackio_holds_every_step_the_recipe_and_the_final_model_and_resume_continues_the_run"
+)
 SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
 RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
@@ -189,6 +196,12 @@ CORE: dict[str, Entry] = {
     "schedule.validate_every": everywhere(RUN_FILES),
     "schedule.checkpoint_every": everywhere(RUN_FILES),
     "output.dir": everywhere(RUN_FILES),
+    "output.sinks": everywhere(
+        f"{LOOP}::test_sinks_get_every_row_the_recipe_the_final_model_and_how_the_run_ended",
+        f"{LOOP}::test_no_sinks_and_the_default_sinks",
+        f"{SINKS}::test_wandb_offline_run_holds_every_step_the_recipe_and_the_final_model",
+        f"{SINKS}::test_a_broken_sink_is_refused_before_step_1",
+    ),
     "seed": everywhere(SAMPLING, f"{LOOP}::test_two_runs_of_one_recipe_agree"),
 }
 
@@ -216,6 +229,10 @@ def _loss_options() -> dict[str, Entry]:
 
 COMPONENTS: dict[str, Entry] = {
     **_loss_options(),
+    # metrics sinks (output.sinks[].options)
+    **{f"output.sinks.options.{key} [wandb]": WANDB_SINK for key in ("project", "entity", "run_name", "tags", "mode", "dir")},
+    **{f"output.sinks.options.{key} [mlflow]": MLFLOW_SINK for key in ("tracking_uri", "experiment", "artifact_location", "run_name", "tags")},
+    **{f"output.sinks.options.{key} [trackio]": TRACKIO_SINK for key in ("project", "run_name", "group")},
     "algorithm.advantage.options.norm_by_std [grpo]": everywhere(
         "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_without_std_normalisation_is_mean_centred"
     ),

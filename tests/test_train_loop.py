@@ -9,6 +9,7 @@ recipe give the same metrics, and so does a run interrupted and resumed.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -28,18 +29,19 @@ from click.testing import CliRunner
 from nexrl_core.backend import BackendSetup
 from nexrl_core.checkpoints import CheckpointError
 from nexrl_core.cli import cli
-from nexrl_core.config import ConfigError, ModelConfig, TrainConfig, load_config
+from nexrl_core.config import ConfigError, ModelConfig, TrainConfig, dump_config, load_config
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.loop import TrainingInterrupted, run_training
 from nexrl_core.metrics import WALL_CLOCK_PREFIXES
 from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import KINDS, Registry, build_registry, reset_registry
+from nexrl_core.registry import KINDS, Registry, build_registry, get_registry, reset_registry
 from nexrl_core.rollout import RolloutError
 from nexrl_core.run_state import TrainingError, load_run_state
 from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import BackendSpec, ComponentSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
+from nexrl_core.sinks import RunOutcome, SinkSetup
+from nexrl_core.specs import BackendSpec, ComponentSpec, MetricsSinkSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_remote_api.remote_backend import RemoteApiBackendConfig
 
@@ -251,11 +253,40 @@ def registry_with(*extra: ComponentSpec) -> Registry:
     return Registry(plugins=base.plugins, specs=specs, providers=providers, hook_errors=dict(base.hook_errors))
 
 
+SINK_CALLS: list[tuple[Any, ...]] = []
+"""What the recording sink was told, in order."""
+SINK_FAILS: dict[str, Any] = {"at_open": None, "at_step": None}
+
+
+class RecordingSink:
+    """A metrics sink that notes every call; it can fail to start, or fail at a step."""
+
+    def __init__(self, setup: SinkSetup) -> None:
+        if SINK_FAILS["at_open"]:
+            raise RuntimeError(SINK_FAILS["at_open"])
+        SINK_CALLS.append(("open", setup.resumed_from, setup.config, setup.work_dir))
+
+    def log(self, row: Mapping[str, Any]) -> None:
+        if row["step"] == SINK_FAILS["at_step"]:
+            raise ConnectionError("tracker went away")
+        SINK_CALLS.append(("log", row["step"], row.get("reward/mean")))
+
+    def log_final_model(self, path: Path) -> None:
+        SINK_CALLS.append(("final_model", path))
+
+    def close(self, outcome: RunOutcome) -> None:
+        SINK_CALLS.append(("close", outcome))
+
+    def location(self) -> str:
+        return "in SINK_CALLS"
+
+
 FAKE_SPECS = (
     TaskSpec(name="fake_addition", factory=lambda _: FakeAdditionTask()),
     TaskSpec(name="flaky_addition", factory=lambda _: FakeAdditionTask(flaky_agent)),
     ServiceHolderSpec(name="skill", factory=SkillHolder, config_class=SkillHolderConfig),
     ServiceSpec(name="skill", factory=FakeService, config_class=ServeOptions),
+    MetricsSinkSpec(name="recorder", factory=RecordingSink),
 )
 
 
@@ -267,6 +298,8 @@ def fake_backend() -> Iterator[None]:
     INTERRUPT.update(at_train_call=None, at_position=None, delay=0.0, sigterm_at_train_call=None)
     EXPORT["error"] = None
     FAIL_ON["positions"] = set()
+    SINK_CALLS.clear()
+    SINK_FAILS.update(at_open=None, at_step=None)
     yield
     reset_registry()
 
@@ -324,7 +357,7 @@ def test_a_run_writes_metrics_curve_tensorboard_and_checkpoints(tmp_path: Path) 
     assert all(row["rollout/agent_errors"] == 0 for row in rows[1:])
     assert summary.steps == 6 and summary.metrics_path == run_dir / "metrics.jsonl"
     assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run_dir / "sinks" / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "config.yaml").exists()
     state = load_run_state(run_dir)
     assert state is not None and state.step == 6 and Path(state.checkpoint_path).exists()
@@ -710,6 +743,66 @@ def test_the_live_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str
     run_training(recipe(tmp_path, "schedule.steps=2"), progress_bar=True)
     out = capsys.readouterr().out
     assert "step 2/2" in out and "reward" in out and "ETA" in out
+
+
+# --- metrics sinks -----------------------------------------------------------------------------------
+
+
+def test_sinks_get_every_row_the_recipe_the_final_model_and_how_the_run_ended(tmp_path: Path) -> None:
+    config = recipe(tmp_path, "output.sinks=[recorder]")
+    summary = run_training(config, progress_bar=False)
+    rows = read_rows(tmp_path / "run")
+    assert SINK_CALLS == [
+        ("open", None, dump_config(config), tmp_path / "run" / "sinks" / "recorder"),
+        *[("log", row["step"], row.get("reward/mean")) for row in rows],
+        ("final_model", tmp_path / "run" / "final_model"),
+        ("close", RunOutcome.FINISHED),
+    ]
+    assert summary.sinks == {"recorder": "in SINK_CALLS"}
+    assert not (tmp_path / "run" / "sinks" / "tensorboard").exists(), "output.sinks replaces the default sinks"
+
+
+def test_no_sinks_and_the_default_sinks(tmp_path: Path) -> None:
+    run_training(recipe(tmp_path, "output.sinks=[]", name="none"), progress_bar=False)
+    assert not (tmp_path / "none" / "sinks").exists() and SINK_CALLS == []
+    summary = run_training(recipe(tmp_path, name="defaults"), progress_bar=False)  # output.sinks unset
+    defaults = [name for name in get_registry().names("metrics_sinks") if get_registry().find_spec("metrics_sinks", name).default]
+    assert list(summary.sinks) == defaults and defaults, "the installed sinks that say they are a default"
+
+
+def test_a_sink_that_cannot_start_refuses_the_run_before_step_1(tmp_path: Path) -> None:
+    SINK_FAILS["at_open"] = "set RECORDER_TOKEN"
+    with pytest.raises(ConfigError) as refused:
+        run_training(recipe(tmp_path, "output.sinks=[recorder]"), progress_bar=False)
+    assert "output.sinks[0]: metrics sink 'recorder' could not start: set RECORDER_TOKEN" in str(refused.value)
+    assert HOLDERS == [] and SERVICES == [], "nothing started"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sink_raising_mid_run_is_reported_once_and_the_run_finishes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    SINK_FAILS["at_step"] = 3
+    with caplog.at_level(logging.WARNING, logger="nexrl.train"):
+        summary = run_training(recipe(tmp_path, "output.sinks=[recorder]"), progress_bar=False)
+    assert summary.steps == 6 and summary.final_model is not None
+    assert [record.getMessage() for record in caplog.records if "recorder" in record.getMessage()] == [
+        "metrics sink 'recorder' failed at step 3 and is off for the rest of this run: ConnectionError: tracker went away"
+    ]
+    assert [call[1] for call in SINK_CALLS if call[0] == "log"] == [0, 1, 2]
+    assert SINK_CALLS[-1][0] == "log", "a sink turned off gets neither the final model nor the close"
+    assert summary.sinks == {"recorder": "turned off at step 3: ConnectionError: tracker went away"}
+
+
+def test_resume_tells_the_sinks_where_the_run_goes_on_from(tmp_path: Path) -> None:
+    INTERRUPT["at_train_call"] = 5  # Ctrl-C while step 5 trains; the last checkpoint is step 4
+    with pytest.raises(TrainingInterrupted):
+        run_training(recipe(tmp_path, "output.sinks=[recorder]"), progress_bar=False)
+    assert SINK_CALLS[-1] == ("close", RunOutcome.INTERRUPTED)
+    SINK_CALLS.clear()
+    INTERRUPT["at_train_call"] = None
+    run_training(recipe(tmp_path, "output.sinks=[recorder]"), resume=True, progress_bar=False)
+    assert SINK_CALLS[0][:2] == ("open", 4)
+    assert [call[1] for call in SINK_CALLS if call[0] == "log"] == [5, 6]
+    assert SINK_CALLS[-1] == ("close", RunOutcome.FINISHED)
 
 
 # --- checkpoints saved in the background -------------------------------------------------------------

@@ -20,6 +20,7 @@ DISTRIBUTIONS = [
     ROOT / "nexrl_tinker",
     ROOT / "nexrl_weaver",
     ROOT / "plugins" / "nexrl_episodes",
+    ROOT / "plugins" / "nexrl_sinks",
 ]
 
 
@@ -45,6 +46,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
         "nexrl_grpo",
         "nexrl_remote_api",
         "nexrl_service",
+        "nexrl_sinks",
         "nexrl_tinker",
         "nexrl_weaver",
     ]
@@ -54,7 +56,9 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
 
     run(*install, "nexrl==0.1.0", cwd=tmp_path)
     rows = plugin_rows(venv, tmp_path)
-    assert set(rows) == {"core", "grpo", "remote_api"}
+    assert set(rows) == {"core", "grpo", "remote_api", "tensorboard", "wandb", "mlflow", "trackio"}
+    assert rows["tensorboard"]["registers"]["metrics_sinks"] == ["tensorboard"]
+    assert all(rows[sink]["error"] is None for sink in ("tensorboard", "wandb", "mlflow", "trackio")), "no tracker SDK needed to list them"
     assert rows["remote_api"]["registers"]["backends"] == ["remote_api"]
     assert rows["core"]["registers"]["rollout_sources"] == ["threads"]
     assert rows["grpo"]["error"] is None

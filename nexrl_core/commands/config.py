@@ -9,6 +9,7 @@ import click
 import yaml
 
 from nexrl_core.config import ConfigError, dump_config, load_config, resolve_all_options
+from nexrl_core.config.components import component_lists, resolve_choice_list
 from nexrl_core.registry import RegistryError
 
 USAGE_ERROR_EXIT_CODE = 2
@@ -23,7 +24,8 @@ def split_file_and_overrides(arguments: Sequence[str]) -> tuple[str | None, list
 
 
 def resolved_config_data(path: str | None, overrides: Sequence[str]) -> dict[str, Any]:
-    """The recipe as plain data, with the options of every chosen component filled in with defaults.
+    """The recipe as plain data, with the options of every chosen component filled in with
+    defaults, and each list of components (``output.sinks``) as the run would take it.
 
     :raises ConfigError: for any problem in the recipe or in a component's options.
     """
@@ -34,6 +36,13 @@ def resolved_config_data(path: str | None, overrides: Sequence[str]) -> dict[str
         for key in component_path.split("."):
             node = node[key]
         node["options"] = dump_config(options)
+    for list_path, kind, entries in component_lists(train_config):
+        *parents, last = list_path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        chosen = resolve_choice_list(kind, entries, list_path)
+        node[last] = [{"name": choice.name, "options": dump_config(choice.options)} for choice in chosen]
     return data
 
 

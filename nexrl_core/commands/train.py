@@ -70,8 +70,8 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
 
     Each KEY=VALUE overrides one recipe value by its dotted path, e.g.
     rollout.group_size=4 or schedule.steps=10; VALUE is YAML. Results go to output.dir:
-    metrics.jsonl, TensorBoard files, reward_curve.png, checkpoints and final_model (the
-    trained policy as a Hugging Face directory). Ctrl-C (or SIGTERM)
+    metrics.jsonl, reward_curve.png, checkpoints, final_model (the trained policy as a
+    Hugging Face directory) and what the metrics sinks in output.sinks write. Ctrl-C (or SIGTERM)
     stops cleanly and keeps the last checkpoint; --resume continues from it.
     """
     from nexrl_core.checkpoints import CheckpointError
@@ -128,8 +128,8 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
     click.echo(f"metrics:      {summary.metrics_path}")
     if summary.reward_curve is not None:
         click.echo(f"reward curve: {summary.reward_curve}")
-    if summary.tensorboard_dir is not None:
-        click.echo(f"tensorboard:  {tensorboard_command(summary.tensorboard_dir)}")
+    for sink, where in summary.sinks.items():
+        click.echo(f"{sink + ':':<13} {where}")
     if summary.final_model is not None:
         click.echo(f"final model:  {summary.final_model}  (a Hugging Face directory: AutoModelForCausalLM.from_pretrained)")
     elif summary.final_model_error is not None:
@@ -137,12 +137,3 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
             f"final model:  not written: {summary.final_model_error}\n"
             f"              the checkpoints are intact; try: nexrl export {summary.output_dir}"
         )
-
-
-def tensorboard_command(log_dir: Path) -> str:
-    """The command that shows ``log_dir``: TensorBoard beside this interpreter (a venv's
-    ``bin/``, which need not be on PATH), or how to install it."""
-    beside = Path(sys.executable).parent / "tensorboard"
-    if beside.exists():
-        return f"{beside} --logdir {log_dir}"
-    return f"tensorboard --logdir {log_dir}   (install it with: pip install 'nexrl[tensorboard]')"

@@ -15,7 +15,7 @@ import attrs
 
 from nexrl_core.config.converter import structure_config
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.config.schema import REGISTRY_KIND, ComponentChoice
+from nexrl_core.config.schema import REGISTRY_KIND, REGISTRY_LIST_KIND, ChoiceList, ComponentChoice, as_choices
 
 
 def resolve_options(kind: str, choice: ComponentChoice, path: str) -> Any:
@@ -50,6 +50,57 @@ def component_choices(config: Any, path: str = "") -> Iterator[tuple[str, str, C
             yield field_path, field.metadata[REGISTRY_KIND], value
         elif attrs.has(type(value)):
             yield from component_choices(value, field_path)
+
+
+def component_lists(config: Any, path: str = "") -> Iterator[tuple[str, str, ChoiceList | None]]:
+    """Every `ChoiceList` field inside the attrs ``config``, as (path, kind, entries)."""
+    for field in attrs.fields(type(config)):
+        value = getattr(config, field.name)
+        field_path = f"{path}.{field.name}" if path else field.name
+        if REGISTRY_LIST_KIND in field.metadata:
+            yield field_path, field.metadata[REGISTRY_LIST_KIND], value
+        elif attrs.has(type(value)) and REGISTRY_KIND not in field.metadata:
+            yield from component_lists(value, field_path)
+
+
+@attrs.frozen
+class ResolvedChoice:
+    """One entry of a `ChoiceList`, its options structured into its config class."""
+
+    name: str
+    options: Any
+    path: str
+    """Where it came from in the recipe (``output.sinks[1]``), for messages."""
+
+
+def resolve_choice_list(kind: str, entries: ChoiceList | None, path: str) -> list[ResolvedChoice]:
+    """Each entry of a `ChoiceList` with its options; null takes the components of
+    ``kind`` that register themselves as defaults (their spec's ``default``), by name.
+
+    :raises ConfigError: listing every unknown name, bad option and name given twice.
+    """
+    from nexrl_core.registry import get_registry
+
+    if entries is None:
+        registry = get_registry()
+        defaults = [name for name in registry.names(kind) if getattr(registry.find_spec(kind, name), "default", False)]
+        return [ResolvedChoice(name, resolve_options(kind, ComponentChoice(name=name), path), path) for name in defaults]
+    resolved = []
+    problems = []
+    seen: set[str] = set()
+    for index, choice in enumerate(as_choices(entries)):
+        entry_path = f"{path}[{index}]"
+        if choice.name in seen:
+            problems.append(f"{entry_path}: {choice.name!r} is listed twice; list each once")
+            continue
+        seen.add(choice.name or "")
+        try:
+            resolved.append(ResolvedChoice(choice.name or "", resolve_options(kind, choice, entry_path), entry_path))
+        except ConfigError as error:
+            problems += error.problems
+    if problems:
+        raise ConfigError(problems)
+    return resolved
 
 
 def resolve_all_options(config: Any, require_names: bool = True) -> dict[str, Any]:

@@ -34,6 +34,9 @@ MAX_AUTO_CONCURRENCY = 256
 
 REGISTRY_KIND = "nexrl_registry_kind"
 """Metadata key of a `ComponentChoice` field: the registry its ``name`` is looked up in."""
+REGISTRY_LIST_KIND = "nexrl_registry_list_kind"
+"""Metadata key of a field holding several chosen components (`ChoiceList`): the
+registry their names are looked up in."""
 
 
 class DType(str, enum.Enum):
@@ -80,6 +83,16 @@ class ComponentChoice:
     options: dict[str, Any] = attrs.field(factory=dict)
     """Structured into the component's config class when the recipe is resolved; an
     option left out takes the component's default."""
+
+
+ChoiceList = list[str | ComponentChoice]
+"""Several components of one kind: each a registered name, or ``{name, options}`` for
+one with options."""
+
+
+def as_choices(entries: ChoiceList) -> list[ComponentChoice]:
+    """A `ChoiceList` with each bare name as a choice with no options."""
+    return [ComponentChoice(name=entry) if isinstance(entry, str) else entry for entry in entries]
 
 
 def _component(kind: str, default: str | None) -> Any:
@@ -254,6 +267,12 @@ class OutputConfig:
 
     dir: str = attrs.field(default="runs/latest", validator=non_empty)
     """Output directory, created if missing."""
+    sinks: ChoiceList | None = attrs.field(default=None, metadata={REGISTRY_LIST_KIND: "metrics_sinks"})
+    """Trackers the metric rows also go to (``metrics.jsonl``, the reward curve and the
+    progress display are always written): registered metrics sinks by name, e.g.
+    ``[tensorboard, wandb]``, or ``{name: wandb, options: {project: demo}}`` for one with
+    options (``nexrl plugins`` lists the installed sinks). Null uses every installed
+    sink that registers itself as a default; ``[]`` uses none."""
 
 
 @attrs.frozen(kw_only=True)

@@ -62,12 +62,14 @@ _NO_DEFAULT = object()
 
 def option_prefixes() -> dict[str, str]:
     """Registry kind → where a recipe gives the options of the component it picks, derived
-    from `TrainConfig` (``policy_losses`` → ``algorithm.loss.options``), plus the service
-    holders (whose options sit under `HOLDER_OPTIONS`)."""
-    from nexrl_core.config.components import component_choices
+    from `TrainConfig` (``policy_losses`` → ``algorithm.loss.options``, and for a list of
+    components ``metrics_sinks`` → ``output.sinks.options``), plus the service holders
+    (whose options sit under `HOLDER_OPTIONS`)."""
+    from nexrl_core.config.components import component_choices, component_lists
     from nexrl_core.config.schema import TrainConfig
 
     prefixes = {kind: f"{path}.options" for path, kind, _ in component_choices(TrainConfig())}
+    prefixes.update({kind: f"{path}.options" for path, kind, _ in component_lists(TrainConfig())})
     return {**prefixes, "service_holders": HOLDER_OPTIONS}
 
 
