@@ -45,7 +45,6 @@ CASES: list[tuple[str, list[str], str]] = [
     ("missing-model-embedded-service", ["model.name=/nonexistent"], "unknown model '/nonexistent'"),
     ("missing-model-inprocess", ["backend.name=inprocess", "model.name=/nonexistent"], "model.name: unknown model '/nonexistent'"),
     ("lora-alpha-on-tinker", ["model.lora.rank=4", "model.lora.alpha=8"], "model.lora.alpha"),
-    ("entropy-on-self-hosted-lora", ["backend.name=self-hosted", "model.lora.rank=4"], "model.lora.rank"),
     ("resume-without-run", ["--resume"], "nothing to resume"),
     ("no-chat-template-inprocess", ["backend.name=inprocess", "model.name={untemplated}"], "model.name: the tokenizer in"),
     ("no-chat-template-embedded-service", ["model.name={untemplated}"], "has no chat template"),

@@ -116,6 +116,9 @@ LORA_TARGETS = per_backend(
     ),
     self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_only_the_attention_adapters_train"),
 )
+LORA_MLP_TARGET = attrs.evolve(LORA_TARGETS, effect={**LORA_TARGETS.effect, "self-hosted": (f"{WORKERS}::test_only_the_attention_adapters_train",)})
+LORA_ATTN_TARGET = attrs.evolve(LORA_TARGETS, effect={**LORA_TARGETS.effect, "self-hosted": (SELF_HOSTED_LORA,)})
+"""The quickstart_fsdp LoRA run turns attention off; the attention-only workers test, the MLP."""
 
 CORE: dict[str, Entry] = {
     "task.name": everywhere("tests/test_e2e_train.py::test_shortened_quickstart_raises_validation_reward", BAD_INPUT),
@@ -145,8 +148,8 @@ CORE: dict[str, Entry] = {
         inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
         self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
-    "model.lora.train_mlp": LORA_TARGETS,
-    "model.lora.train_attn": LORA_TARGETS,
+    "model.lora.train_mlp": LORA_MLP_TARGET,
+    "model.lora.train_attn": LORA_ATTN_TARGET,
     "model.lora.train_unembed": LORA_TARGETS,
     "model.dtype": per_backend(
         remote_api=(

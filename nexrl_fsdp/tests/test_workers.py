@@ -347,7 +347,14 @@ def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: Local
 
 LORA = LoraSettings(rank=4, alpha=8.0)
 """Every target (the tied ``lm_head`` too) and an alpha other than the default."""
-ATTN_ONLY = LoraSettings(rank=2, alpha=4.0, train_mlp=False, train_unembed=False)
+
+
+def attention_only() -> LoraSettings:
+    """q/k/v/o adapters alone, built inside the test that uses them (so the recipe-key
+    records see ``train_mlp`` and ``train_unembed`` set off)."""
+    return LoraSettings(rank=2, alpha=4.0, train_mlp=False, train_unembed=False)
+
+
 LORA_OPTIMIZER = AdamWSettings(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=1.0)
 """A rate large enough that one step moves every adapter (B starts at zero)."""
 LORA_UPDATE = {"loss_fn": "importance_sampling", "optimizer": LORA_OPTIMIZER.to_json(), "micro_batch_rows": 2}
@@ -485,7 +492,7 @@ def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: LocalW
 
 def test_a_checkpoint_with_other_lora_settings_is_refused(group: LocalWorkerGroup, tmp_path: Path) -> None:
     saved = group.transport.save_checkpoint(str(tmp_path / "checkpoint"))
-    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=ATTN_ONLY)
+    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=attention_only())
     with pytest.raises(WorkerGroupError, match="was saved with LoRA settings"):
         group.transport.load_checkpoint(saved)
 
@@ -493,7 +500,7 @@ def test_a_checkpoint_with_other_lora_settings_is_refused(group: LocalWorkerGrou
 def test_only_the_attention_adapters_train(group: LocalWorkerGroup, base_engine: Engine, tmp_path: Path) -> None:
     """LoRA on q/k/v/o alone: after a step the merged policy differs from the base in the
     attention projections only, and the adapter names exactly those."""
-    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=ATTN_ONLY)
+    group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=attention_only())
     group.transport.update_actor(_batch(), LORA_UPDATE)
     weights = group.transport.get_weights()
     own = {name: p.detach() for name, p in base_engine.model.named_parameters()}
