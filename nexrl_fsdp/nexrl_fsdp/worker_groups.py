@@ -13,16 +13,27 @@ as raw frames into a `WeightsInbox` of this process, and the base model's sampli
 engine copies them into a sampler engine of its own (`Engine.sampler_with`); no file is
 read back. Because checkpoints are the engine's, a group can always be rebuilt from a
 model's last saved state (a restarted service does, on the model's first request).
+
+A group heals itself. When it is lost (a rank died, or an op ran past its deadline), the
+engine stops what is left of it, starts a new one, loads the last restart point (the
+last state saved with the optimizer: every ``save_every`` optimizer steps into the
+service's autosave folder, or a save or load the client asked for), replays the calls
+that changed the model since then (forward_backward and optim_step, kept in memory), and
+runs the call in flight again. Nothing the client was answered is lost, and the call in
+flight only takes longer. ``max_restarts`` bounds the restarts one call may cause.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shutil
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -30,13 +41,22 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_fsdp import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.transport import OpRefused, WorkerGroupError, WorkerGroupLost
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_fsdp.engine import Engine, adam_settings
 from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, check_datums
 from nexrl_fsdp.config import TrainingSpec
 from nexrl_fsdp.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 
-__all__ = ["GroupSettings", "WorkerGroupEngine"]
+__all__ = ["GroupHooks", "GroupRestart", "GroupSettings", "WorkerGroupEngine"]
+
+log = logging.getLogger("nexrl_fsdp.worker_groups")
+
+T = TypeVar("T")
+
+_LOST_GRACE_S = 5.0
+"""After an op fails on a rank, how long to wait for the launcher to end the group (a
+peer that died fails the survivors' collectives before torchrun stops them)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -52,6 +72,59 @@ class GroupSettings:
     connect_timeout_s: float = 300.0
     """How long a new group may take to start and load the model."""
     op_timeout_s: float = 600.0
+    """An op running longer is taken for a hung group (a rank stuck in a collective), which is restarted."""
+    heartbeat_s: float = 5.0
+    dead_after_s: float = 15.0
+    """A group whose ranks stop beating this long is dead, and restarted."""
+    save_every: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    """Save the model's state (with the optimizer) every this many optimizer steps, as
+    its restart point; the calls since are replayed after a restart, so a larger value
+    saves less often but keeps more steps' data in memory and replays more."""
+    max_restarts: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    """Restarts one call may cause before it fails (the group keeps dying)."""
+
+
+@attrs.frozen
+class GroupRestart:
+    """One restart of a model's group: what was lost, what it came back from, how long it took."""
+
+    reason: str
+    restored_from: str | None
+    """The restart point loaded; None when the model went back to its initial weights."""
+    replayed: int
+    """Calls replayed on top of it."""
+    seconds: float
+    """From noticing the loss to the new group holding the model again."""
+    log_tail: str
+    """The end of the lost group's output."""
+
+
+@attrs.frozen(kw_only=True)
+class GroupHooks:
+    """What the owner of a group engine (a service) keeps of its restarts."""
+
+    autosave_dir: Path | None = None
+    """Where the engine saves its restart points (two alternating folders below it);
+    None saves none: a restart then goes back to the last save or load the client asked for."""
+    on_saved: Callable[[Path], None] = lambda path: None
+    """Called with each restart point the engine saved itself."""
+    on_restart: Callable[[GroupRestart], None] = lambda restart: None
+
+
+@attrs.frozen
+class _RestartPoint:
+    path: Path
+    with_optimizer: bool
+
+
+@attrs.frozen
+class _Replay:
+    """A call that changed the model since the restart point: replayed after a restart."""
+
+    op: str
+    """``forward_backward`` or ``optim_step``."""
+    datums: Mapping[str, Any] | None = None
+    options: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def _identifier(model_id: str) -> str:
@@ -63,7 +136,13 @@ class WorkerGroupEngine:
     """One training model on its own worker group; calls run one at a time."""
 
     def __init__(
-        self, model_id: str, spec: TrainingSpec, dtype: str, settings: GroupSettings, base_sampler: Callable[[], Engine]
+        self,
+        model_id: str,
+        spec: TrainingSpec,
+        dtype: str,
+        settings: GroupSettings,
+        base_sampler: Callable[[], Engine],
+        hooks: GroupHooks | None = None,
     ) -> None:
         """Start the group and load the model on it.
 
@@ -75,25 +154,40 @@ class WorkerGroupEngine:
         self.model_id = model_id
         self.spec = spec
         self.config = spec.engine_config(dtype)
+        self.settings = settings
+        self.hooks = hooks or GroupHooks()
         self.log_path = settings.log_dir / f"{model_id}.log"
         self._base_sampler = base_sampler
         self._lock = threading.Lock()
         self._losses: dict[str, LossFn] = {}
-        self.group = LocalWorkerGroup(
+        self._restart_point: _RestartPoint | None = None
+        self._since_restart_point: list[_Replay] = []
+        self._steps_since_save = 0
+        self._lost: WorkerGroupLost | None = None
+        self.restarts = 0
+        """Restarts of this model's group so far."""
+        self.group = self._start_group()
+        self.ranks = settings.ranks
+
+    def _start_group(self) -> LocalWorkerGroup:
+        settings = self.settings
+        group = LocalWorkerGroup(
             settings.ranks,
             self.log_path,
-            identifier=_identifier(model_id),
+            identifier=_identifier(self.model_id),
+            heartbeat_s=settings.heartbeat_s,
+            dead_after_s=settings.dead_after_s,
             connect_timeout_s=settings.connect_timeout_s,
             op_timeout_s=settings.op_timeout_s,
             extra_env={"OMP_NUM_THREADS": str(settings.threads_per_rank)},
         )
         try:
-            info = self.group.transport.init_model(self.config.model, dtype=self.config.dtype, seed=spec.lora_seed, lora=spec.lora)
+            info = group.transport.init_model(self.config.model, dtype=self.config.dtype, seed=self.spec.lora_seed, lora=self.spec.lora)
         except BaseException:
-            self.group.stop()
+            group.stop()
             raise
         self.vocab_size = int(info["vocab_size"])
-        self.ranks = settings.ranks
+        return group
 
     # --- training -----------------------------------------------------------------------------
 
@@ -121,8 +215,9 @@ class WorkerGroupEngine:
             "backward": backward,
             "max_tokens_per_microbatch": self.config.max_tokens_per_microbatch,
         }
-        with self._lock:
-            reply = self.group.transport.forward(datum_tensors(checked), options)
+        tensors = datum_tensors(checked)
+        replay = _Replay("forward_backward", tensors, options) if backward else None
+        reply = self._call(lambda: self.group.transport.forward(tensors, options), replay)
         values = reply.tensors["logprobs"].tolist()
         outputs, start = [], 0
         for datum in checked:
@@ -134,9 +229,8 @@ class WorkerGroupEngine:
 
     def optim_step(self, adam_params: AdamWSettings | Mapping[str, Any] | None = None, **overrides: float) -> OptimStepResult:
         """One AdamW step on the accumulated gradients, then zero them (as `Engine.optim_step`)."""
-        settings = adam_settings(adam_params, **overrides)
-        with self._lock:
-            result = self.group.transport.optim_step(settings.to_json())
+        settings = adam_settings(adam_params, **overrides).to_json()
+        result = self._call(lambda: self.group.transport.optim_step(settings), _Replay("optim_step", options=settings))
         return OptimStepResult(
             grad_norm=float(result["grad_norm"]),
             learning_rate=float(result["learning_rate"]),
@@ -148,24 +242,29 @@ class WorkerGroupEngine:
     # --- state --------------------------------------------------------------------------------
 
     def save_state(self, path: str | Path, include_optimizer: bool = True) -> Path:
-        """The trainable weights (and by default the optimizer state), in the engine's format."""
-        with self._lock:
-            self.group.transport.save_state(str(path), include_optimizer)
+        """The trainable weights (and by default the optimizer state), in the engine's
+        format; saved with the optimizer, it becomes the restart point."""
+        point = _RestartPoint(Path(path), True) if include_optimizer else None
+        self._call(lambda: self.group.transport.save_state(str(path), include_optimizer), restart_point=point)
         return Path(path)
 
     def load_state(self, path: str | Path, load_optimizer: bool = True) -> ckpt.CheckpointManifest:
-        """Load a checkpoint `save_state` (or an `Engine`) wrote; ValueError when it does not fit."""
-        with self._lock:
-            self.group.transport.load_state(str(path), load_optimizer)
+        """Load a checkpoint `save_state` (or an `Engine`) wrote; ValueError when it does
+        not fit. It becomes the restart point."""
+        self._call(lambda: self.group.transport.load_state(str(path), load_optimizer), restart_point=_RestartPoint(Path(path), load_optimizer))
         return ckpt.read_manifest(path)
 
     # --- weights for samplers and downloads -------------------------------------------------------
 
     def _pushed_sampler(self, path: Path | None) -> Engine:
         base = self._base_sampler()
-        with self._lock, WeightsInbox(lambda weights: base.sampler_with(weights, path)) as inbox:
-            self.group.transport.push_weights(inbox.endpoint)
-        return inbox.loaded()
+
+        def push() -> Engine:
+            with WeightsInbox(lambda weights: base.sampler_with(weights, path)) as inbox:
+                self.group.transport.push_weights(inbox.endpoint)
+            return inbox.loaded()
+
+        return self._call(push)
 
     def export_sampler(self, path: str | Path) -> Engine:
         """The policy as an HF directory at ``path`` and a sampling engine on it, fed
@@ -181,15 +280,108 @@ class WorkerGroupEngine:
     def export_hf(self, path: str | Path) -> Path:
         """The policy as an HF directory at ``path``, written by rank 0 as `Engine.export_hf`
         writes it (for LoRA: the adapters merged in and the adapter in PEFT layout beside)."""
+        return Path(self._call(lambda: self.group.transport.export_hf(str(path))))
+
+    # --- healing ------------------------------------------------------------------------------
+
+    def _call(self, op: Callable[[], T], replay: _Replay | None = None, restart_point: _RestartPoint | None = None) -> T:
+        """Run ``op`` on the group, one call at a time; a lost group is restarted (up to
+        ``max_restarts`` times for this call) and ``op`` run again on the new one. Once
+        it succeeds, a call that changed the model is remembered for replay (an optimizer
+        step may save the next restart point), or ``restart_point`` becomes the new one."""
         with self._lock:
-            return Path(self.group.transport.export_hf(str(path)))
+            restarts = 0
+            while True:
+                try:
+                    if self._lost is not None:
+                        self._restart(self._lost)
+                    result = op()
+                    break
+                except WorkerGroupLost as exc:
+                    self._lost = exc
+                except OpRefused:
+                    raise
+                except WorkerGroupError as exc:
+                    if not self._group_ended():
+                        raise
+                    self._lost = WorkerGroupLost(f"worker group of {self.model_id!r} ended during a call: {exc}")
+                restarts += 1
+                if restarts > self.settings.max_restarts:
+                    raise WorkerGroupLost(
+                        f"the worker group of model {self.model_id!r} was lost {restarts} times in one call "
+                        f"(max_restarts {self.settings.max_restarts}); the last time: {self._lost}. Its state is kept: "
+                        "the next request starts a new group from the last restart point"
+                    )
+            if restart_point is not None:
+                self._set_restart_point(restart_point)
+            if replay is not None:
+                self._since_restart_point.append(replay)
+                if replay.op == "optim_step":
+                    self._steps_since_save += 1
+                    if self.hooks.autosave_dir is not None and self._steps_since_save >= self.settings.save_every:
+                        self._autosave(self.hooks.autosave_dir)
+            return result
+
+    def _group_ended(self) -> bool:
+        """Whether the launcher ended the group (waiting a little for it to notice a dead peer)."""
+        deadline = time.monotonic() + _LOST_GRACE_S
+        while time.monotonic() < deadline:
+            if self.group.ended():
+                return True
+            time.sleep(0.1)
+        return self.group.ended()
+
+    def _restart(self, lost: WorkerGroupLost) -> None:
+        """Replace the lost group with a new one holding the model as the client last saw it."""
+        started = time.monotonic()
+        tail = self.group.log_tail(2000)
+        log.warning("worker group of %s lost (%s); restarting it. Its last output:\n%s", self.model_id, lost, tail)
+        self.group.stop()
+        self.group = self._start_group()
+        point = self._restart_point
+        if point is not None:
+            self.group.transport.load_state(str(point.path), point.with_optimizer)
+        for call in self._since_restart_point:
+            if call.op == "forward_backward":
+                self.group.transport.forward(call.datums or {}, call.options)
+            else:
+                self.group.transport.optim_step(call.options)
+        self._lost = None
+        self.restarts += 1
+        restart = GroupRestart(
+            reason=str(lost),
+            restored_from=str(point.path) if point is not None else None,
+            replayed=len(self._since_restart_point),
+            seconds=time.monotonic() - started,
+            log_tail=tail,
+        )
+        log.warning(
+            "worker group of %s restarted in %.1f s from %s, %d calls replayed",
+            self.model_id, restart.seconds, restart.restored_from or "its initial weights", restart.replayed,
+        )
+        self.hooks.on_restart(restart)
+
+    def _autosave(self, root: Path) -> None:
+        """Save the restart point into whichever of ``root``'s two folders is not the
+        current one, so a save cut short never leaves the model without one."""
+        current = self._restart_point.path if self._restart_point is not None else None
+        target = next(root / name for name in ("a", "b") if root / name != current)
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self.group.transport.save_state(str(target), True)
+        self._set_restart_point(_RestartPoint(target, True))
+        self.hooks.on_saved(target)
+
+    def _set_restart_point(self, point: _RestartPoint) -> None:
+        self._restart_point = point
+        self._since_restart_point = []
+        self._steps_since_save = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def rank_pids(self) -> dict[int, int]:
         """Each rank's process id."""
-        with self._lock:
-            return self.group.rank_pids()
+        return self._call(self.group.rank_pids)
 
     def stop(self) -> None:
         """End the group (after the call in flight, if any); every rank exits."""

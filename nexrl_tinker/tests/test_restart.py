@@ -1,6 +1,7 @@
 """``kill -9`` the server mid-request, restart it on the same database (SQLite and
 PostgreSQL): nothing hangs,
-saved state loads, sessions are listed, idle models are rebuilt on first use."""
+saved state loads, sessions are listed, idle models are rebuilt on first use; a model on
+a worker group comes back with every optimizer step its client was answered."""
 
 from __future__ import annotations
 
@@ -22,17 +23,19 @@ from tinker import types
 class ServerProcess:
     """``nexrl serve tinker`` in a subprocess, restartable on the same port and database."""
 
-    def __init__(self, tmp_path: Path, db: str) -> None:
+    def __init__(self, tmp_path: Path, db: str, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = tmp_path / "data"
         self.db = db
+        self.extra = extra
+        """More ``nexrl serve tinker`` options."""
         self.log = tmp_path / "server.log"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         nexrl = Path(sys.executable).with_name("nexrl")
-        command = [str(nexrl), "serve", "tinker", "--port", str(self.port), "--db", self.db, "--data-dir", str(self.data_dir)]
+        command = [str(nexrl), "serve", "tinker", "--port", str(self.port), "--db", self.db, "--data-dir", str(self.data_dir), *self.extra]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         wait_healthy(self.url, timeout=120)
@@ -117,3 +120,37 @@ def test_kill_9_and_restart(server: ServerProcess) -> None:
     idle.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=120)
     old_client.close("success").result(timeout=30)
     assert "Traceback" not in server.log.read_text()
+
+
+@pytest.fixture
+def group_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """The service training each model on its own worker group of one rank."""
+    proc = ServerProcess(tmp_path, f"sqlite:///{tmp_path / 'tinker.db'}", extra=("--workers", "1"))
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_service_on_worker_groups_keeps_every_answered_optimizer_step(group_server: ServerProcess) -> None:
+    """The client never saved: the group saved a restart point after each optimizer
+    step, and the restarted service rebuilds the model's group from the last one."""
+    small = [datum([19, 20, 13, 21, 22, 31, 22, 24, 5, 7])]
+    client = tinker.ServiceClient(base_url=group_server.url)
+    training = client.create_lora_training_client(base_model=BASE_MODEL, rank=0).result(timeout=300)
+    first = training.forward(small, "cross_entropy").result(timeout=120).metrics["loss:sum"]
+    for _ in range(3):
+        training.forward_backward(small, "cross_entropy").result(timeout=120)
+        training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=120)
+    trained = training.forward(small, "cross_entropy").result(timeout=120).metrics["loss:sum"]
+    assert trained < first * 0.9
+
+    group_server.kill9()
+    group_server.start()
+    assert training.forward(small, "cross_entropy").result(timeout=300).metrics["loss:sum"] == pytest.approx(trained, rel=1e-5)
+    training.forward_backward(small, "cross_entropy").result(timeout=120)
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=120)
+    assert training.forward(small, "cross_entropy").result(timeout=120).metrics["loss:sum"] < trained
+    client.close("success").result(timeout=30)

@@ -74,6 +74,10 @@ class LocalWorkerGroup:
         """Each rank's process id, as the rank reported it."""
         return {int(rank): pid for rank, pid in self.transport.info()["pids"].items()}
 
+    def ended(self) -> bool:
+        """Whether the launcher (and so the whole group) has exited, or was stopped."""
+        return self.process is None or self.process.poll() is not None
+
     def stop(self) -> None:
         """Destroy the group if it still answers, then end the launcher's session and the server."""
         transport = getattr(self, "transport", None)

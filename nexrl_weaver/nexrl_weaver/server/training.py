@@ -227,7 +227,7 @@ class WeaverTraining:
         model = self.state.own_model(owner, model_id)
         if model.status != TERMINATED:
             self.state.store.update_model(model_id, status=TERMINATED)
-            self.state.engines.release_training(model_id)
+            self.state.release_model(model_id)
         return {"model_id": model_id, "status": TERMINATED, "terminated": ["trainer", "inference"]}
 
     # --- forward / backward / optimizer -----------------------------------------------------------

@@ -159,16 +159,19 @@ class EnginePool:
                     raise ModelReleased(f"model {model_id!r} was released (its session ended) while it was being loaded")
             return engine
 
-    def new_training_engine(self, model_id: str, spec: TrainingSpec) -> Any:
+    def new_training_engine(self, model_id: str, spec: TrainingSpec, hooks: Any = None) -> Any:
         """An `Engine` for the model, or with worker groups a `WorkerGroupEngine` (which
-        takes one of the places `reserve_group` hands out)."""
+        takes one of the places `reserve_group` hands out, and tells ``hooks``, a
+        `GroupHooks`, about its restart points and restarts)."""
         if self.groups is None:
             return _new_engine(spec.engine_config(self.dtype))
         from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
         self.reserve_group(model_id)
         try:
-            return WorkerGroupEngine(model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")))
+            return WorkerGroupEngine(
+                model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")), hooks
+            )
         except BaseException:
             with self._lock:
                 self._group_slots.discard(model_id)

@@ -2,7 +2,8 @@
 
 ``runs/<model>/<kind>/<name>.<hex>/`` holds named checkpoints (``training`` state,
 ``sampler`` exports or ``external`` exports to download, both HF directories) and ``runs/<model>/ephemeral/<sampler>/`` the
-snapshots behind samplers made straight from a training model. Every save writes a
+snapshots behind samplers made straight from a training model, and
+``runs/<model>/autosave/`` the restart points a worker-group model saves itself. Every save writes a
 fresh directory, so an engine cached for an older directory can never serve
 overwritten weights. Directory names come from `safe_dirname`, so any id or name a
 protocol allows maps to one portable, unique directory.
@@ -47,6 +48,10 @@ class CheckpointFiles:
         if kind not in CHECKPOINT_KINDS:
             raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {CHECKPOINT_KINDS}")
         return self.model_dir(model_id) / kind / f"{safe_dirname(name)}.{secrets.token_hex(4)}"
+
+    def autosave_dir(self, model_id: str) -> Path:
+        """Where a worker-group model saves its restart points (`nexrl_fsdp.worker_groups`)."""
+        return self.model_dir(model_id) / "autosave"
 
     def ephemeral_dir(self, model_id: str, sampler_id: str) -> Path:
         return self.model_dir(model_id) / "ephemeral" / safe_dirname(sampler_id)

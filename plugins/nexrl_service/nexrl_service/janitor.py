@@ -87,7 +87,7 @@ class Janitor:
         state = self.state
         log.info("expiring stale session %s", session.session_id)
         for model in state.store.models_of_session(session.session_id):
-            state.engines.release_training(model.model_id)
+            state.release_model(model.model_id)
             state.scheduler.drop(model.model_id)
         doomed = [s for s in state.store.samplers_of_session(session.session_id) if s.ephemeral]
         for sampler in doomed:

@@ -68,7 +68,7 @@ class Sessions:
         if session.status == "active":
             self.state.store.finish_session(session_id, reason)
             for model in self.state.store.models_of_session(session_id):
-                self.state.engines.release_training(model.model_id)
+                self.state.release_model(model.model_id)
 
     def of_owner(self, owner: str) -> list[SessionRow]:
         return self.state.store.sessions_of(owner)

@@ -77,6 +77,15 @@ class ServerSettings:
     gives each its own worker group of N processes (`nexrl_fsdp.worker_groups`)."""
     max_worker_groups: int = 4
     """With ``workers``: most worker groups at once; creating one more model is refused."""
+    worker_heartbeat_s: float = 5.0
+    worker_dead_after_s: float = 15.0
+    """A group whose ranks stop beating this long is lost and restarted (`nexrl_fsdp.worker_groups`)."""
+    worker_op_timeout_s: float = 600.0
+    """A group op running longer is taken for a hung group and restarted."""
+    worker_save_every: int = 1
+    """A group model saves its restart point every this many optimizer steps."""
+    worker_max_restarts: int = 3
+    """Restarts of a model's group one request may cause before it fails."""
     sampler_cache_size: int = 4
     """Sampling engines kept in memory (least recently used goes first)."""
     ephemeral_keep: int = 8

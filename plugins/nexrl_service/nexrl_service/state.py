@@ -58,6 +58,11 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
         ranks=settings.workers,
         threads_per_rank=max(1, torch.get_num_threads() // settings.workers),
         log_dir=settings.data_dir / "workers",
+        heartbeat_s=settings.worker_heartbeat_s,
+        dead_after_s=settings.worker_dead_after_s,
+        op_timeout_s=settings.worker_op_timeout_s,
+        save_every=settings.worker_save_every,
+        max_restarts=settings.worker_max_restarts,
     )
     return GroupLimits(settings=group, max_groups=settings.max_worker_groups)
 
@@ -101,6 +106,12 @@ class ServiceState:
             log.exception("could not record fetched results")
         self.engines.clear()
         self.store.close()
+
+    def release_model(self, model_id: str) -> None:
+        """Let a model go for good (its session ended, it was terminated): stop its engine
+        or group and delete the restart points its group saved."""
+        self.engines.release_training(model_id)
+        self.files.remove(self.files.autosave_dir(model_id))
 
     def forget_checkpoint_files(self, checkpoint: CheckpointRow) -> None:
         """Delete a checkpoint's files and any sampling engine cached for them."""

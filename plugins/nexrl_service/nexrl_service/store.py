@@ -1,7 +1,8 @@
 """Everything a local service must remember across a restart, in SQL through SQLAlchemy 2.
 
-Five tables: sessions, models (training runs), samplers (sampling sessions), futures
-(what some protocols call operations) and checkpoints. Ids and checkpoint paths are
+Six tables: sessions, models (training runs), samplers (sampling sessions), futures
+(what some protocols call operations), checkpoints, and the restarts of models' worker
+groups. Ids and checkpoint paths are
 the protocol's own strings; the store only keys rows by them.
 SQLite by default (WAL journal, ``synchronous=NORMAL``: a ``kill -9`` of the server
 loses nothing that was committed, and a commit costs well under a millisecond), any
@@ -59,6 +60,7 @@ __all__ = [
     "CheckpointRow",
     "FutureRow",
     "ModelRow",
+    "RestartRow",
     "SamplerRow",
     "SessionRow",
     "Store",
@@ -196,6 +198,22 @@ class CheckpointRow(Base):
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
+class RestartRow(Base):
+    """A model's worker group was lost and restarted (`nexrl_fsdp.worker_groups`)."""
+
+    __tablename__ = "group_restarts"
+
+    restart_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.model_id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    restored_from: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The restart point loaded; None when the model went back to its initial weights."""
+    replayed: Mapped[int] = mapped_column(Integer)
+    """Calls since that point run again on the new group."""
+    seconds: Mapped[float] = mapped_column(Float)
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -239,7 +257,7 @@ def make_sql_engine(url: str) -> SqlEngine:
 
 
 class Store:
-    """Typed, transaction-per-call access to the five tables."""
+    """Typed, transaction-per-call access to the tables."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -566,3 +584,11 @@ class Store:
                     select(CheckpointRow).where(CheckpointRow.expires_at.is_not(None), CheckpointRow.expires_at < now)
                 )
             )
+
+    def add_restart(self, row: RestartRow) -> None:
+        with self.tx() as s:
+            s.add(row)
+
+    def restarts_of(self, model_id: str) -> list[RestartRow]:
+        with self.tx() as s:
+            return list(s.scalars(select(RestartRow).where(RestartRow.model_id == model_id).order_by(RestartRow.restart_id)))

@@ -14,8 +14,11 @@ bookkeeping that goes with them (checkpoint rows, the model's last state). Proto
 decode requests into engine records before and encode results after.
 
 Engines are built lazily: when the model is created, or on first use after a
-restart from the model's last saved (or loaded) training state; steps taken after
-that state are lost with the old process, which the log says.
+restart from the model's last saved (or loaded) training state. A model on a worker
+group saves that state itself after each optimizer step (``worker_save_every``), so a
+restarted service loses only the gradients accumulated since the last step; a model in
+this process loses the steps taken since its client last saved, which the log says. A
+group that loses a rank restarts itself without losing anything (`nexrl_fsdp.worker_groups`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from nexrl_service.errors import ApiError, BadRequest, RequestFailed, TooManyReq
 from nexrl_service.futures import Outcome
 from nexrl_service.scheduler import Job
 from nexrl_service.state import ServiceState
-from nexrl_service.store import CheckpointRow, ModelRow, SamplerRow
+from nexrl_service.store import CheckpointRow, ModelRow, RestartRow, SamplerRow
 
 __all__ = ["NewModel", "Prepare", "TrainingOps", "training_spec_of"]
 
@@ -113,7 +116,7 @@ class TrainingOps:
                 raise RequestFailed(f"model {model_id!r} no longer exists", "user")
             self._check_not_released(model)
             try:
-                engine = self.state.engines.new_training_engine(model_id, training_spec_of(model))
+                engine = self._new_engine(model_id, training_spec_of(model))
             except TooManyRequests as exc:
                 raise RequestFailed(f"model {model_id!r} cannot be loaded again: {exc.message}", "user") from None
             if model.state_dir:
@@ -130,6 +133,29 @@ class TrainingOps:
             return engine
 
         return self.state.engines.training_or_build(model_id, build)
+
+    def _new_engine(self, model_id: str, spec: TrainingSpec) -> Any:
+        """A training engine for the model; a worker group's restart points become the
+        model's last state, and its restarts are recorded."""
+        from nexrl_fsdp.worker_groups import GroupHooks, GroupRestart
+
+        def saved(path: Path) -> None:
+            self.state.store.update_model(model_id, state_dir=str(path), state_has_optimizer=True)
+
+        def restarted(restart: GroupRestart) -> None:
+            self.state.store.add_restart(
+                RestartRow(
+                    model_id=model_id,
+                    at=time.time(),
+                    reason=restart.reason,
+                    restored_from=restart.restored_from,
+                    replayed=restart.replayed,
+                    seconds=restart.seconds,
+                )
+            )
+
+        hooks = GroupHooks(autosave_dir=self.state.files.autosave_dir(model_id), on_saved=saved, on_restart=restarted)
+        return self.state.engines.new_training_engine(model_id, spec, hooks)
 
     def _check_not_released(self, model: ModelRow) -> None:
         """Refuse to load a model again once it was released (terminated, or its session
@@ -206,7 +232,7 @@ class TrainingOps:
 
         def run() -> Outcome:
             try:
-                self.state.engines.training_or_build(model_id, lambda: self.state.engines.new_training_engine(model_id, spec))
+                self.state.engines.training_or_build(model_id, lambda: self._new_engine(model_id, spec))
             except Exception as exc:
                 self.state.engines.release_training(model_id)
                 self.state.store.update_model(model_id, status="failed", error=str(exc))
@@ -239,7 +265,7 @@ class TrainingOps:
         def run() -> Outcome:
             try:
                 engine = self.state.engines.training_or_build(
-                    model_id, lambda: self.state.engines.new_training_engine(model_id, spec)
+                    model_id, lambda: self._new_engine(model_id, spec)
                 )
                 engine.load_state(checkpoint.storage_dir, load_optimizer=load_optimizer)
             except Exception as exc:
