@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BASE_MODEL", "TEST_API_KEY", "free_port", "start_service", "wait_healthy"]
+__all__ = ["BASE_MODEL", "TEST_API_KEY", "free_port", "sft_data", "start_service", "wait_healthy"]
 
 BASE_MODEL = "nexrl-tiny"
 TEST_API_KEY = "tml-test"
@@ -60,3 +60,21 @@ def wait_healthy(base_url: str, timeout: float = 60.0) -> dict[str, Any]:
             last = exc
         time.sleep(0.1)
     raise TimeoutError(f"{base_url} did not become healthy within {timeout} s (last error: {last})")
+
+
+def sft_data(tokenizer: Any) -> list[Any]:
+    """Three chat-formatted additions as SFT `tinker.types.Datum` s: the answer's tokens
+    weigh 1, the prompt's 0."""
+    from tinker import types
+
+    data = []
+    for question, answer in (("12+34=", "46"), ("7+8=", "15"), ("40+2=", "42")):
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+        weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
+        data.append(
+            types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+        )
+    return data

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import tinker
-from nexrl_tinker.testing import BASE_MODEL, start_service
+from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -39,20 +39,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield svc
     finally:
         svc.stop()
-
-
-def sft_data(tokenizer: Any) -> list[types.Datum]:
-    data = []
-    for question, answer in (("12+34=", "46"), ("7+8=", "15"), ("40+2=", "42")):
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
-        weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
-        data.append(
-            types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
-        )
-    return data
 
 
 def train(service: Any, kill_rank_at: int | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.loss_option_contract import FROZEN, gradient_norm, probe_datums
 from nexrl_fsdp.loading import resolve_model_dir
-from nexrl_tinker.testing import BASE_MODEL, start_service
+from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
 from safetensors.torch import load_file
 from tinker import types
 
@@ -58,20 +58,6 @@ def clients(services: dict[int, Any]) -> Iterator[dict[int, Any]]:
     finally:
         for client in made.values():
             client.close("success").result(timeout=60)
-
-
-def sft_data(tokenizer: Any) -> list[types.Datum]:
-    data = []
-    for question, answer in (("12+34=", "46"), ("7+8=", "15"), ("40+2=", "42")):
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
-        weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
-        data.append(
-            types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
-        )
-    return data
 
 
 def rl_data(data: list[types.Datum], logprobs: list[list[float]]) -> list[types.Datum]:
