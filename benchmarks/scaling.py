@@ -64,13 +64,22 @@ NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
     "inprocess": ("nexrl_fsdp", ("backend.name=inprocess", "backend.options={}")),
     "weaver": ("nexrl_weaver", ("backend.options.service_holder=weaver",)),
     "self-hosted": ("nexrl_fsdp", ("backend.name=self-hosted", "backend.options.update.micro_batch_rows=64")),
-    "self-hosted_1rank": ("nexrl_fsdp", ("backend.name=self-hosted", "backend.options.world_size=1", "backend.options.update.micro_batch_rows=64")),
+    "self-hosted_1rank": (
+        "nexrl_fsdp",
+        (
+            "backend.name=self-hosted",
+            "backend.options.world_size=1",
+            "backend.options.update.micro_batch_rows=64",
+            "backend.options.recompute_old_logprobs=false",
+        ),
+    ),
 }
 """NexRL's local backends: side name -> (module that must be installed, recipe overrides
 on top of the quickstart, whose backend is ``remote_api`` on the embedded Tinker
 service; ``_workersN``: that service training the model on a worker group of N ranks;
 self-hosted: a rank's share of a step in one pass, as ``recipes/quickstart_fsdp.yaml``
-and as the in-process engine does).
+and as the in-process engine does; ``_1rank`` also trains on the sampler's logprobs
+instead of recomputing them, as the in-process backend it is compared with does).
 A new backend is one more line."""
 TRL = "trl"
 SIZES: dict[str, dict[str, int] | None] = {

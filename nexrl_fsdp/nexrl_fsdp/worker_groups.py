@@ -368,7 +368,17 @@ class WorkerGroupEngine:
         target = next(root / name for name in ("a", "b") if root / name != current)
         shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.group.transport.save_state(str(target), True)
+        # The step itself was applied and is answered either way: the calls since the
+        # last restart point stay kept until a save succeeds.
+        try:
+            self.group.transport.save_state(str(target), True)
+        except WorkerGroupLost as exc:
+            log.warning("the group of %s was lost saving its restart point (%s); the next call restarts it", self.model_id, exc)
+            self._lost = exc
+            return
+        except WorkerGroupError as exc:
+            log.warning("could not save the restart point of %s (%s); the calls since the last one stay kept", self.model_id, exc)
+            return
         self._set_restart_point(_RestartPoint(target, True))
         self.hooks.on_saved(target)
 
@@ -381,7 +391,7 @@ class WorkerGroupEngine:
 
     def rank_pids(self) -> dict[int, int]:
         """Each rank's process id."""
-        return self._call(self.group.rank_pids)
+        return self._call(lambda: self.group.rank_pids())
 
     def stop(self) -> None:
         """End the group (after the call in flight, if any); every rank exits."""
