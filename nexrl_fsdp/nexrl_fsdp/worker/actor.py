@@ -128,7 +128,14 @@ class ActorOptions:
 
 
 def _shard(model: torch.nn.Module, mesh: Any) -> None:
-    """FSDP2: each decoder layer its own unit, the rest (embeddings, tied head) the root's."""
+    """FSDP2: each decoder layer its own unit, the rest (embeddings, tied head) the root's.
+
+    A lone rank keeps the plain module: sharding over one rank splits nothing, and FSDP's
+    hooks, gathers and DTensor dispatch made its steps about 20 % slower (forward/backward)
+    and the optimizer's twice as slow on a CPU. The rest of the worker treats sharded
+    and plain parameters alike."""
+    if mesh.size() == 1:
+        return
     from torch.distributed.fsdp import fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None) or []
