@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 import zmq
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from nexrl_core.serving import ServeOptions, ServiceStartError
 from nexrl_fsdp.direct_zmq.protocol import OPS
@@ -33,9 +33,9 @@ __all__ = ["GroupRegistry", "WorkersApiServer"]
 logger = logging.getLogger("nexrl_fsdp.workers_api")
 
 ENV_DEAD_AFTER = "NEXRL_WORKER_DEAD_AFTER_S"
+"""Seconds without a heartbeat after which a rank counts as dead (default 15)."""
 UNUSED_SERVE_OPTIONS = frozenset({"db", "model", "dtype", "api_key", "data_dir", "workers", "max_worker_groups"})
 """`ServeOptions` fields of other services that mean nothing here."""
-"""Seconds without a heartbeat after which a rank counts as dead (default 15)."""
 _HELLO_EVERY_S = 0.2
 
 
@@ -165,23 +165,37 @@ class GroupRegistry:
         self.context.term()
 
 
-# Request bodies: pydantic at the HTTP edge only.
-class CreateGroup(BaseModel):
+MAX_WORLD_SIZE = 4096
+"""Most ranks one group may have: every rank reports, beats and subscribes here, and a
+group's info lists its missing ranks, so a number no cluster has would only make the
+server allocate until it dies."""
+MAX_PID = 2**31 - 1
+
+
+# Request bodies: pydantic at the HTTP edge only, strict (``true`` is not a rank).
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+
+class CreateGroup(_Body):
     identifier: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
-    world_size: int = Field(ge=1)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
 
-class Report(BaseModel):
-    rank: int = Field(ge=0)
-    endpoint: str
-    pid: int
-    host: str = ""
 
-class Beat(BaseModel):
-    rank: int = Field(ge=0)
+class Report(_Body):
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    endpoint: str = Field(min_length=1, max_length=512)
+    pid: int = Field(ge=0, le=MAX_PID)
+    host: str = Field(default="", max_length=255)
 
-class Execute(BaseModel):
-    op_id: str = Field(min_length=1)
-    op: str
+
+class Beat(_Body):
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+
+
+class Execute(_Body):
+    op_id: str = Field(min_length=1, max_length=128)
+    op: str = Field(min_length=1, max_length=64)
 
 
 def create_app(registry: GroupRegistry) -> Any:

@@ -14,9 +14,11 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from nexrl_core.openapi import OBJECT, json_body
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_service.auth import Authenticator
 from nexrl_service.downloads import add_download_route
@@ -114,7 +116,10 @@ def create_app(state: ServiceState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         status, message = _validation_message(exc)
-        return JSONResponse({"detail": message}, status_code=status)
+        if status != 422:
+            return JSONResponse({"detail": message}, status_code=status)
+        # ``detail`` is the list of errors FastAPI's schema of a 422 promises; ``message`` says it in words.
+        return JSONResponse({"detail": jsonable_encoder(exc.errors()), "message": message}, status_code=status)
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -216,11 +221,25 @@ def create_app(state: ServiceState) -> FastAPI:
 
         return await run_in_threadpool(submit)
 
-    @app.post("/api/v1/forward_backward")
+    @app.post(
+        "/api/v1/forward_backward",
+        openapi_extra=json_body(
+            {"model_id": {"type": "string"}, "seq_id": {"type": "integer"}, "forward_backward_input": OBJECT, "forward_input": OBJECT},
+            required=("model_id",),
+        ),
+        # or the same request in the SDK's binary encoding (application/octet-stream)
+    )
     async def forward_backward(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward_backward(request, who, False)
 
-    @app.post("/api/v1/forward")
+    @app.post(
+        "/api/v1/forward",
+        openapi_extra=json_body(
+            {"model_id": {"type": "string"}, "seq_id": {"type": "integer"}, "forward_backward_input": OBJECT, "forward_input": OBJECT},
+            required=("model_id",),
+        ),
+        # or the same request in the SDK's binary encoding (application/octet-stream)
+    )
     async def forward(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward_backward(request, who, True)
 

@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.errors import BadRequest
 
 __all__ = [
@@ -231,8 +232,8 @@ def decode_forward_backward_json(body: Mapping[str, Any], forward_only: bool = F
     model_id, seq_id = body.get("model_id"), body.get("seq_id", 0)
     if not isinstance(model_id, str) or not model_id:
         raise BadRequest("forward_backward body needs a string 'model_id'")
-    if isinstance(seq_id, bool) or not isinstance(seq_id, int):
-        raise BadRequest("'seq_id' must be an integer")
+    if isinstance(seq_id, bool) or not isinstance(seq_id, int) or not 0 <= seq_id <= SQL_INT_MAX:
+        raise BadRequest(f"'seq_id' must be an integer from 0 to {SQL_INT_MAX}, got {seq_id!r}")
     raw_data = fb_input.get("data")
     if not isinstance(raw_data, list):
         raise BadRequest("forward_backward_input.data must be a list of datums")

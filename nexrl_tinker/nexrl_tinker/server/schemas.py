@@ -11,6 +11,7 @@ from typing import Any
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
+from nexrl_service.bounds import SeqId, StoredInt
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -60,8 +61,8 @@ class FinishSessionBody(Body):
 
 
 class LoraConfigBody(Body):
-    rank: int = Field(ge=0, le=4096)
-    seed: int | None = Field(default=None, ge=0)
+    rank: int = Field(strict=True, ge=0, le=4096)
+    seed: StoredInt | None = None
     train_unembed: bool = True
     train_mlp: bool = True
     train_attn: bool = True
@@ -80,7 +81,7 @@ class OptimizerConfigBody(BaseModel):
 
 class CreateModelBody(Body):
     session_id: str
-    model_seq_id: int = Field(ge=0)
+    model_seq_id: SeqId
     base_model: str
     user_metadata: dict[str, Any] | None = None
     lora_config: LoraConfigBody | None = None
@@ -109,7 +110,7 @@ class AdamParamsBody(Body):
 
 class OptimStepBody(Body):
     model_id: str
-    seq_id: int | None = Field(default=None, ge=0)
+    seq_id: SeqId | None = None
     adam_params: AdamParamsBody | None = Field(
         default=None, validation_alias=AliasChoices("adam_params", "optim_params")
     )
@@ -119,7 +120,7 @@ class OptimStepBody(Body):
 class SaveWeightsBody(Body):
     model_id: str
     path: str | None = None
-    seq_id: int | None = Field(default=None, ge=0)
+    seq_id: SeqId | None = None
     ttl_seconds: int | None = Field(default=None, ge=1)
     overwrite: bool = False
     user_metadata: dict[str, Any] | None = None
@@ -128,9 +129,9 @@ class SaveWeightsBody(Body):
 class SaveWeightsForSamplerBody(Body):
     model_id: str
     path: str | None = None
-    sampling_session_seq_id: int | None = Field(default=None, ge=0)
+    sampling_session_seq_id: SeqId | None = None
     kind: str = "snapshot"
-    seq_id: int | None = Field(default=None, ge=0)
+    seq_id: SeqId | None = None
     ttl_seconds: int | None = Field(default=None, ge=1)
     user_metadata: dict[str, Any] | None = None
 
@@ -138,16 +139,16 @@ class SaveWeightsForSamplerBody(Body):
 class SaveWeightsExternalBody(Body):
     model_id: str
     path: str
-    seq_id: int | None = Field(default=None, ge=0)
+    seq_id: SeqId | None = None
     ttl_seconds: int | None = Field(default=None, ge=1)
     age_encryption_recipients: list[str] | None = None
 
 
 class LoadWeightsBody(Body):
     model_id: str | None = None
-    seq_id: int | None = Field(default=None, ge=0)
+    seq_id: SeqId | None = None
     session_id: str | None = None
-    model_seq_id: int | None = Field(default=None, ge=0)
+    model_seq_id: SeqId | None = None
     base_model: str | None = None
     user_metadata: dict[str, Any] | None = None
     path: str
@@ -157,7 +158,7 @@ class LoadWeightsBody(Body):
 
 class CreateSamplingSessionBody(Body):
     session_id: str
-    sampling_session_seq_id: int = Field(ge=0)
+    sampling_session_seq_id: SeqId
     base_model: str | None = None
     model_path: str | None = None
 
@@ -174,7 +175,7 @@ class ModelInputBody(Body):
 
 class SamplingParamsBody(Body):
     max_tokens: int | None = None
-    seed: int | None = None
+    seed: StoredInt | None = None
     stop: str | list[str] | list[int] | None = None
     temperature: float = 1.0
     top_k: int = -1
@@ -188,7 +189,7 @@ class SampleBody(Body):
     base_model: str | None = None
     model_path: str | None = None
     sampling_session_id: str | None = None
-    seq_id: int | None = None
+    seq_id: SeqId | None = None
     prompt_logprobs: bool | None = None
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0

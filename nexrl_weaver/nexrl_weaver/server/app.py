@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
+from nexrl_core.openapi import OBJECT
+from nexrl_core.openapi import json_body as described_body
 from nexrl_service.auth import Authenticator
 from nexrl_service.downloads import add_download_route
 from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound
@@ -46,11 +49,21 @@ ERROR_CODES = {
 }
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse(
-        {"error": ERROR_CODES.get(status, "error" if status < 500 else "internal_error"), "message": message, "retryable": False},
+        {"error": ERROR_CODES.get(status, "error" if status < 500 else "internal_error"), "message": message, "retryable": False, **extra},
         status_code=status,
+        headers=headers,
     )
+
+
+STRING, INTEGER = {"type": "string"}, {"type": "integer"}
+SESSION_BODY = {"user_metadata": OBJECT, "tags": {"type": "array", "items": STRING}}
+MODEL_BODY = {"base_model": STRING, "model_seq_id": INTEGER, "lora_config": OBJECT, "user_metadata": OBJECT}
+SAMPLER_BODY = {"base_model": STRING, "model_id": STRING, "checkpoint_id": STRING, "sampling_session_seq_id": INTEGER}
+PAYLOAD_BODY = described_body({"payload": OBJECT}, required=("payload",))
+"""What the routes that read their bodies by hand (`nexrl_weaver.server.bodies`) take, for
+the app's OpenAPI schema; the handlers check every field and name what is wrong."""
 
 
 def create_app(state: ServiceState) -> FastAPI:
@@ -78,11 +91,12 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, f"invalid request: {exc.errors()[:4]}")
+        # ``detail`` is the list FastAPI's schema of a 422 promises; ``message`` Weaver's text.
+        return _error(422, f"invalid request: {exc.errors()[:4]}", detail=jsonable_encoder(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, str(exc.detail), exc.headers)  # a 405 keeps its Allow header
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -101,10 +115,9 @@ def create_app(state: ServiceState) -> FastAPI:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"malformed JSON body: {exc}") from None
-        if body is None and optional:
-            return {}
         if not isinstance(body, dict):
-            raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+            kind = "null" if body is None else type(body).__name__
+            raise BadRequest(f"the body must be a JSON object, got {kind}")
         return body
 
     async def submitted(submit: Callable[..., str], *args: Any) -> dict[str, Any]:
@@ -141,7 +154,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     # --- sessions -------------------------------------------------------------------------------
 
-    @app.post("/api/v1/sessions")
+    @app.post("/api/v1/sessions", openapi_extra=described_body(SESSION_BODY, optional=True))
     async def create_session(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await run_in_threadpool(sessions.create, who, await json_body(request, optional=True))
 
@@ -162,7 +175,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     # --- models ---------------------------------------------------------------------------------
 
-    @app.post("/api/v1/sessions/{session_id}/models")
+    @app.post("/api/v1/sessions/{session_id}/models", openapi_extra=described_body(MODEL_BODY, required=("base_model",)))
     async def create_model(session_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         body = await json_body(request)
         answer, request_id = await run_in_threadpool(training.create_model, who, session_id, body)
@@ -194,23 +207,23 @@ def create_app(state: ServiceState) -> FastAPI:
             body = await json_body(request)
         return await submitted(training.forward, who, model_id, body, pack, backward)
 
-    @app.post("/api/v1/models/{model_id}/forward-passes")
+    @app.post("/api/v1/models/{model_id}/forward-passes", openapi_extra=PAYLOAD_BODY)
     async def forward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward(model_id, request, who, False)
 
-    @app.post("/api/v1/models/{model_id}/forward-backward-passes")
+    @app.post("/api/v1/models/{model_id}/forward-backward-passes", openapi_extra=PAYLOAD_BODY)
     async def forward_backward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward(model_id, request, who, True)
 
-    @app.post("/api/v1/models/{model_id}/optimizer-steps")
+    @app.post("/api/v1/models/{model_id}/optimizer-steps", openapi_extra=PAYLOAD_BODY)
     async def optimizer_step(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.optim_step, who, model_id, await json_body(request))
 
-    @app.post("/api/v1/models/{model_id}/export-sampler")
+    @app.post("/api/v1/models/{model_id}/export-sampler", openapi_extra=described_body({"name": STRING, "seq_id": INTEGER}))
     async def export_sampler(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.export_sampler, who, model_id, await json_body(request))
 
-    @app.post("/api/v1/models/{model_id}/checkpoints")
+    @app.post("/api/v1/models/{model_id}/checkpoints", openapi_extra=described_body({"name": STRING, "seq_id": INTEGER}, optional=True))
     async def save_checkpoint(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.save_checkpoint, who, model_id, await json_body(request, optional=True))
 
@@ -218,13 +231,13 @@ def create_app(state: ServiceState) -> FastAPI:
     def list_checkpoints(model_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return training.list_checkpoints(who, model_id)
 
-    @app.post("/api/v1/models/{model_id}/load")
+    @app.post("/api/v1/models/{model_id}/load", openapi_extra=described_body({"checkpoint_id": STRING, "seq_id": INTEGER}))
     async def load(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.load, who, model_id, await json_body(request))
 
     # --- HF weights export and download (see `nexrl_weaver.server.artifacts`) -------------------
 
-    @app.post("/api/v1/models/{model_id}/export-hf")
+    @app.post("/api/v1/models/{model_id}/export-hf", openapi_extra=described_body({"seq_id": INTEGER}, optional=True))
     async def export_hf(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(artifacts.export_current, who, model_id, await json_body(request, optional=True))
 
@@ -249,7 +262,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     # --- sampling -------------------------------------------------------------------------------
 
-    @app.post("/api/v1/sessions/{session_id}/sampling-sessions")
+    @app.post("/api/v1/sessions/{session_id}/sampling-sessions", openapi_extra=described_body(SAMPLER_BODY))
     async def create_sampling_session(session_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await run_in_threadpool(sampling.create_session, who, session_id, await json_body(request))
 
@@ -261,11 +274,11 @@ def create_app(state: ServiceState) -> FastAPI:
     def delete_sampling_session(sampler_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return sampling.delete_session(who, sampler_id)
 
-    @app.post("/api/v1/sampling-sessions/{sampler_id}/samples")
+    @app.post("/api/v1/sampling-sessions/{sampler_id}/samples", openapi_extra=described_body({"prompt": OBJECT, "num_samples": INTEGER, "sampling_params": OBJECT}))
     async def sample(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(sampling.sample, who, sampler_id, await json_body(request))
 
-    @app.post("/api/v1/sampling-sessions/{sampler_id}/logprobs")
+    @app.post("/api/v1/sampling-sessions/{sampler_id}/logprobs", openapi_extra=described_body({"prompt": OBJECT}))
     async def logprobs(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(sampling.logprobs, who, sampler_id, await json_body(request))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.errors import BadRequest
 
 __all__ = ["flag", "number", "obj", "optional_int", "optional_str", "required_int", "required_str"]
@@ -31,6 +32,8 @@ def optional_int(body: Mapping[str, Any], key: str, where: str = "body", minimum
         raise BadRequest(f"{where}.{key} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise BadRequest(f"{where}.{key} must be at least {minimum}, got {value}")
+    if not -SQL_INT_MAX - 1 <= value <= SQL_INT_MAX:
+        raise BadRequest(f"{where}.{key} must fit a signed 64-bit integer (at most {SQL_INT_MAX}), got {value}")
     return value
 
 

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from nexrl_core.openapi import OBJECT, json_body
 from nexrl_episodes.book import EpisodeBook, EpisodeError
 from nexrl_episodes.openai_api import OpenAIEndpoints
 
@@ -97,7 +98,7 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/claim_episode")
+    @app.post("/claim_episode", openapi_extra=json_body({"client_id": {"type": "string"}, "wait_s": {"type": "number"}}, optional=True))
     async def claim_episode(request: Request) -> dict[str, Any]:
         check_worker_key(request)
         body = await json_object(request)
@@ -133,7 +134,12 @@ def create_app(
             "claim_timeout_s": book.claim_timeout_s,
         }
 
-    @app.post("/end_episode")
+    @app.post(
+        "/end_episode",
+        openapi_extra=json_body(
+            {"episode_id": {"type": "string"}, "reward": {"type": "number"}, "metadata": OBJECT}, required=("episode_id", "reward")
+        ),
+    )
     async def end_episode(request: Request) -> dict[str, Any]:
         body = await json_object(request)
         episode_id = body.get("episode_id")
@@ -144,7 +150,7 @@ def create_app(
         duplicate = book.end(bearer(request), episode_id, body["reward"], body.get("metadata"))
         return {"episode_id": episode_id, "ended": True, "duplicate": duplicate}
 
-    @app.post("/abort_episode")
+    @app.post("/abort_episode", openapi_extra=json_body({"reason": {"type": "string"}}, optional=True))
     async def abort_episode(request: Request) -> dict[str, Any]:
         body = await json_object(request)
         book.abort(bearer(request), optional_string(body, "reason") or "")
@@ -164,7 +170,7 @@ def create_app(
             "running": book.running(),
         }
 
-    @app.post("/sync_train_config")
+    @app.post("/sync_train_config", openapi_extra=json_body(optional=True))
     async def sync_train_config(request: Request) -> dict[str, Any]:
         """The run's settings a client should follow; the training run owns them, so a
         client cannot overwrite them (a body is refused rather than ignored)."""

@@ -141,13 +141,19 @@ class OpenAIEndpoints:
         self.executor = executor
 
     def add_routes(self, app: FastAPI) -> None:
+        from nexrl_core.openapi import OBJECT, json_body
         from nexrl_episodes.app import bearer, json_object
 
         @app.get("/episodes/{episode_id}/v1/models")
         async def models(episode_id: str) -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.book.model, "object": "model", "owned_by": "nexrl"}]}
 
-        @app.post("/episodes/{episode_id}/v1/chat/completions")
+        chat_body = json_body({"messages": {"type": "array", "items": OBJECT}, "max_tokens": {"type": "integer"}, "n": {"type": "integer"},
+                               "temperature": {"type": "number"}, "top_p": {"type": "number"}, "tools": {"type": "array"}}, required=("messages",))
+        completion_body = json_body({"prompt": {"type": "string"}, "max_tokens": {"type": "integer"}, "n": {"type": "integer"},
+                                     "temperature": {"type": "number"}, "top_p": {"type": "number"}}, required=("prompt",))
+
+        @app.post("/episodes/{episode_id}/v1/chat/completions", openapi_extra=chat_body)
         async def chat_completions(episode_id: str, request: Request) -> dict[str, Any]:
             episode, attempt, first = self.book.start_call(bearer(request), episode_id)
             try:
@@ -155,7 +161,7 @@ class OpenAIEndpoints:
             finally:
                 self.book.end_call(episode)
 
-        @app.post("/episodes/{episode_id}/v1/completions")
+        @app.post("/episodes/{episode_id}/v1/completions", openapi_extra=completion_body)
         async def completions(episode_id: str, request: Request) -> dict[str, Any]:
             episode, attempt, first = self.book.start_call(bearer(request), episode_id)
             try:

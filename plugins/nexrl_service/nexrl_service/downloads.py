@@ -76,7 +76,8 @@ class SignedDownloads:
         :raises Forbidden: for a signature that does not match, or an expired URL.
         :raises NotFound: for a file that no longer exists (its checkpoint was deleted).
         """
-        if not hmac.compare_digest(self._signature(relative, expires), signature):
+        # Compared as bytes: compare_digest refuses a str with non-ASCII characters.
+        if not hmac.compare_digest(self._signature(relative, expires).encode(), signature.encode("utf-8", "surrogatepass")):
             raise Forbidden("invalid download signature: ask the service for new URLs")
         if (time.time() if now is None else now) > expires:
             raise Forbidden(f"this download URL expired at unix time {expires}: ask the service for new URLs")
@@ -92,6 +93,13 @@ def add_download_route(app: Any, downloads: SignedDownloads) -> None:
     from fastapi import Query
     from fastapi.responses import FileResponse
 
-    @app.get(DOWNLOAD_ROUTE + "/{relative:path}")
-    async def download(relative: str, expires: int = Query(...), signature: str = Query(...)) -> FileResponse:
+    # The response class is named in the decorator, not in a return annotation: this
+    # module's annotations are strings, and FastAPI resolves them in the module's globals
+    # when it builds the OpenAPI schema, where a name imported here is not.
+    @app.get(
+        DOWNLOAD_ROUTE + "/{relative:path}",
+        response_class=FileResponse,
+        responses={200: {"content": {"application/octet-stream": {}}, "description": "the file"}},
+    )
+    async def download(relative: str, expires: int = Query(...), signature: str = Query(...)) -> Any:
         return FileResponse(downloads.resolve(relative, expires, signature), media_type="application/octet-stream")
