@@ -167,7 +167,7 @@ def create_app(state: ServiceState) -> FastAPI:
         sessions.heartbeat(who, session_id)
         return Response(status_code=204)
 
-    @app.post("/api/v1/sessions/{session_id}/metrics")
+    @app.post("/api/v1/sessions/{session_id}/metrics", responses={501: {"description": "not supported here: the run's files hold its metrics"}})
     async def log_metrics(session_id: str, who: str = Depends(owner)) -> JSONResponse:
         """Not kept here (NexRL writes its metrics to the run directory): refused, not dropped."""
         await run_in_threadpool(state.own_session, who, session_id)
