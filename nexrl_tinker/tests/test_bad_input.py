@@ -28,8 +28,15 @@ def model_id(service_client) -> str:
 
 
 def detail(response: httpx.Response, status: int) -> str:
+    """The refusal's words: ``detail``, or for a 422 ``message`` (its ``detail`` is the
+    list of errors FastAPI's schema promises)."""
     assert response.status_code == status, response.text
-    message = response.json()["detail"]
+    body = response.json()
+    if status == 422:
+        assert isinstance(body["detail"], list) and body["detail"]
+        message = body["message"]
+    else:
+        message = body["detail"]
     assert isinstance(message, str) and message
     return message
 
