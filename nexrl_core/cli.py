@@ -91,6 +91,14 @@ def plugins(as_json: bool) -> None:
     type=click.IntRange(min=1),
     help="With --workers: most training models (worker groups) at once; one more is refused.",
 )
+@click.option(
+    "--worker-save-every",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --workers: save a model's whole training state every N optimizer steps; the calls in between are "
+    "journaled and replayed after a restart (larger: less writing per step, longer restarts).",
+)
 def serve(
     name: str,
     host: str,
@@ -102,6 +110,7 @@ def serve(
     data_dir: str | None,
     workers: int,
     max_worker_groups: int,
+    worker_save_every: int,
 ) -> None:
     """Run the service a plugin registers as NAME (e.g. `tinker`) until Ctrl-C."""
     try:
@@ -118,6 +127,7 @@ def serve(
         data_dir=data_dir,
         workers=workers,
         max_worker_groups=max_worker_groups,
+        worker_save_every=worker_save_every,
     )
     try:
         spec.build(options).serve_forever()

@@ -41,6 +41,9 @@ class ServeOptions:
     gives each training model its own worker group of N processes (torchrun, FSDP)."""
     max_worker_groups: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     """With ``workers``: most worker groups (training models) at once; one more is refused."""
+    worker_save_every: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    """With ``workers``: a group saves its model's whole training state every this many
+    optimizer steps and journals the calls in between, which a restart replays."""
     separate_process: bool = False
     """Ask `Service.start` to serve from a child process instead of a thread of the caller
     (the embedded service of ``nexrl train`` does, so the server's Python work does not

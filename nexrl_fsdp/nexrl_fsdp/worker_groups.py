@@ -21,6 +21,13 @@ service's autosave folder, or a save or load the client asked for), replays the 
 that changed the model since then (forward_backward and optim_step, kept in memory), and
 runs the call in flight again. Nothing the client was answered is lost, and the call in
 flight only takes longer. ``max_restarts`` bounds the restarts one call may cause.
+
+A service killed as a whole loses that memory, so a service's group also writes each of
+those calls to a journal (`nexrl_fsdp.group_journal`) before answering it, and a
+restarted service rebuilds the model with `recover`: the restart point, then the
+journal. Saving the whole training state after every optimizer step would do the same
+at the cost of writing the weights and both Adam moments each step (0.35 s a step for a
+50M model on a 2-core CPU, a third of its step); a journal entry is a step's datums.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.transport import OpRefused, WorkerGroupError, WorkerGroupLost
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_fsdp.engine import Engine, adam_settings
+from nexrl_fsdp.group_journal import GroupJournal, ReplayCall
 from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, check_datums
 from nexrl_fsdp.config import TrainingSpec
 from nexrl_fsdp.types import Datum, DatumOutput, ForwardResult, OptimStepResult
@@ -76,10 +84,10 @@ class GroupSettings:
     heartbeat_s: float = 5.0
     dead_after_s: float = 15.0
     """A group whose ranks stop beating this long is dead, and restarted."""
-    save_every: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    save_every: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     """Save the model's state (with the optimizer) every this many optimizer steps, as
     its restart point; the calls since are replayed after a restart, so a larger value
-    saves less often but keeps more steps' data in memory and replays more."""
+    saves less often but keeps more steps' data and replays more."""
     max_restarts: int = attrs.field(default=3, validator=attrs.validators.ge(0))
     """Restarts one call may cause before it fails (the group keeps dying)."""
 
@@ -104,8 +112,9 @@ class GroupHooks:
     """What the owner of a group engine (a service) keeps of its restarts."""
 
     autosave_dir: Path | None = None
-    """Where the engine saves its restart points (two alternating folders below it);
-    None saves none: a restart then goes back to the last save or load the client asked for."""
+    """Where the engine saves its restart points (two alternating folders below it) and
+    its journal; None saves none: a restart then goes back to the last save or load the
+    client asked for, and a killed owner loses the calls since."""
     on_saved: Callable[[Path], None] = lambda path: None
     """Called with each restart point the engine saved itself."""
     on_restart: Callable[[GroupRestart], None] = lambda restart: None
@@ -115,16 +124,6 @@ class GroupHooks:
 class _RestartPoint:
     path: Path
     with_optimizer: bool
-
-
-@attrs.frozen
-class _Replay:
-    """A call that changed the model since the restart point: replayed after a restart."""
-
-    op: str
-    """``forward_backward`` or ``optim_step``."""
-    datums: Mapping[str, Any] | None = None
-    options: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def _identifier(model_id: str) -> str:
@@ -161,8 +160,9 @@ class WorkerGroupEngine:
         self._lock = threading.Lock()
         self._losses: dict[str, LossFn] = {}
         self._restart_point: _RestartPoint | None = None
-        self._since_restart_point: list[_Replay] = []
+        self._since_restart_point: list[ReplayCall] = []
         self._steps_since_save = 0
+        self._journal = GroupJournal(self.hooks.autosave_dir / "journal") if self.hooks.autosave_dir is not None else None
         self._lost: WorkerGroupLost | None = None
         self.restarts = 0
         """Restarts of this model's group so far."""
@@ -216,7 +216,7 @@ class WorkerGroupEngine:
             "max_tokens_per_microbatch": self.config.max_tokens_per_microbatch,
         }
         tensors = datum_tensors(checked)
-        replay = _Replay("forward_backward", tensors, options) if backward else None
+        replay = ReplayCall("forward_backward", tensors, options) if backward else None
         reply = self._call(lambda: self.group.transport.forward(tensors, options), replay)
         values = reply.tensors["logprobs"].tolist()
         outputs, start = [], 0
@@ -230,7 +230,7 @@ class WorkerGroupEngine:
     def optim_step(self, adam_params: AdamWSettings | Mapping[str, Any] | None = None, **overrides: float) -> OptimStepResult:
         """One AdamW step on the accumulated gradients, then zero them (as `Engine.optim_step`)."""
         settings = adam_settings(adam_params, **overrides).to_json()
-        result = self._call(lambda: self.group.transport.optim_step(settings), _Replay("optim_step", options=settings))
+        result = self._call(lambda: self.group.transport.optim_step(settings), ReplayCall("optim_step", options=settings))
         return OptimStepResult(
             grad_norm=float(result["grad_norm"]),
             learning_rate=float(result["learning_rate"]),
@@ -284,7 +284,7 @@ class WorkerGroupEngine:
 
     # --- healing ------------------------------------------------------------------------------
 
-    def _call(self, op: Callable[[], T], replay: _Replay | None = None, restart_point: _RestartPoint | None = None) -> T:
+    def _call(self, op: Callable[[], T], replay: ReplayCall | None = None, restart_point: _RestartPoint | None = None) -> T:
         """Run ``op`` on the group, one call at a time; a lost group is restarted (up to
         ``max_restarts`` times for this call) and ``op`` run again on the new one. Once
         it succeeds, a call that changed the model is remembered for replay (an optimizer
@@ -315,6 +315,8 @@ class WorkerGroupEngine:
             if restart_point is not None:
                 self._set_restart_point(restart_point)
             if replay is not None:
+                if self._journal is not None:
+                    self._journal.append(replay)
                 self._since_restart_point.append(replay)
                 if replay.op == "optim_step":
                     self._steps_since_save += 1
@@ -339,13 +341,7 @@ class WorkerGroupEngine:
         self.group.stop()
         self.group = self._start_group()
         point = self._restart_point
-        if point is not None:
-            self.group.transport.load_state(str(point.path), point.with_optimizer)
-        for call in self._since_restart_point:
-            if call.op == "forward_backward":
-                self.group.transport.forward(call.datums or {}, call.options)
-            else:
-                self.group.transport.optim_step(call.options)
+        self._load(point, self._since_restart_point)
         self._lost = None
         self.restarts += 1
         restart = GroupRestart(
@@ -360,6 +356,29 @@ class WorkerGroupEngine:
             self.model_id, restart.seconds, restart.restored_from or "its initial weights", restart.replayed,
         )
         self.hooks.on_restart(restart)
+
+    def _load(self, point: _RestartPoint | None, calls: Sequence[ReplayCall]) -> None:
+        """Bring the group to ``point`` (its initial weights if None), then replay ``calls``."""
+        if point is not None:
+            self.group.transport.load_state(str(point.path), point.with_optimizer)
+        for call in calls:
+            if call.op == "forward_backward":
+                self.group.transport.forward(call.datums or {}, call.options)
+            else:
+                self.group.transport.optim_step(call.options)
+
+    def recover(self, path: str | Path | None, with_optimizer: bool = True) -> int:
+        """Rebuild the model as its client last saw it, after its owner was restarted: load
+        the restart point at ``path`` (None: the initial weights the group started with),
+        then replay the calls journaled after it. Returns how many were replayed."""
+        point = _RestartPoint(Path(path), with_optimizer) if path is not None else None
+        calls = self._journal.resume(point.path if point is not None else None) if self._journal is not None else []
+        self._call(lambda: self._load(point, calls))
+        with self._lock:
+            self._restart_point = point
+            self._since_restart_point = list(calls)
+            self._steps_since_save = sum(call.op == "optim_step" for call in calls)
+        return len(calls)
 
     def _autosave(self, root: Path) -> None:
         """Save the restart point into whichever of ``root``'s two folders is not the
@@ -383,6 +402,8 @@ class WorkerGroupEngine:
         self.hooks.on_saved(target)
 
     def _set_restart_point(self, point: _RestartPoint) -> None:
+        if self._journal is not None:
+            self._journal.start(point.path)
         self._restart_point = point
         self._since_restart_point = []
         self._steps_since_save = 0

@@ -4,7 +4,7 @@ client a slower call, never a step.
 The unmodified tinker SDK trains two full fine-tuning models on ``--workers 2`` groups of
 one service: one undisturbed, and one whose rank 1 is killed between an acknowledged
 forward_backward and the optimizer step that follows it. The group is restarted from the
-model's last restart point (saved after each optimizer step), the acknowledged
+model's last restart point (saved after every second optimizer step), the acknowledged
 forward_backward is replayed, the optimizer step in flight completes, and every later
 step's loss equals the undisturbed model's: the curve goes on, it does not restart from
 the base model or drop a gradient. The store records the restart.
@@ -33,8 +33,11 @@ ADAM = types.AdamParams(learning_rate=5e-4)
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Groups of two ranks that beat every 0.5 s and count as lost after 3 s of silence."""
-    svc = start_service(tmp_path_factory.mktemp("healing"), workers=2, worker_heartbeat_s=0.5, worker_dead_after_s=3.0)
+    """Groups of two ranks that beat every 0.5 s, count as lost after 3 s of silence and
+    save their state every second optimizer step."""
+    svc = start_service(
+        tmp_path_factory.mktemp("healing"), workers=2, worker_heartbeat_s=0.5, worker_dead_after_s=3.0, worker_save_every=2
+    )
     try:
         yield svc
     finally:

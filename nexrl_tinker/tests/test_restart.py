@@ -19,6 +19,9 @@ import tinker
 from nexrl_tinker.testing import BASE_MODEL, free_port, wait_healthy
 from tinker import types
 
+GROUP_SAVE_EVERY = 2
+"""A group model's whole state is saved every this many optimizer steps; the steps in
+between come back from its journal."""
 
 class ServerProcess:
     """``nexrl serve tinker`` in a subprocess, restartable on the same port and database."""
@@ -124,8 +127,11 @@ def test_kill_9_and_restart(server: ServerProcess) -> None:
 
 @pytest.fixture
 def group_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """The service training each model on its own worker group of one rank."""
-    proc = ServerProcess(tmp_path, f"sqlite:///{tmp_path / 'tinker.db'}", extra=("--workers", "1"))
+    """The service training each model on its own worker group of one rank, saving its
+    whole state every second optimizer step."""
+    proc = ServerProcess(
+        tmp_path, f"sqlite:///{tmp_path / 'tinker.db'}", extra=("--workers", "1", "--worker-save-every", str(GROUP_SAVE_EVERY))
+    )
     proc.start()
     try:
         yield proc
@@ -135,8 +141,9 @@ def group_server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 @pytest.mark.slow
 def test_kill_9_of_a_service_on_worker_groups_keeps_every_answered_optimizer_step(group_server: ServerProcess) -> None:
-    """The client never saved: the group saved a restart point after each optimizer
-    step, and the restarted service rebuilds the model's group from the last one."""
+    """The client never saved: the group saved its state after the second optimizer step
+    and journaled the third step's calls; the restarted service rebuilds the model's
+    group from that state and the journal."""
     small = [datum([19, 20, 13, 21, 22, 31, 22, 24, 5, 7])]
     client = tinker.ServiceClient(base_url=group_server.url)
     training = client.create_lora_training_client(base_model=BASE_MODEL, rank=0).result(timeout=300)

@@ -82,8 +82,9 @@ class ServerSettings:
     """A group whose ranks stop beating this long is lost and restarted (`nexrl_fsdp.worker_groups`)."""
     worker_op_timeout_s: float = 600.0
     """A group op running longer is taken for a hung group and restarted."""
-    worker_save_every: int = 1
-    """A group model saves its restart point every this many optimizer steps."""
+    worker_save_every: int = 10
+    """A group model saves its restart point every this many optimizer steps and journals
+    the calls in between (`nexrl_fsdp.group_journal`)."""
     worker_max_restarts: int = 3
     """Restarts of a model's group one request may cause before it fails."""
     sampler_cache_size: int = 4
@@ -113,6 +114,7 @@ class ServerSettings:
             "api_key": options.api_key or None,
             "workers": options.workers,
             "max_worker_groups": options.max_worker_groups,
+            "worker_save_every": options.worker_save_every,
         }
         if options.workers:
             # A compute thread waits on each group's calls; one more samples.

@@ -15,10 +15,11 @@ decode requests into engine records before and encode results after.
 
 Engines are built lazily: when the model is created, or on first use after a
 restart from the model's last saved (or loaded) training state. A model on a worker
-group saves that state itself after each optimizer step (``worker_save_every``), so a
-restarted service loses only the gradients accumulated since the last step; a model in
-this process loses the steps taken since its client last saved, which the log says. A
-group that loses a rank restarts itself without losing anything (`nexrl_fsdp.worker_groups`).
+group saves that state itself every ``worker_save_every`` optimizer steps and journals
+the calls that change it in between, so a restarted service rebuilds it as its client
+last saw it; a model in this process loses the steps taken since its client last saved,
+which the log says. A group that loses a rank restarts itself without losing anything
+(`nexrl_fsdp.worker_groups`).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ class TrainingOps:
         """The model's engine; after a restart, rebuilt from its last saved state."""
 
         def build() -> Any:
+            from nexrl_fsdp.worker_groups import WorkerGroupEngine
+
             model = self.state.store.get_model(model_id)
             if model is None:
                 raise RequestFailed(f"model {model_id!r} no longer exists", "user")
@@ -119,13 +122,19 @@ class TrainingOps:
                 engine = self._new_engine(model_id, training_spec_of(model))
             except TooManyRequests as exc:
                 raise RequestFailed(f"model {model_id!r} cannot be loaded again: {exc.message}", "user") from None
-            if model.state_dir:
-                if not Path(model.state_dir).is_dir():
-                    raise RequestFailed(
-                        f"model {model_id!r} has to be rebuilt but its last saved state {model.state_dir} was deleted; "
-                        f"create a training client from a checkpoint instead",
-                        "user",
-                    )
+            if model.state_dir and not Path(model.state_dir).is_dir():
+                raise RequestFailed(
+                    f"model {model_id!r} has to be rebuilt but its last saved state {model.state_dir} was deleted; "
+                    f"create a training client from a checkpoint instead",
+                    "user",
+                )
+            if isinstance(engine, WorkerGroupEngine):
+                replayed = engine.recover(model.state_dir or None, with_optimizer=model.state_has_optimizer)
+                log.warning(
+                    "rebuilt the worker group of %s from %s and the %d calls journaled after it",
+                    model_id, model.state_dir or "its initial weights", replayed,
+                )
+            elif model.state_dir:
                 engine.load_state(model.state_dir, load_optimizer=model.state_has_optimizer)
                 log.warning("rebuilt the engine of %s from its last saved state %s", model_id, model.state_dir)
             elif model.status == "ready":
