@@ -153,6 +153,7 @@ def nexrl_step_metrics(metrics_path: Path) -> dict[str, Any]:
             for part in STEP_PARTS
         },
         "train_reward": [float(row["reward/mean"]) for row in steps if "reward/mean" in row],
+        "datums_trained": sum(float(row.get("datums/trained", 0.0)) for row in steps),
         "inloop_val": {int(row["step"]): float(row["val/reward/mean"]) for row in rows if "val/reward/mean" in row},
     }
 

@@ -303,7 +303,10 @@ def peer_verdicts(size: str, sides: list[str], results: dict) -> list[str]:
             continue
         mine, theirs = _seconds(results[side], what), _seconds(results[peer], what)
         measured = ratio(mine, theirs)
-        verdict = "NOT MEASURED" if measured is None else ("PASS" if measured <= limit else "FAIL")
+        if what != "step" and results[peer].get("datums_trained") == 0:
+            verdict = f"NOT COMPARABLE ({peer} trained no datum: every group's rewards were equal, so it skips the update)"
+        else:
+            verdict = "NOT MEASURED" if measured is None else ("PASS" if measured <= limit else "FAIL")
         label = "s/step" if what == "step" else f"{what} s"
         verdicts.append(
             f"{size} {side}: {label} {fmt(mine, 2)} vs {peer} {fmt(theirs, 2)}: {verdict} ({fmt(measured, 2)}x, target <= {limit}x)"
