@@ -19,7 +19,7 @@ a step's run requests into trajectories with rewards, sampling through that
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -101,6 +101,24 @@ class Backend(Protocol):
         ...
 
 
+class WatchedBackend(Backend, Protocol):
+    """A backend that can tell when a part it started died (a sampler process, an embedded
+    service). Such a death reaches the loop as whatever error the next call meets (a refused
+    connection in an agent's sampling call, say); the loop asks `lost` about any error a
+    step ends with and treats the step as a `BackendLost` when it names a reason."""
+
+    def lost(self) -> str | None:
+        """Why a part this backend started is gone, naming it and the end of its log;
+        None while every part is up."""
+        ...
+
+
+def backend_lost_reason(backend: Backend) -> str | None:
+    """`WatchedBackend.lost` of a backend that watches its parts; None for one that does not."""
+    watch = getattr(backend, "lost", None)
+    return watch() if watch is not None else None
+
+
 class RestartableBackend(Backend, Protocol):
     """A backend that heals after raising `BackendLost` (the loop looks for `restart`)."""
 
@@ -151,3 +169,7 @@ class RolloutSetup:
     """The task's agent function (None when the task has none: runs are driven from elsewhere)."""
     work_dir: Path
     """``<output.dir>/rollout``: files the source keeps across ``--resume``."""
+    backend_lost: Callable[[], str | None] = lambda: None
+    """Why a part of the backend died, if one did (`backend_lost_reason`): an agent run
+    that fails meanwhile failed because of it, not of the agent, and is logged without
+    its traceback."""

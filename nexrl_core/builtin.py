@@ -26,6 +26,7 @@ def open_thread_runner(setup: RolloutSetup) -> object:
         concurrency=rollout.runs_in_flight(),
         defaults=SamplingDefaults(max_tokens=rollout.max_tokens, temperature=rollout.temperature, top_p=rollout.top_p),
         model=setup.recipe.model.name or "nexrl-policy",
+        backend_lost=setup.backend_lost,
     )
 
 

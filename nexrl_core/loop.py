@@ -40,7 +40,15 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.backend import CONTEXT_KEY, Backend, BackendLost, BackendSetup, RolloutSetup, RolloutSource
+from nexrl_core.backend import (
+    CONTEXT_KEY,
+    Backend,
+    BackendLost,
+    BackendSetup,
+    RolloutSetup,
+    RolloutSource,
+    backend_lost_reason,
+)
 from nexrl_core.checkpoints import PendingCheckpoints
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
@@ -169,7 +177,14 @@ def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, tas
     spec = _component_spec("rollout_sources", config.rollout.source.name, "rollout.source.name")
     work_dir = out_dir / ROLLOUT_DIR
     work_dir.mkdir(parents=True, exist_ok=True)
-    setup = RolloutSetup(recipe=config, options=options, model=backend.chat_model(), agent=task.agent, work_dir=work_dir)
+    setup = RolloutSetup(
+        recipe=config,
+        options=options,
+        model=backend.chat_model(),
+        agent=task.agent,
+        work_dir=work_dir,
+        backend_lost=lambda: backend_lost_reason(backend),
+    )
     return spec.open(setup)
 
 
@@ -411,6 +426,20 @@ def write_final_model(backend: Backend, out_dir: Path) -> tuple[Path | None, str
     return None, reason
 
 
+def _as_lost(backend: Backend, error: Exception) -> BackendLost | None:
+    """``error`` as the loss of part of the backend, or None when it is not one: a
+    `BackendLost`, or any error met while the backend says a part it started died
+    (`WatchedBackend.lost`)."""
+    if isinstance(error, BackendLost):
+        return error
+    reason = backend_lost_reason(backend)
+    if reason is None:
+        return None
+    lost = BackendLost(reason)
+    lost.__cause__ = error
+    return lost
+
+
 def _restart(backend: Backend, loop: TrainingLoop, out_dir: Path, lost: BackendLost, restarts: int) -> RunState | None:
     """Restart a lost backend from the last complete checkpoint; returns the run state
     to go on from (None: from the start, when no checkpoint was complete yet).
@@ -553,7 +582,10 @@ def run_training(
             try:
                 loop.run()
                 break
-            except BackendLost as lost:
+            except Exception as error:
+                lost = _as_lost(backend, error)
+                if lost is None:
+                    raise
                 restarts += 1
                 state = _restart(backend, loop, out_dir, lost, restarts)
                 _close_quietly("progress display", display.close)

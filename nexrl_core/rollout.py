@@ -30,7 +30,7 @@ import numbers
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, Union
 
 import attrs
@@ -551,8 +551,12 @@ class RolloutRunner:
         concurrency: int,
         defaults: SamplingDefaults,
         model: str = "nexrl-policy",
+        backend_lost: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """:param backend_lost: why a part of the backend died, if one did; runs failing
+            meanwhile are logged in one line each (the failure is not the agent's)."""
         self._chat_model = chat_model
+        self._backend_lost = backend_lost
         self._agent = agent
         self._defaults = defaults
         self._model = model
@@ -612,7 +616,10 @@ class RolloutRunner:
         where = (
             f"{'validation' if request.is_val else 'step'} {request.step}, task {request.task_id}, run {request.run_id}"
         )
-        if count <= _LOGGED_TRACEBACKS:
+        lost = self._backend_lost()
+        if lost is not None:
+            logger.warning("agent run failed (%s) because %s: %s: %s", where, lost, type(error).__name__, error)
+        elif count <= _LOGGED_TRACEBACKS:
             logger.warning(
                 "agent run failed (%s):\n%s",
                 where,

@@ -62,6 +62,11 @@ class Service(Protocol):
         """Stop serving and release everything (threads, child processes, sockets, database handles)."""
         ...
 
+    def failure(self) -> str | None:
+        """Why a started service stopped serving on its own (its process or thread died),
+        in one line naming its log; None while it serves, before `start` and after `stop`."""
+        ...
+
     def serve_forever(self) -> None:
         """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
         ...

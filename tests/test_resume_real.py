@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,41 +103,58 @@ def test_resume_after_a_hard_kill_restores_the_trainer_state(tmp_path: Path) -> 
     assert [got[step]["kl/coef"] for step in range(1, STEPS + 1)] == pytest.approx(coefs, rel=1e-3)
 
 
-def rank_pids(marker: str) -> list[int]:
-    """The worker ranks (not torchrun) among the processes carrying ``marker``."""
-    ranks = []
+def _processes_running(marker: str, module: bytes) -> list[int]:
+    """The processes carrying ``marker`` that run ``python -m module`` (not a launcher of it)."""
+    found = []
     for pid in processes_with(marker):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"nexrl_fsdp.worker" in cmdline and b"torch.distributed.run" not in cmdline:
-            ranks.append(pid)
-    return sorted(ranks)
+        if module in cmdline and b"torch.distributed.run" not in cmdline:
+            found.append(pid)
+    return sorted(found)
+
+
+def last_rank(marker: str) -> int:
+    ranks = _processes_running(marker, b"nexrl_fsdp.worker")
+    assert len(ranks) == 2, ranks
+    return ranks[-1]
+
+
+def sampler_process(marker: str) -> int:
+    (pid,) = _processes_running(marker, b"nexrl_fsdp.selfhosted.sampler_server")
+    return pid
+
+
+def embedded_service(marker: str) -> int:
+    (pid,) = _processes_running(marker, b"nexrl_service.server")
+    return pid
 
 
 HEALING = ("backend.options.heartbeat_s=0.5", "backend.options.dead_after_s=3")
 """Notice a dead rank within seconds (results do not depend on it)."""
 
 
-def run_and_kill_a_rank(out_dir: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Run the self-hosted quickstart; once step CHECKPOINT + 1 is logged, SIGKILL one
-    worker rank; returns the finished run and the marker of its processes."""
+def run_and_kill(
+    out_dir: Path, backend: str, victim: Callable[[str], int], *extra: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the quickstart on ``backend``; once step CHECKPOINT + 1 is logged, SIGKILL the
+    process ``victim`` picks among the run's; returns the finished run and the marker of
+    its processes."""
     marker = f"NEXRL_TEST_RUN={uuid.uuid4().hex}"
     name, _, value = marker.partition("=")
     process = subprocess.Popen(
-        command(out_dir, "self-hosted", *HEALING, *extra),
+        command(out_dir, backend, *extra),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, name: value},
     )
     try:
         deadline = time.monotonic() + 300
         while CHECKPOINT + 1 not in (training_rows(out_dir) if (out_dir / "metrics.jsonl").exists() else {}):
-            assert process.poll() is None, "the run ended before the rank could be killed"
+            assert process.poll() is None, "the run ended before its process could be killed"
             assert time.monotonic() < deadline, f"no step {CHECKPOINT + 1} within 300 s"
             time.sleep(0.05)
-        ranks = rank_pids(marker)
-        assert len(ranks) == 2, ranks
-        os.kill(ranks[-1], signal.SIGKILL)
+        os.kill(victim(marker), signal.SIGKILL)
         output, _ = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
@@ -145,15 +163,19 @@ def run_and_kill_a_rank(out_dir: Path, *extra: str) -> tuple[subprocess.Complete
     return subprocess.CompletedProcess(process.args, process.returncode, output, ""), marker
 
 
-@pytest.mark.slow
-def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp_path: Path) -> None:
-    straight, healed = tmp_path / "straight", tmp_path / "healed"
-    subprocess.run(command(straight, "self-hosted"), check=True, capture_output=True, timeout=600)
-    done, marker = run_and_kill_a_rank(healed, "backend.options.max_restarts=1")  # the one restart it may make, it makes
+@pytest.fixture(scope="module")
+def uninterrupted_self_hosted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out_dir = tmp_path_factory.mktemp("straight") / "run"
+    subprocess.run(command(out_dir, "self-hosted"), check=True, capture_output=True, timeout=600)
+    return out_dir
+
+
+def assert_healed_once_and_matches(done: subprocess.CompletedProcess[str], marker: str, straight: Path, healed: Path) -> None:
+    """The run finished after one restart, left no process, and every step's numbers
+    equal the uninterrupted run's."""
     assert done.returncode == 0, done.stdout[-4000:]
     assert done.stdout.count("restart 1:") == 1 and "restart 2:" not in done.stdout, done.stdout[-4000:]
     assert not processes_with(marker)
-
     expected, got = training_rows(straight), training_rows(healed)
     assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
@@ -166,8 +188,41 @@ def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp
 
 
 @pytest.mark.slow
+def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(uninterrupted_self_hosted: Path, tmp_path: Path) -> None:
+    healed = tmp_path / "healed"
+    # the one restart it may make, it makes
+    done, marker = run_and_kill(healed, "self-hosted", last_rank, *HEALING, "backend.options.max_restarts=1")
+    assert_healed_once_and_matches(done, marker, uninterrupted_self_hosted, healed)
+
+
+@pytest.mark.slow
+def test_a_killed_sampler_process_is_restarted_and_the_run_matches_an_uninterrupted_one(
+    uninterrupted_self_hosted: Path, tmp_path: Path
+) -> None:
+    """The sampler's death reaches the loop as failed agent runs (their sampling calls
+    meet a dead process); the backend names it, and the loop restarts it."""
+    healed = tmp_path / "healed"
+    done, marker = run_and_kill(healed, "self-hosted", sampler_process, *HEALING)
+    assert "the sampler process" in done.stdout and "is dead" in done.stdout, done.stdout[-4000:]
+    assert_healed_once_and_matches(done, marker, uninterrupted_self_hosted, healed)
+
+
+@pytest.mark.slow
+def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> None:
+    """remote_api cannot restart the service it embeds (its models' state is the
+    service's); it names the dead service and the --resume command, without a traceback."""
+    done, marker = run_and_kill(tmp_path / "run", "remote_api", embedded_service, "backend.options.holder.max_retries=1")
+    assert done.returncode == 1, done.stdout[-4000:]
+    assert "Traceback" not in done.stdout, done.stdout[-4000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
+    assert "died (exit status -9; its output: " in line and "server.log" in line, line
+    assert f"the last checkpoint (step {CHECKPOINT}) is intact; continue with: nexrl train" in done.stdout
+    assert not processes_with(marker)
+
+
+@pytest.mark.slow
 def test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line(tmp_path: Path) -> None:
-    done, marker = run_and_kill_a_rank(tmp_path / "run", "backend.options.max_restarts=0")
+    done, marker = run_and_kill(tmp_path / "run", "self-hosted", last_rank, *HEALING, "backend.options.max_restarts=0")
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]

@@ -199,6 +199,9 @@ class FakeService:
     def stop(self) -> None:
         self.stopped = True
 
+    def failure(self) -> str | None:
+        return None
+
     def serve_forever(self) -> None:
         raise NotImplementedError
 

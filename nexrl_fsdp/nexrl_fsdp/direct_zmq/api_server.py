@@ -328,6 +328,11 @@ class WorkersApiServer:
             self.registry.close()
             self.registry = None
 
+    def failure(self) -> str | None:
+        if self._thread is not None and not self._thread.is_alive():
+            return f"the workers API server at {self.base_url} stopped: its thread exited"
+        return None
+
     def serve_forever(self) -> None:
         server = self._prepare()
         print(f"NexRL workers API serving at {self.base_url}", file=sys.stderr, flush=True)

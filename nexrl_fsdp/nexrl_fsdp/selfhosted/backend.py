@@ -145,11 +145,16 @@ class SelfHostedBackend:
 
     def restart(self) -> bool:
         """Stop the lost group, start a new one at the base weights and give those to the
-        sampler (the loop then loads the last checkpoint); False when ``max_restarts``
-        are spent or the group is not one this backend started (``workers_url``)."""
+        sampler, started anew first if its process died (the loop then loads the last
+        checkpoint into both, so the group restarts even when only the sampler was lost);
+        False when ``max_restarts`` are spent or the group is not one this backend
+        started (``workers_url``)."""
         if self.group is None or self.restarts_left <= 0:
             return False
         self.restarts_left -= 1
+        if self.sampler.death() is not None:
+            self.sampler = self.chat.process = self.sampler.respawn()
+            self.sampler.wait_ready()
         logger.warning("the lost worker group's last output (%s):\n%s", self.group.log_path, self.group.log_tail(2000))
         self.group.stop()
         self.transport, self.group = _connect(self.setup, self.options)
@@ -157,6 +162,10 @@ class SelfHostedBackend:
         self.trainer.load_state(self._initial_trainer_state)
         self.publish()
         return True
+
+    def lost(self) -> str | None:
+        """The sampler process's death (`WatchedBackend`); a lost rank raises `WorkerGroupLost` itself."""
+        return self.sampler.death()
 
     def export_model(self, directory: Path) -> Path:
         """The sampler's weights (the workers' policy as of the last sync) as an HF directory,

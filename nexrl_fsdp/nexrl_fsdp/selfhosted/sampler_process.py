@@ -46,6 +46,7 @@ class SamplerProcess:
 
     def __init__(self, settings: SamplerSettings, log_path: Path, *, extra_env: Mapping[str, str] | None = None) -> None:
         self.settings = settings
+        self._extra_env = dict(extra_env or {})
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._ready_file = self.log_path.with_name(self.log_path.stem + ".ready.json")
@@ -58,7 +59,7 @@ class SamplerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(extra_env or {})},
+            env={**os.environ, **self._extra_env},
             start_new_session=True,
         )
         self.endpoint: str | None = None
@@ -73,6 +74,19 @@ class SamplerProcess:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def death(self) -> str | None:
+        """How the process died, in one line naming its log; None while it runs or once it was stopped."""
+        code = None if self._closed else self.process.poll()
+        if code is None:
+            return None
+        return f"the sampler process (pid {self.pid}) is dead (exit status {code}; its output: {self.log_path})"
+
+    def respawn(self) -> SamplerProcess:
+        """A new process like this one (settings, log, environment), after this one died;
+        it has the base weights until it is given others."""
+        self.stop()
+        return SamplerProcess(self.settings, self.log_path, extra_env=self._extra_env)
 
     def wait_ready(self, timeout_s: float = _START_TIMEOUT_S) -> None:
         """Wait until the process serves (it has loaded the model).
@@ -177,9 +191,6 @@ class SamplerProcess:
         """:raises SamplerError: naming the process and the end of its log, when it is gone."""
         if self._closed:
             raise SamplerError("the sampler process was stopped (the backend is closed)")
-        code = self.process.poll()
-        if code is not None:
-            raise SamplerError(
-                f"the sampler process (pid {self.pid}) is dead (exit status {code}) during a {kind} request; "
-                f"last output ({self.log_path}):\n{self.log_tail()}"
-            )
+        death = self.death()
+        if death is not None:
+            raise SamplerError(f"during a {kind} request, {death}; its last output:\n{self.log_tail()}")

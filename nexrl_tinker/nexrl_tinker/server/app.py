@@ -46,6 +46,7 @@ from nexrl_tinker.server.schemas import (
     SaveWeightsExternalBody,
     SaveWeightsForSamplerBody,
 )
+from nexrl_tinker.server.service import TELEMETRY_ANSWER, TELEMETRY_PATH
 from nexrl_tinker.server.sessions import SessionService
 from nexrl_tinker.server.training import TrainingService
 
@@ -140,9 +141,9 @@ def create_app(state: ServiceState) -> FastAPI:
     def dynamic_config(_owner: str = Depends(owner)) -> dict[str, Any]:
         return DYNAMIC_CONFIG
 
-    @app.post("/api/v1/telemetry")
+    @app.post(TELEMETRY_PATH)
     async def telemetry(_owner: str = Depends(owner)) -> dict[str, Any]:
-        return {"status": "accepted"}
+        return dict(TELEMETRY_ANSWER)
 
     @app.get("/api/v1/get_server_capabilities")
     def capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:

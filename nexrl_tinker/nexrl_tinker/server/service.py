@@ -11,7 +11,11 @@ from typing import Any
 
 from nexrl_service.server import LocalService
 
-__all__ = ["TinkerService"]
+__all__ = ["TELEMETRY_ANSWER", "TELEMETRY_PATH", "TinkerService"]
+
+TELEMETRY_PATH = "/api/v1/telemetry"
+"""Where the tinker SDK posts its telemetry in the background."""
+TELEMETRY_ANSWER = {"status": "accepted"}
 
 
 class TinkerService(LocalService):
@@ -19,6 +23,7 @@ class TinkerService(LocalService):
 
     name = "tinker"
     title = "TinkerCloud"
+    background_answers = {TELEMETRY_PATH: TELEMETRY_ANSWER}
 
     def create_app(self, state: Any) -> Any:
         from nexrl_tinker.server.app import create_app

@@ -94,9 +94,12 @@ class HolderBackend:
         name: str,
         work_dir: Path,
         on_close: Sequence[Callable[[], None]] = (),
+        watch: Callable[[], str | None] = lambda: None,
     ) -> None:
         """:param name: the backend's registered name, for messages.
         :param on_close: called after the holder is closed (stop an embedded service).
+        :param watch: why a part the backend started (an embedded service) died, or None
+            while it serves; the backend's `lost`.
         :raises ConfigError: when the holder cannot honour the trainer's settings.
         """
         self.holder = holder
@@ -104,6 +107,7 @@ class HolderBackend:
         self.name = name
         self.work_dir = work_dir
         self._on_close = list(on_close)
+        self._watch = watch
         refused = holder.refused_options(trainer.train_step)
         if refused:
             raise ConfigError(
@@ -112,6 +116,10 @@ class HolderBackend:
 
     def chat_model(self) -> ChatModel:
         return self.holder
+
+    def lost(self) -> str | None:
+        """`nexrl_core.backend.WatchedBackend.lost`: an embedded service's death."""
+        return self._watch()
 
     def run_info(self) -> Mapping[str, str]:
         return self.holder.run_info()
@@ -160,8 +168,15 @@ class HolderBackend:
             ) from error
 
     def close(self) -> None:
+        """Close the holder, then stop what the backend started. A holder that cannot say
+        goodbye to a service that died is only noted: the run already reported the death."""
         try:
             self.holder.close()
+        except Exception as error:
+            lost = self._watch()
+            if lost is None:
+                raise
+            logger.warning("could not close the %s holder's session (%s): %s", self.name, lost, type(error).__name__)
         finally:
             for close in self._on_close:
                 close()

@@ -150,6 +150,7 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
             name="remote_api",
             work_dir=setup.work_dir,
             on_close=[service.stop] if service is not None else [],
+            watch=service.failure if service is not None else lambda: None,
         )
     except BaseException:
         if holder is not None:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 import attrs
@@ -33,6 +34,7 @@ import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before anything lo
 from nexrl_core.longlived import freeze_long_lived_objects
 from nexrl_core.serving import ServeOptions, ServiceStartError
 from nexrl_service.settings import ServerSettings
+from nexrl_service.tombstone import Tombstone
 
 __all__ = ["LocalService"]
 
@@ -44,6 +46,8 @@ _SETTINGS_ENV = "NEXRL_SERVICE_SETTINGS"
 _LISTEN_FD_ENV = "NEXRL_SERVICE_LISTEN_FD"
 _PARENT_PID_ENV = "NEXRL_PARENT_PID"
 _CHILD_LOG = "server.log"
+_WATCH_INTERVAL_S = 0.5
+"""How often the parent checks that its serving child is alive."""
 _CHILD_START_TIMEOUT_S = 120.0
 _CHILD_STOP_TIMEOUT_S = 15.0
 
@@ -59,6 +63,9 @@ class LocalService:
     name = "service"
     """Short name: default data directory and database, thread names."""
     title = "NexRL service"
+    background_answers: Mapping[str, Mapping[str, Any]] = {}
+    """Route -> answer for what the protocol's clients post in the background (telemetry),
+    which a dead child's `Tombstone` accepts instead of refusing."""
     """How logs and the console name it."""
     health_path = "/api/v1/healthz"
     """A route of the protocol's app that answers 200 once it serves (waited on for a child)."""
@@ -89,6 +96,9 @@ class LocalService:
         self._process: subprocess.Popen[bytes] | None = None
         self._process_log: IO[bytes] | None = None
         self._process_log_start = 0
+        self._child_socket: socket.socket | None = None
+        """The listening socket the child serves on; kept to answer for a dead child."""
+        self._tombstone: Tombstone | None = None
         self.base_url: str | None = None
 
     def create_app(self, state: Any) -> Any:
@@ -241,14 +251,29 @@ class LocalService:
             sock.close()
             self.stop()
             raise
-        sock.close()  # the child holds the listening socket now
+        self._child_socket = sock  # the child accepts on it; kept to answer for the child once it dies
         try:
             self._wait_child_healthy(base_url)
         except BaseException:
             self.stop()
             raise
         log.info("%s serving %s at %s (process %d)", self.title, self.settings.model, base_url, self._process.pid)
+        threading.Thread(target=self._watch_child, args=(self._process,), daemon=True, name=f"{self.name}-watch").start()
         return base_url
+
+    def _watch_child(self, process: subprocess.Popen[bytes]) -> None:
+        """Once the child dies on its own, answer for it (`Tombstone`) so clients stop
+        retrying, and log why once."""
+        while process.poll() is None:
+            time.sleep(_WATCH_INTERVAL_S)
+        sock = self._child_socket
+        if self._process is not process or sock is None:  # stopped on purpose
+            return
+        reason = self.failure() or f"{self.title} stopped"
+        log.error("%s; every request is now refused with 410", reason)
+        self._tombstone = Tombstone(
+            sock, f"{reason}; start it again (a run: nexrl train ... --resume)", accepted=self.background_answers
+        )
 
     def _child_log_tail(self, limit: int = 4000) -> str:
         try:
@@ -291,6 +316,12 @@ class LocalService:
             time.sleep(0.05)
 
     def _stop_child(self) -> None:
+        if self._tombstone is not None:
+            self._tombstone.close()
+            self._tombstone = None
+        if self._child_socket is not None:
+            self._child_socket.close()
+            self._child_socket = None
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.terminate()
@@ -303,6 +334,18 @@ class LocalService:
         if self._process_log is not None:
             self._process_log.close()
             self._process_log = None
+
+    def failure(self) -> str | None:
+        if self._process is not None:
+            code = self._process.poll()
+            if code is not None:
+                return (
+                    f"{self.title} (pid {self._process.pid}) died (exit status {code}; "
+                    f"its output: {self.settings.data_dir / _CHILD_LOG})"
+                )
+        elif self._thread is not None and not self._thread.is_alive():
+            return f"{self.title} stopped serving: its server thread exited"
+        return None
 
     def stop(self) -> None:
         self._stop_child()
