@@ -86,7 +86,9 @@ def test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs(tm
         killer = threading.Timer(1.0, os.kill, args=(pids[1], signal.SIGKILL))
         killer.start()
         started = time.monotonic()
-        with pytest.raises(WorkerGroupError, match=r"worker group 'actor' is dead during update_actor: ranks \[.*1.*\] stopped beating"):
+        # The launcher stops the survivors once rank 1 dies, so under load the watchdog may
+        # notice rank 0's silence first: the error names the ranks it found silent.
+        with pytest.raises(WorkerGroupError, match=r"worker group 'actor' is dead during update_actor: ranks \[[0-9, ]+\] stopped beating"):
             group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 500})
         assert time.monotonic() - started < 30
         torchrun = group.process.pid
