@@ -39,8 +39,8 @@ TEACH = TrainStepConfig(loss_fn="cross_entropy", optimizer=AdamWSettings(learnin
 MAX_LESSONS = 100
 
 
-def reply_datum(holder: ServiceHolder) -> tuple[RemoteDatum, int]:
-    """The tool-use prompt followed by `REPLY`, trained on the reply only; and the reply's length."""
+def reply_datum(holder: ServiceHolder) -> tuple[RemoteDatum, list[int]]:
+    """The tool-use prompt followed by `REPLY`, trained on the reply only; and the reply's tokens."""
     prompt = holder.apply_chat_template(MESSAGES, tools=TOOLS, add_generation_prompt=True, tokenize=True)
     full = holder.apply_chat_template(
         [*MESSAGES, {"role": "assistant", "content": REPLY}], tools=TOOLS, add_generation_prompt=False, tokenize=True
@@ -49,7 +49,7 @@ def reply_datum(holder: ServiceHolder) -> tuple[RemoteDatum, int]:
     mask = [0.0] * (len(prompt) - 1) + [1.0] * (len(full) - len(prompt))
     zeros = [0.0] * (len(full) - 1)
     datum = RemoteDatum(input_tokens=full[:-1], target_tokens=full[1:], sampling_logprobs=zeros, advantages=zeros, loss_mask=mask)
-    return datum, len(full) - len(prompt)
+    return datum, full[len(prompt) :]
 
 
 def sample_with_tools(holder: ServiceHolder, max_tokens: int) -> SampleResult:
@@ -57,15 +57,18 @@ def sample_with_tools(holder: ServiceHolder, max_tokens: int) -> SampleResult:
 
 
 def teach_tool_call(holder: ServiceHolder) -> SampleResult:
-    """Train until the greedy reply to the tool prompt parses as a tool call; returns that reply."""
-    datum, length = reply_datum(holder)
+    """Train until the greedy reply to the tool prompt is the taught reply, token for token,
+    up to its end of turn; returns that reply. (Stopping at the first reply that parses
+    would hand the check a half-learned call, whose arguments depend on float rounding.)"""
+    datum, reply = reply_datum(holder)
     for lesson in range(1, MAX_LESSONS + 1):
         holder.train([datum], TEACH)
         if lesson % 5:
             continue
         holder.update_sampling_weights()
-        result = sample_with_tools(holder, length + 4)
-        if result.tool_calls:
+        result = sample_with_tools(holder, len(reply) + 4)
+        sampled = result.response_tokens
+        if result.finish_reason == "stop" and len(sampled) >= len(reply) - 1 and sampled == reply[: len(sampled)]:
             return result
     pytest.fail(f"no tool call parsed after {MAX_LESSONS} lessons; last reply {result.response_text!r}")
 
