@@ -99,6 +99,9 @@ class LocalService:
         self._child_socket: socket.socket | None = None
         """The listening socket the child serves on; kept to answer for a dead child."""
         self._tombstone: Tombstone | None = None
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Event()
+        """Set by stop(): the watcher ends at once instead of taking the child's end for a death."""
         self.base_url: str | None = None
 
     def create_app(self, state: Any) -> Any:
@@ -258,16 +261,19 @@ class LocalService:
             self.stop()
             raise
         log.info("%s serving %s at %s (process %d)", self.title, self.settings.model, base_url, self._process.pid)
-        threading.Thread(target=self._watch_child, args=(self._process,), daemon=True, name=f"{self.name}-watch").start()
+        self._stopping.clear()
+        self._watcher = threading.Thread(target=self._watch_child, args=(self._process,), daemon=True, name=f"{self.name}-watch")
+        self._watcher.start()
         return base_url
 
     def _watch_child(self, process: subprocess.Popen[bytes]) -> None:
         """Once the child dies on its own, answer for it (`Tombstone`) so clients stop
         retrying, and log why once."""
         while process.poll() is None:
-            time.sleep(_WATCH_INTERVAL_S)
+            if self._stopping.wait(_WATCH_INTERVAL_S):
+                return
         sock = self._child_socket
-        if self._process is not process or sock is None:  # stopped on purpose
+        if self._stopping.is_set() or sock is None:  # stopped on purpose
             return
         reason = self.failure() or f"{self.title} stopped"
         log.error("%s; every request is now refused with 410", reason)
@@ -316,6 +322,10 @@ class LocalService:
             time.sleep(0.05)
 
     def _stop_child(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
         if self._tombstone is not None:
             self._tombstone.close()
             self._tombstone = None
