@@ -56,11 +56,10 @@ from nexrl_fsdp.loss_fns import (
     policy_loss_inputs,
     split_microbatches,
     step_totals,
-    target_logprobs,
 )
 from nexrl_fsdp.optim import AdamW
 from nexrl_fsdp.sampling import make_stop_rule, sample_batch
-from nexrl_fsdp.shared_prefix import plan_prefix_sharing, shared_prefix_logprobs
+from nexrl_fsdp.shared_prefix import chunk_logprobs
 from nexrl_fsdp.types import (
     Datum,
     DatumOutput,
@@ -360,10 +359,7 @@ class Engine:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, T] target logprobs (and entropies) of a collated chunk, sharing common
         prefixes when that saves work (``EngineConfig.share_prefixes``)."""
-        plan = plan_prefix_sharing([datum.input_tokens for datum in chunk]) if self.config.share_prefixes else None
-        if plan is None:
-            return target_logprobs(self.model, batch, with_entropy=with_entropy)
-        return shared_prefix_logprobs(self.model, batch, plan, self.pad_token_id, with_entropy=with_entropy)
+        return chunk_logprobs(self.model, chunk, batch, self.pad_token_id, with_entropy, self.config.share_prefixes)
 
     def _loss_fn(self, name: str, loss_fn_config: Mapping[str, Any] | None) -> LossFn:
         key = json.dumps([name, dict(loss_fn_config or {})], sort_keys=True, default=str)

@@ -11,7 +11,9 @@ logprobs and gradients equal the plain pass up to float rounding.
 
 `plan_prefix_sharing` finds the groups and says whether sharing pays off;
 `shared_prefix_logprobs` returns the same [B, T] target logprobs (and entropies) as
-`nexrl_fsdp.loss_fns.target_logprobs`, so the losses never know the difference.
+`nexrl_fsdp.loss_fns.target_logprobs`, so the losses never know the difference;
+`chunk_logprobs` picks between the two for a collated chunk, and is what the engine and
+the workers call.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any
 import attrs
 import torch
 
-from nexrl_fsdp.loss_fns import PaddedBatch, at_least_float32
+from nexrl_fsdp.loss_fns import CheckedDatum, PaddedBatch, at_least_float32, target_logprobs
 from nexrl_fsdp.sampling import positions_from_mask
 
-__all__ = ["PrefixPlan", "plan_prefix_sharing", "shared_prefix_logprobs"]
+__all__ = ["PrefixPlan", "chunk_logprobs", "plan_prefix_sharing", "shared_prefix_logprobs"]
 
 MIN_SHARED_TOKENS = 2
 """Rows join a group only if they share at least this many leading tokens."""
@@ -175,3 +177,14 @@ def shared_prefix_logprobs(
         assert prefix_entropy is not None and suffix_entropy is not None
         entropy = torch.where(real, torch.where(in_prefix, prefix_entropy, suffix_entropy), zero)
     return logprobs, entropy
+
+
+def chunk_logprobs(
+    model: Any, chunk: Sequence[CheckedDatum], batch: PaddedBatch, pad_id: int, with_entropy: bool = False, share: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, T] target logprobs (and entropies) of ``chunk`` collated as ``batch``, running
+    a prefix its rows share once when ``share`` and the plan says it saves work."""
+    plan = plan_prefix_sharing([datum.input_tokens for datum in chunk]) if share else None
+    if plan is None:
+        return target_logprobs(model, batch, with_entropy=with_entropy)
+    return shared_prefix_logprobs(model, batch, plan, pad_id, with_entropy=with_entropy)

@@ -67,12 +67,15 @@ def engine() -> Engine:
     return Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
 
 
-def _trajectories() -> list[Trajectory]:
-    """Five runs (odd, so one padding row goes to rank 1) of different lengths and advantages."""
+def _trajectories(group_size: int = 1) -> list[Trajectory]:
+    """Five runs (odd, so one padding row goes to rank 1) of different lengths and advantages;
+    with ``group_size`` > 1, runs come in groups that share a 12-token prompt, as GRPO's do."""
     generator = torch.Generator().manual_seed(0)
     runs = []
     for index in range(5):
-        prompt = torch.randint(1, 1000, (3 + index % 2,), generator=generator).tolist()
+        length = 3 + index % 2 if group_size == 1 else 12
+        if index % group_size == 0:
+            prompt = torch.randint(1, 1000, (length,), generator=generator).tolist()
         response = torch.randint(1, 1000, (2 + index,), generator=generator).tolist()
         logprobs = [0.0] * len(prompt) + (-torch.rand(len(response), generator=generator) * 3).tolist()
         runs.append(
@@ -92,15 +95,15 @@ def _trajectories() -> list[Trajectory]:
 ADVANTAGES = [0.7, -1.2, 0.4, 1.5, -0.3]
 
 
-def _batch() -> Batch:
-    batch = Batch.from_trajectories(_trajectories(), pad_token_id=0)
+def _batch(group_size: int = 1) -> Batch:
+    batch = Batch.from_trajectories(_trajectories(group_size), pad_token_id=0)
     batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.tensor(ADVANTAGES)[:, None]
     return batch
 
 
-def _datums() -> list[Datum]:
+def _datums(group_size: int = 1) -> list[Datum]:
     datums = []
-    for trajectory, advantage in zip(_trajectories(), ADVANTAGES):
+    for trajectory, advantage in zip(_trajectories(group_size), ADVANTAGES):
         tokens, mask = trajectory.tokens, trajectory.loss_mask
         datums.append(
             Datum(
@@ -341,6 +344,37 @@ def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: Local
         )
         assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4), f"{rows} rows per pass"
         assert metrics[key] == pytest.approx(reference.metrics[key], rel=1e-4, abs=1e-6), f"{rows} rows per pass"
+
+
+def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: LocalWorkerGroup) -> None:
+    """Rows of one group run their shared prompt once on each rank (`chunk_logprobs`, the
+    engine's prefix sharing, inside FSDP): logprobs, loss and gradient norm equal a
+    plain pass of the engine (which shares nothing) on the same weights."""
+    from nexrl_fsdp.shared_prefix import plan_prefix_sharing
+
+    group_size = 3
+    tokens = [run.tokens for run in _trajectories(group_size)]
+    assert plan_prefix_sharing(tokens[:3]) is not None, "rank 0's rows must be worth sharing, or this checks nothing"
+    engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
+    weights = group.transport.get_weights()
+    with torch.no_grad():
+        for name, parameter in engine.model.named_parameters():
+            parameter.copy_(weights[name])
+    batch = _batch(group_size)
+    expected = torch.zeros_like(batch.tensors["loss_mask"])
+    for row, values in enumerate(engine.compute_logprobs(tokens)):
+        columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()
+        expected[row, columns[1:]] = torch.tensor(values[1:], dtype=torch.float32)
+    torch.testing.assert_close(group.transport.compute_log_prob(batch, micro_batch_rows=8), expected, atol=1e-5, rtol=0)
+    frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
+    reference = engine.forward_backward(_datums(group_size), "importance_sampling", {"agg_mode": "token-mean"})
+    reference_norm = engine.optim_step(frozen).grad_norm
+    metrics = group.transport.update_actor(
+        batch,
+        {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "token-mean"}, "optimizer": frozen.to_json(), "micro_batch_rows": 8},
+    )
+    assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4)
+    assert metrics["loss:mean"] == pytest.approx(reference.metrics["loss:mean"], rel=1e-4)
 
 
 # --- LoRA: the engine's `LoraSettings` on the same group (init_model loads a fresh model) ---

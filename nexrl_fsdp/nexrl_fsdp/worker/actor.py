@@ -1,6 +1,6 @@
 """One rank's share of the policy: the model sharded with FSDP2, its optimizer and its ops.
 
-The math is the engine's: datums from `rows`, `loss_fns.collate` / `target_logprobs` /
+The math is the engine's: datums from `rows`, `loss_fns.collate` / `shared_prefix.chunk_logprobs` /
 `policy_loss_inputs`, the registered loss built by `loss_fns.build_loss_fn`, and the
 engine's `AdamW` (clipping, the skip on a non-finite norm). What is added is the data
 parallelism: every rank runs the same passes on its rows, and each pass's loss is divided
@@ -47,9 +47,9 @@ from nexrl_fsdp.loss_fns import (
     collate,
     policy_loss_inputs,
     step_totals,
-    target_logprobs,
 )
 from nexrl_fsdp.optim import AdamW
+from nexrl_fsdp.shared_prefix import chunk_logprobs
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
 
 __all__ = ["HF_EXPORT_DIR", "ActorOptions", "FsdpActor", "ModelOptions"]
@@ -218,7 +218,7 @@ class FsdpActor:
         with self._scoring_model(reference) as model, torch.no_grad():
             for start in range(0, len(datums), micro_batch_rows):
                 chunk = datums[start : start + micro_batch_rows]
-                logprobs, _ = target_logprobs(model, collate(chunk, self.pad_id, self.device))
+                logprobs, _ = chunk_logprobs(model, chunk, collate(chunk, self.pad_id, self.device), self.pad_id)
                 values.extend(logprobs.detach().to("cpu"))
         return scatter_back(values, columns, tuple(shard["input_ids"].shape))
 
@@ -240,7 +240,7 @@ class FsdpActor:
                 for start in range(0, len(mini), options.micro_batch_rows):
                     chunk = mini[start : start + options.micro_batch_rows]
                     batch = collate(chunk, self.pad_id, self.device)
-                    logprobs, entropy = target_logprobs(self.model, batch, with_entropy=loss.needs_entropy)
+                    logprobs, entropy = chunk_logprobs(self.model, chunk, batch, self.pad_id, loss.needs_entropy)
                     result = loss.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                     (result.loss * self.world_size).backward()
                     metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))

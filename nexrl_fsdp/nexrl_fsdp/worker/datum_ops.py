@@ -7,7 +7,7 @@ loaded in the engine's checkpoint format (so a model's state moves freely betwee
 in-process engine and a group of any size). These are those calls on an `FsdpActor`.
 
 The math is the engine's: `loss_fns.check_datums`, `split_microbatches`, `collate`,
-`target_logprobs`, the registered loss with the whole request's `StepTotals`, and the
+`shared_prefix.chunk_logprobs`, the registered loss with the whole request's `StepTotals`, and the
 engine's `_MetricSum`. The datums are split over the ranks in contiguous parts of about
 equal token counts; every rank runs as many micro-batches as the busiest one (FSDP's
 collectives need every rank in every pass), the others a one-token datum of weight 0,
@@ -43,8 +43,8 @@ from nexrl_fsdp.loss_fns import (
     policy_loss_inputs,
     split_microbatches,
     step_totals,
-    target_logprobs,
 )
+from nexrl_fsdp.shared_prefix import chunk_logprobs
 from nexrl_fsdp.worker.actor import FsdpActor
 
 __all__ = ["ENGINE_OPS", "DatumOps", "ForwardOptions", "rank_shares"]
@@ -192,7 +192,7 @@ class DatumOps:
             for index in range(passes):
                 chunk = [mine[i] for i in groups[index]] if index < len(groups) else [idle]
                 batch = collate(chunk, actor.pad_id, actor.device)
-                values, entropy = target_logprobs(actor.model, batch, with_entropy=loss.needs_entropy)
+                values, entropy = chunk_logprobs(actor.model, chunk, batch, actor.pad_id, loss.needs_entropy)
                 result = loss.loss(policy_loss_inputs(batch, values, entropy, totals))
                 if forward.backward:
                     (result.loss * self.world_size).backward()
