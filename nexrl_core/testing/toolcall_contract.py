@@ -70,7 +70,7 @@ def teach_tool_call(holder: ServiceHolder) -> SampleResult:
         sampled = result.response_tokens
         if result.finish_reason == "stop" and len(sampled) >= len(reply) - 1 and sampled == reply[: len(sampled)]:
             return result
-    pytest.fail(f"no tool call parsed after {MAX_LESSONS} lessons; last reply {result.response_text!r}")
+    pytest.fail(f"the greedy reply was not the taught tool call after {MAX_LESSONS} lessons; last reply {result.response_text!r}")
 
 
 def check_tool_call(result: SampleResult) -> None:
