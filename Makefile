@@ -17,6 +17,11 @@ COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqd
 # The core's run last: its recipe-key walk reads what every earlier run recorded (see
 # nexrl_core/testing/recipe_key_records.py) into one folder per `make test`.
 TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo nexrl_fsdp plugins/nexrl_service nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math plugins/nexrl_sinks examples/nexrl-example-plugin .
+# pytest's verdict is its exit code once the session is over: the process then ends with os._exit,
+# skipping the interpreter's teardown, where the native threads third-party clients leave behind
+# (the tinker SDK's event loop and HTTP runtime, pyarrow's allocator) once aborted a fully green run
+# with "double free or corruption" after pytest had printed its summary.
+RUN_PYTEST := import os, sys, pytest; code = pytest.main(); sys.stdout.flush(); sys.stderr.flush(); os._exit(int(code))
 
 .PHONY: install test mutations demo benchmarks clean
 
@@ -31,7 +36,7 @@ install:
 test:
 	@records=$$(mktemp -d); failed=""; for dir in $(TEST_DIRS); do \
 		echo "=== pytest $$dir"; \
-		(cd $$dir && NEXRL_RECIPE_KEY_RECORDS=$$records $(CURDIR)/$(BIN)/python -m pytest) || failed="$$failed $$dir"; \
+		(cd $$dir && NEXRL_RECIPE_KEY_RECORDS=$$records $(CURDIR)/$(BIN)/python -c '$(RUN_PYTEST)') || failed="$$failed $$dir"; \
 	done; \
 	rm -rf $$records; \
 	if [ -n "$$failed" ]; then echo "tests failed in:$$failed"; exit 1; fi
