@@ -4,7 +4,9 @@ The algorithm is one method. `SelfHostedTrainer._prepare_batch(batch) -> (batch,
 receives the step's rows (sorted, padded to the workers' world size, padding rows
 marked in ``valid_rows``) and returns them with what the loss reads added
 (``advantages``, maybe ``old_logprobs`` recomputed on the workers); the base class
-sends the result to the workers with `nexrl_core.transport.Transport.update_actor`.
+sends the result to the workers with `nexrl_core.transport.Transport.update_actor`,
+less the rows no policy gradient comes from (all-zero advantages), as the remote-API
+trainer sends no such datum.
 A third party writes a new algorithm by subclassing and overriding that method
 (``docs/plugins.md`` shows one); GRPO is nexrl-grpo's ``self_hosted_grpo``.
 
@@ -171,12 +173,41 @@ class SelfHostedTrainer:
             return {"datums/trained": 0.0}
         batch = Batch.from_trajectories(ordered, pad_token_id=self.pad_token_id).pad_to_world_size(self.world_size)
         batch, metrics = self._prepare_batch(batch)
-        result = transport.update_actor(batch, self.update_options())
-        self.trained_since_publish = True
-        metrics.update(readable_train_metrics(result))
-        metrics["datums/trained"] = float(len(ordered))
-        metrics["datums/trained_tokens"] = float(batch.tensors["loss_mask"].sum())
+        batch, skipped = self._rows_worth_training(batch)
+        trained = len(ordered) - skipped
+        metrics.update({"datums/trained": float(trained), "datums/skipped": float(skipped), "datums/trained_tokens": 0.0})
+        if trained:
+            metrics["datums/trained_tokens"] = float(batch.tensors["loss_mask"].sum())
+            metrics.update(readable_train_metrics(transport.update_actor(batch, self.update_options())))
+            self.trained_since_publish = True
         return {key: float(value) for key, value in metrics.items()}
+
+    def _rows_worth_training(self, batch: Batch) -> tuple[Batch, int]:
+        """The prepared batch without the rows no policy gradient comes from, and how many
+        real rows that leaves out: rows whose advantages are all zero (a GRPO group whose
+        runs all scored the same) and rows of fewer than two tokens. The remote-API trainer
+        sends no such datum, so a recipe's step aggregates over the same tokens on every
+        backend, and the workers spend no pass on them.
+
+        A batch without ``advantages`` (an algorithm whose loss reads none) is trained
+        whole; so is one whose rows with a gradient are too few to give every rank
+        `UpdateSettings.mini_batches` rows, as the update needs. When no row is worth
+        training, every real row is left out and the batch is returned unchanged."""
+        tensors = batch.tensors
+        if "advantages" not in tensors:
+            return batch, 0
+        valid = tensors["valid_rows"].bool()
+        worth = valid & (tensors["advantages"] != 0).any(dim=1) & (tensors["attention_mask"].sum(dim=1) >= 2)
+        real, kept = int(valid.sum()), worth.nonzero().flatten().tolist()
+        if not kept:
+            return batch, real
+        if len(kept) == real:
+            return batch, 0
+        trimmed = batch.select(kept).remove_redundant_left_padding().remove_redundant_right_padding()
+        trimmed = trimmed.pad_to_world_size(self.world_size)
+        if trimmed.batch_size // self.world_size < self.update.mini_batches:
+            return batch, 0
+        return trimmed, real - len(kept)
 
     # --- resume -------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""``remote_api_grpo``: registration, advantages, datum conversion and what is sent to the holder."""
+"""``remote_api_grpo``: registration, advantages, datum conversion and what is sent to the holder;
+``self_hosted_grpo``: the same rows sent to the workers."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from collections.abc import Sequence
 import pluggy
 import pytest
 from nexrl_grpo import plugin
-from nexrl_grpo.trainers import RemoteApiGrpoTrainer
+from nexrl_grpo.config import SelfHostedGrpoConfig
+from nexrl_grpo.trainers import RemoteApiGrpoTrainer, SelfHostedGrpoTrainer
 
 from nexrl_core import hookspecs
 from nexrl_core.config import load_config
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.batch import Batch
 from nexrl_core.holders import TrainStepConfig
+from nexrl_core.self_hosted import UpdateSettings
 from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
 from nexrl_remote_api.trainer import RemoteApiTrainerConfig
 
@@ -189,3 +193,73 @@ def test_tinker_style_metric_names_get_plain_aliases() -> None:
     metrics = RemoteApiGrpoTrainer().train(TinkerLike(), [trajectory("a", 0, 1.0), trajectory("a", 1, 0.0)], step=1)
     assert metrics["train/loss"] == 2.0 and metrics["train/loss:sum"] == 6.0
     assert metrics["train/approx_kl"] == 0.5 and metrics["train/clip_fraction"] == 0.25
+
+
+class RecordingTransport:
+    """The workers' side of a step, recorded: each batch `update_actor` was sent."""
+
+    def __init__(self) -> None:
+        self.updates: list[Batch] = []
+
+    def update_actor(self, batch: Batch, options: dict) -> dict[str, float]:
+        self.updates.append(batch)
+        return {"loss": 0.25}
+
+
+def self_hosted_trainer(world_size: int, mini_batches: int = 1) -> tuple[SelfHostedGrpoTrainer, RecordingTransport]:
+    config = SelfHostedGrpoConfig(recompute_old_logprobs=False, update=UpdateSettings(mini_batches=mini_batches))
+    trainer, transport = SelfHostedGrpoTrainer(config), RecordingTransport()
+    trainer.bind(transport, world_size=world_size, pad_token_id=0)  # type: ignore[arg-type]
+    return trainer, transport
+
+
+def rows_sent(batch: Batch) -> list[tuple[list[int], list[float]]]:
+    """Each real row of a batch sent to the workers: its tokens, and the advantage of each
+    token as the prediction of that token from the ones before it."""
+    rows = []
+    for row in batch.tensors["valid_rows"].nonzero().flatten().tolist():
+        attended = batch.tensors["attention_mask"][row].bool()
+        rows.append((batch.tensors["input_ids"][row][attended].tolist(), batch.tensors["advantages"][row][attended].tolist()))
+    return rows
+
+
+MIXED_STEP = [
+    trajectory(group, run, reward, prompt=2 + len(group), index=run)
+    for group, rewards in (("a", (1.0, 0.0, 1.0)), ("bb", (1.0, 1.0, 1.0)), ("ccc", (0.0, 0.5, 0.0)), ("dddd", (0.0, 0.0, 0.0)))
+    for run, reward in enumerate(rewards)
+]
+"""Four groups of three runs, two of them uniform (nothing to learn from), prompts of different lengths."""
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_the_workers_train_the_rows_the_remote_trainer_sends(world_size: int) -> None:
+    holder = RecordingHolder()
+    remote = RemoteApiGrpoTrainer().train(holder, MIXED_STEP, step=1)
+    trainer, transport = self_hosted_trainer(world_size)
+    metrics = trainer.train(MIXED_STEP, step=1)
+    ((sent,),) = [transport.updates]
+    ((datums, _),) = holder.calls
+    assert sent.batch_size % world_size == 0
+    expected = [(datum.input_tokens + datum.target_tokens[-1:], [0.0, *datum.advantages]) for datum in datums]
+    assert [tokens for tokens, _ in rows_sent(sent)] == [tokens for tokens, _ in expected]
+    assert [advantages for _, advantages in rows_sent(sent)] == [pytest.approx(values, abs=1e-6) for _, values in expected]
+    assert sent.tensors["attention_mask"].any(dim=0).all(), "the columns only left-out rows used are gone"
+    for name in ("datums/trained", "datums/skipped", "datums/trained_tokens"):
+        assert metrics[name] == remote[name], name
+    assert (metrics["datums/trained"], metrics["datums/skipped"]) == (6, 6)
+    assert trainer.trained_since_publish
+
+
+def test_workers_run_no_update_when_no_row_has_a_gradient() -> None:
+    trainer, transport = self_hosted_trainer(2)
+    metrics = trainer.train([trajectory("a", 0, 1.0), trajectory("a", 1, 1.0), trajectory("b", 0, 0.0)], step=1)
+    assert (metrics["datums/trained"], metrics["datums/skipped"], metrics["datums/trained_tokens"]) == (0, 3, 0)
+    assert transport.updates == [] and not trainer.trained_since_publish
+
+
+def test_rows_too_few_for_every_ranks_mini_batches_train_whole() -> None:
+    """Six rows with a gradient cannot give 2 ranks 4 mini-batches each: the whole step is
+    trained, as the update needs, rather than failing the run."""
+    trainer, transport = self_hosted_trainer(2, mini_batches=4)
+    metrics = trainer.train(MIXED_STEP, step=1)
+    assert transport.updates[0].batch_size == len(MIXED_STEP) and metrics["datums/skipped"] == 0
