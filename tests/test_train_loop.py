@@ -501,7 +501,16 @@ def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path: Path, stal
     assert timeless(read_rows(tmp_path / "resumed")) == expected
 
 
-def test_ctrl_c_during_rollouts_stops_workers_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a terminal, while the test runs: a shell starts
+    a background job (a CI runner's, say) with SIGINT ignored, and Python keeps it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_rollouts_stops_workers_and_keeps_the_checkpoint(tmp_path: Path, ctrl_c_raises: None) -> None:
     run_training(recipe(tmp_path, name="straight"), progress_bar=False)
     expected = timeless(read_rows(tmp_path / "straight"))
 
