@@ -41,7 +41,9 @@ from nexrl_fsdp.loading import load_model, load_tokenizer, quiet_progress, resol
 from nexrl_fsdp.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
     ADDITIVE_METRICS,
+    CheckedDatum,
     LossFn,
+    PaddedBatch,
     additive_reduction,
     build_loss_fn,
     collate,
@@ -49,7 +51,7 @@ from nexrl_fsdp.loss_fns import (
     step_totals,
 )
 from nexrl_fsdp.optim import AdamW
-from nexrl_fsdp.shared_prefix import chunk_logprobs
+from nexrl_fsdp.shared_prefix import chunk_logprobs, plan_prefix_sharing
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
 
 __all__ = ["HF_EXPORT_DIR", "ActorOptions", "FsdpActor", "ModelOptions"]
@@ -218,7 +220,7 @@ class FsdpActor:
         with self._scoring_model(reference) as model, torch.no_grad():
             for start in range(0, len(datums), micro_batch_rows):
                 chunk = datums[start : start + micro_batch_rows]
-                logprobs, _ = chunk_logprobs(model, chunk, collate(chunk, self.pad_id, self.device), self.pad_id)
+                logprobs, _ = self.chunk_logprobs(model, chunk, collate(chunk, self.pad_id, self.device))
                 values.extend(logprobs.detach().to("cpu"))
         return scatter_back(values, columns, tuple(shard["input_ids"].shape))
 
@@ -240,13 +242,32 @@ class FsdpActor:
                 for start in range(0, len(mini), options.micro_batch_rows):
                     chunk = mini[start : start + options.micro_batch_rows]
                     batch = collate(chunk, self.pad_id, self.device)
-                    logprobs, entropy = chunk_logprobs(self.model, chunk, batch, self.pad_id, loss.needs_entropy)
+                    logprobs, entropy = self.chunk_logprobs(self.model, chunk, batch, loss.needs_entropy)
                     result = loss.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                     (result.loss * self.world_size).backward()
                     metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))
                 step = self.optimizer.step(options.optimizer)
                 steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped)})
         return self._reduced(metrics, steps, options)
+
+    def chunk_logprobs(
+        self, model: torch.nn.Module, chunk: list[CheckedDatum], batch: PaddedBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`shared_prefix.chunk_logprobs` on this rank's chunk of a pass, sharing prefixes
+        only when every rank's chunk does: a shared pass runs the model twice (prefix, then
+        suffixes) where a plain one runs it once, and the FSDP all-gathers inside each
+        forward meet only if every rank runs as many forwards as the others."""
+        return chunk_logprobs(model, chunk, batch, self.pad_id, with_entropy, share=self.all_ranks_share(chunk))
+
+    def all_ranks_share(self, chunk: list[CheckedDatum]) -> bool:
+        """Whether prefix sharing pays off on every rank's chunk of this pass (one
+        all-reduce; a lone plain module decides alone)."""
+        mine = plan_prefix_sharing([datum.input_tokens for datum in chunk]) is not None
+        if self.world_size == 1:
+            return mine
+        flag = torch.tensor([int(mine)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag[0])
 
     def _all_ranks_totals(self, local: StepTotals) -> StepTotals:
         """A mini-batch's totals over every rank's share of it."""

@@ -44,7 +44,6 @@ from nexrl_fsdp.loss_fns import (
     split_microbatches,
     step_totals,
 )
-from nexrl_fsdp.shared_prefix import chunk_logprobs
 from nexrl_fsdp.worker.actor import FsdpActor
 
 __all__ = ["ENGINE_OPS", "DatumOps", "ForwardOptions", "rank_shares"]
@@ -192,7 +191,7 @@ class DatumOps:
             for index in range(passes):
                 chunk = [mine[i] for i in groups[index]] if index < len(groups) else [idle]
                 batch = collate(chunk, actor.pad_id, actor.device)
-                values, entropy = chunk_logprobs(actor.model, chunk, batch, actor.pad_id, loss.needs_entropy)
+                values, entropy = actor.chunk_logprobs(actor.model, chunk, batch, loss.needs_entropy)
                 result = loss.loss(policy_loss_inputs(batch, values, entropy, totals))
                 if forward.backward:
                     (result.loss * self.world_size).backward()
