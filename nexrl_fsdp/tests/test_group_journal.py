@@ -42,6 +42,19 @@ def test_calls_read_back_in_order_for_their_restart_point(tmp_path: Path) -> Non
     assert GroupJournal(tmp_path / "journal").resume(tmp_path / "b") == []
 
 
+def test_a_full_journal_reads_back_in_call_order_past_ten_calls(tmp_path: Path) -> None:
+    """At the default ``--worker-save-every 10`` a journal holds up to 20 calls (10 steps
+    of forward_backward and optim_step): call 10 comes after call 9, not after call 1,
+    or a restarted service would replay a step's gradient after a later step."""
+    journal = GroupJournal(tmp_path / "journal")
+    calls = [optim_step(float(n)) for n in range(20)]
+    journal.start(tmp_path / "a")
+    for call in calls:
+        journal.append(call)
+    read = GroupJournal(tmp_path / "journal").resume(tmp_path / "a")
+    assert [call.options["learning_rate"] for call in read] == [float(n) for n in range(20)]
+
+
 def test_calls_before_any_restart_point_belong_to_the_initial_weights(tmp_path: Path) -> None:
     journal = GroupJournal(tmp_path / "journal")
     journal.append(optim_step(1e-3))

@@ -65,6 +65,18 @@ def test_malformed_protobuf(client: httpx.Client, model_id: str) -> None:
     assert "zstd" in detail(response, 400)
 
 
+@pytest.mark.parametrize("route, input_key", [("forward_backward", "forward_backward_input"), ("forward", "forward_input")])
+def test_a_seq_id_past_what_sql_holds_is_refused_by_name(client: httpx.Client, model_id: str, route: str, input_key: str) -> None:
+    """These bodies are read by hand, not by a pydantic model with `SeqId`: unchecked, a
+    seq_id of 2**63 reaches the store's BIGINT column and answers 500 (OverflowError)."""
+    datum = {
+        "model_input": {"chunks": [{"type": "encoded_text", "tokens": [19, 20, 13]}]},
+        "loss_fn_inputs": {"target_tokens": {"data": [20, 13, 21], "dtype": "int64"}},
+    }
+    body = {"model_id": model_id, "seq_id": 2**63, input_key: {"data": [datum], "loss_fn": "cross_entropy"}}
+    assert "'seq_id'" in detail(client.post(f"/api/v1/{route}", json=body), 400)
+
+
 def test_unknown_ids(client: httpx.Client) -> None:
     assert "unknown model" in detail(client.post("/api/v1/get_info", json={"model_id": "nope:train:0"}), 404)
     assert "unknown request_id" in detail(

@@ -129,3 +129,28 @@ def test_refused_submission_does_not_block_later_ones(fast_poll_url: str) -> Non
         assert bad.status_code == 400 and "no_such_loss" in bad.json()["detail"]
         good = post_fb(client, model_id, 2, forward_only=True)
         assert loss_of(client, good) > 0
+
+
+def test_a_request_resent_after_a_restart_runs_nothing_on_a_worker_group(tmp_path) -> None:
+    """A client that lost the answer to an optimizer step sends it again, and meanwhile
+    the service restarted (``--workers 1``): the restarted process has never seen the
+    request, rebuilds the model's group from its journal (which applied the step once
+    already) and must answer the stored future, not run the step a second time."""
+    service = start_service(tmp_path, api_key=TEST_API_KEY, workers=1)
+    try:
+        with httpx.Client(base_url=service.base_url, headers=HEADERS, timeout=120) as client:
+            model_id = new_model(client)
+            loss_of(client, post_fb(client, model_id, 1, forward_only=False))
+            stepped = post_optim(client, model_id, 2)
+            assert retrieve(client, stepped).json()["metrics"]["step:mean"] == 1.0
+    finally:
+        service.stop()
+    service = start_service(tmp_path, api_key=TEST_API_KEY, workers=1)
+    try:
+        with httpx.Client(base_url=service.base_url, headers=HEADERS, timeout=120) as client:
+            assert post_optim(client, model_id, 2) == stepped, "a re-sent (model, seq_id) must get the same future"
+            following = retrieve(client, post_optim(client, model_id, 3), deadline_s=60)
+            assert following.json()["metrics"]["step:mean"] == 2.0, "the re-sent step ran again"
+            assert retrieve(client, stepped, deadline_s=10).json()["metrics"]["step:mean"] == 1.0
+    finally:
+        service.stop()

@@ -158,3 +158,32 @@ def test_no_cancel_route_and_the_sdk_is_told_not_to_cancel(base_url: str) -> Non
     assert httpx.post(f"{base_url}/api/v1/cancel_future", json={"request_id": "x"}, headers=headers).status_code == 404
     config = httpx.post(f"{base_url}/api/v1/client/dynamic_config", json={}, headers=headers).json()
     assert config["sample_cancel_enabled"] is False
+
+
+def test_a_dead_services_tombstone_answers_410_and_the_sdk_stops_at_once() -> None:
+    """What a dead embedded service leaves on its address: a 410 that tells the SDK not to
+    retry. Told to retry (or told nothing for a 5xx), the tinker SDK tries again for about
+    a minute per call before the run can report the death."""
+    import socket
+    import time
+
+    import tinker
+    from nexrl_service.tombstone import Tombstone
+    from nexrl_tinker.server.service import TinkerService
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        tombstone = Tombstone(sock, "the service died", accepted=TinkerService.background_answers)
+        try:
+            url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            answer = httpx.post(f"{url}/api/v1/create_session", json={}, timeout=5)
+            assert answer.status_code == 410 and answer.headers["x-should-retry"] == "false", answer.headers
+            assert answer.json()["detail"] == "the service died"
+            started = time.monotonic()
+            with pytest.raises(tinker.APIStatusError, match="the service died") as refused:
+                tinker.ServiceClient(base_url=url, api_key=TEST_API_KEY).create_lora_training_client("nexrl-tiny", rank=4).result()
+            assert refused.value.status_code == 410
+            assert time.monotonic() - started < 5, "the SDK retried a call the tombstone refused"
+        finally:
+            tombstone.close()

@@ -81,3 +81,51 @@ def test_trackio_holds_every_step_the_recipe_and_the_final_model_and_resume_cont
     final_model = tracked["final_model"]
     assert final_model["files"] == sorted(path.name for path in (out_dir / "final_model").iterdir())
     assert (final_model["type"], final_model["run"]) == ("model", "short-quickstart")
+
+
+RESEND = """
+import json, sys
+from importlib.resources import as_file, files
+from pathlib import Path
+
+from nexrl_core.config import load_config
+from nexrl_core.sinks import RunOutcome, SinkSetup
+from nexrl_sinks.trackio_sink import TrackioOptions, TrackioSink
+from trackio.sqlite_storage import SQLiteStorage
+
+out_dir = Path(sys.argv[1])
+with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
+    recipe = load_config(path, [f"output.dir={out_dir}"])
+work_dir = out_dir / "sinks" / "trackio"
+work_dir.mkdir(parents=True)
+
+
+def open_sink(resumed_from):
+    options = TrackioOptions(project="sinks-test", run_name="resent")
+    return TrackioSink(SinkSetup(recipe=recipe, options=options, output_dir=out_dir, work_dir=work_dir, resumed_from=resumed_from))
+
+
+sink = open_sink(None)
+for step in (1, 2, 3):
+    sink.log({"step": step, "reward/mean": step / 10})
+sink.close(RunOutcome.INTERRUPTED)
+sink = open_sink(1)
+for step in (2, 3, 4):
+    sink.log({"step": step, "reward/mean": step / 100})
+sink.close(RunOutcome.FINISHED)
+print("logged:", json.dumps([[log["step"], log["reward/mean"]] for log in SQLiteStorage.get_logs("sinks-test", "resent")]))
+"""
+
+
+def test_a_resumed_trackio_run_gets_no_step_twice(tmp_path: Path) -> None:
+    """The interrupted process sent steps 1-3 and its last checkpoint was step 1: the
+    resumed process sends 2 and 3 again. Trackio stores each log as a new row, so only
+    the sink can keep a step from being recorded twice (the tracker keeps the first)."""
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    completed = subprocess.run(
+        [sys.executable, "-c", RESEND, str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr
+    (line,) = [line for line in completed.stdout.splitlines() if line.startswith("logged: ")]
+    logged = json.loads(line.removeprefix("logged: "))
+    assert logged == [[1, 0.1], [2, 0.2], [3, 0.3], [4, 0.04]]
