@@ -44,6 +44,13 @@ class BackendLost(RuntimeError):
     checkpoint and runs the lost steps again."""
 
 
+class BackendStartError(RuntimeError):
+    """A part of the backend could not start (a worker rank that fails to initialise, a
+    model that does not load): the message is one line naming the part, the cause and
+    where its log is, and nothing the backend started is left running. Retrying does not
+    help, so a run stops before step 1."""
+
+
 class Backend(Protocol):
     """Where the policy is sampled and trained; built by a registered `BackendSpec`."""
 

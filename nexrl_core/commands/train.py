@@ -74,6 +74,7 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
     Hugging Face directory) and what the metrics sinks in output.sinks write. Ctrl-C (or SIGTERM)
     stops cleanly and keeps the last checkpoint; --resume continues from it.
     """
+    from nexrl_core.backend import BackendStartError
     from nexrl_core.checkpoints import CheckpointError
     from nexrl_core.loop import TrainingGaveUp, TrainingInterrupted, row_summary, run_training
     from nexrl_core.registry import RegistryError
@@ -100,8 +101,8 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
                 recipe_dir=recipe.parent if path is not None else None,
                 progress_bar=progress,
             )
-        except (ConfigError, ServiceStartError, TrainingError) as error:  # the input: recipe, output dir, flags
-            click.echo(f"Error: {error}" if isinstance(error, TrainingError) else str(error), err=True)
+        except (ConfigError, ServiceStartError, TrainingError, BackendStartError) as error:  # the input: recipe, output dir, flags
+            click.echo(f"Error: {error}" if isinstance(error, (TrainingError, BackendStartError)) else str(error), err=True)
             ctx.exit(USAGE_ERROR_EXIT_CODE)
         except (RolloutError, RegistryError, CheckpointError) as error:
             raise click.ClickException(str(error)) from error

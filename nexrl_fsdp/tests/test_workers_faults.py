@@ -39,9 +39,9 @@ def _batch(seed: int, rows: int = 4) -> Batch:
     return batch
 
 
-def _group(tmp_path: Path, name: str) -> LocalWorkerGroup:
-    """Two local ranks, with ``backend.options`` that notice a dead rank within seconds."""
-    fast_faults = SelfHostedBackendConfig(heartbeat_s=0.5, dead_after_s=3, op_timeout_s=120)
+def _group(tmp_path: Path, name: str, dead_after_s: float = 3) -> LocalWorkerGroup:
+    """Two local ranks, with ``backend.options`` that notice a silent rank within seconds."""
+    fast_faults = SelfHostedBackendConfig(heartbeat_s=0.5, dead_after_s=dead_after_s, op_timeout_s=120)
     group = start_local_group(fast_faults, tmp_path / f"{name}.log", extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"})
     group.transport.init_model("nexrl-tiny")
     return group
@@ -80,17 +80,18 @@ def test_save_kill_load_continue_gives_the_same_next_step(tmp_path: Path) -> Non
 
 
 def test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs(tmp_path: Path) -> None:
-    group = _group(tmp_path, "killed")
+    group = _group(tmp_path, "killed", dead_after_s=30)
     try:
         pids = group.rank_pids()
         killer = threading.Timer(1.0, os.kill, args=(pids[1], signal.SIGKILL))
         killer.start()
         started = time.monotonic()
-        # The launcher stops the survivors once rank 1 dies, so under load the watchdog may
-        # notice rank 0's silence first: the error names the ranks it found silent.
-        with pytest.raises(WorkerGroupError, match=r"worker group 'actor' is dead during update_actor: ranks \[[0-9, ]+\] stopped beating"):
+        # Rank 1's watchdog reports its exit at once; rank 0 may report its broken collective
+        # first. Either way the group is dead within a heartbeat, not after dead_after_s.
+        with pytest.raises(WorkerGroupError, match=r"worker group 'actor' is dead during update_actor: rank [01] failed: ") as raised:
             group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 500})
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < 1.0 + 10, "the group's death is known at once, not when its heartbeats time out (30 s)"
+        assert str(tmp_path / "killed.log") in str(raised.value), "the error names the ranks' log"
         torchrun = group.process.pid
     finally:
         group.stop()
@@ -130,3 +131,14 @@ def test_a_frozen_rank_is_a_lost_group_within_the_op_deadline(tmp_path: Path) ->
     finally:
         group.stop()
     assert _gone([*pids.values(), torchrun], 20)
+
+
+def test_a_rank_that_cannot_start_is_named_at_once(tmp_path: Path) -> None:
+    """A rank that fails before it joins (here: a device setting it refuses) reports its
+    exception to the API server as it exits: starting the group fails with that line and
+    the log's path in seconds, not after the connect timeout, and nothing is left."""
+    started = time.monotonic()
+    with pytest.raises(WorkerGroupError, match=r"rank [01] failed: ValueError: NEXRL_WORKER_DEVICE='tpu': use cpu or cuda") as raised:
+        LocalWorkerGroup(2, tmp_path / "bad.log", heartbeat_s=0.5, connect_timeout_s=30, extra_env={"NEXRL_WORKER_DEVICE": "tpu"})
+    assert time.monotonic() - started < 20, "named when the rank exits, not at the connect timeout (30 s)"
+    assert str(tmp_path / "bad.log") in str(raised.value)

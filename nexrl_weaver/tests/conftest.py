@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 
+# Worker ranks started by these tests check that each collective of NexRL's own code
+# could run on a GPU run's process group (nexrl_fsdp.worker.collective_check): CI has no GPU.
+os.environ.setdefault("NEXRL_CHECK_COLLECTIVES", "1")
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WEAVER_OPERATION_POLL_INTERVAL", "0.05")

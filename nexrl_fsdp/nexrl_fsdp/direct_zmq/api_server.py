@@ -51,6 +51,9 @@ class _Group:
     status: str = "forming"
     """forming (ranks still reporting) → ready → dead or destroyed."""
     reason: str = ""
+    failed_ranks: set[int] = attrs.field(factory=set)
+    """Ranks that reported their failure or exit; a dead group's reason names each (the
+    first is often a peer's broken collective, a later one the cause)."""
 
     def info(self) -> dict[str, Any]:
         return {
@@ -117,6 +120,24 @@ class GroupRegistry:
                 return "unknown"
             if group.status in ("forming", "ready"):
                 group.beats[rank] = time.monotonic()
+            return group.status
+
+    def fail(self, identifier: str, rank: int, error: str) -> str:
+        """A rank's process failed (it says why) or exited (its watchdog says so): the group
+        is dead at once, and every rank's report is added to its reason, so every driver
+        waiting on it learns the ranks' own errors, not a heartbeat timeout later."""
+        with self._lock:
+            group = self.groups.get(identifier)
+            if group is None:
+                return "unknown"
+            failure = f"rank {rank} failed: {error}"
+            if group.status in ("forming", "ready"):
+                group.status = "dead"
+                group.reason = failure
+                logger.error("worker group %r is dead: %s", group.identifier, group.reason)
+            elif group.status == "dead" and rank not in group.failed_ranks:
+                group.reason += f"; {failure}"
+            group.failed_ranks.add(rank)
             return group.status
 
     def execute(self, identifier: str, op_id: str, op: str) -> None:
@@ -193,6 +214,11 @@ class Beat(_Body):
     rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
 
 
+class Failure(_Body):
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    error: str = Field(min_length=1, max_length=4000)
+
+
 class Execute(_Body):
     op_id: str = Field(min_length=1, max_length=128)
     op: str = Field(min_length=1, max_length=64)
@@ -236,6 +262,10 @@ def create_app(registry: GroupRegistry) -> Any:
     @app.post("/api/v1/groups/{identifier}/heartbeat")
     def heartbeat(identifier: str, body: Beat) -> dict[str, str]:
         return {"status": registry.beat(identifier, body.rank)}
+
+    @app.post("/api/v1/groups/{identifier}/failed")
+    def failed(identifier: str, body: Failure) -> dict[str, str]:
+        return {"status": registry.fail(identifier, body.rank, body.error)}
 
     @app.post("/api/v1/groups/{identifier}/execute")
     def execute(identifier: str, body: Execute) -> dict[str, str]:

@@ -63,7 +63,7 @@ class LocalWorkerGroup:
             )
             self.transport = DirectZmqTransport(
                 DirectZmqOptions(api_server_url=url, identifier=identifier, world_size=nproc,
-                                 connect_timeout_s=connect_timeout_s, op_timeout_s=op_timeout_s)
+                                 connect_timeout_s=connect_timeout_s, op_timeout_s=op_timeout_s, log_path=str(self.log_path))
             )
             self.transport.initialize_worker()
         except BaseException:

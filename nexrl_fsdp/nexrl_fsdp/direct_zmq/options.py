@@ -20,3 +20,5 @@ class DirectZmqOptions:
     """How long one op may take (ACK plus execution)."""
     total_timeout_s: float | None = None
     """A cap on the time of all ops together (None: no cap)."""
+    log_path: str | None = None
+    """Where the ranks' output goes, when the driver knows (a group it started): errors name it."""

@@ -96,7 +96,7 @@ class DirectZmqTransport:
             if info["status"] == "ready":
                 break
             if info["status"] in ("dead", "destroyed"):
-                raise WorkerGroupError(f"worker group {self.options.identifier!r} is {info['status']}: {info['reason']}")
+                raise WorkerGroupError(f"worker group {self.options.identifier!r} is {info['status']}: {info['reason']}{self._output_hint()}")
             if time.monotonic() > deadline:
                 missing = info["missing_ranks"]
                 raise WorkerGroupError(
@@ -228,7 +228,7 @@ class DirectZmqTransport:
             self._http("POST", f"/groups/{self.options.identifier}/execute", {"op_id": op_id, "op": op})
             reply = self._await(op, op_id, deadline, "to finish")
             if reply.header.get("kind") == "error":
-                raise WorkerGroupError(reply.header["error"])
+                raise WorkerGroupError(reply.header["error"] + self._output_hint())
             return reply
         finally:
             self._spent_s += time.monotonic() - started
@@ -244,9 +244,17 @@ class DirectZmqTransport:
                 continue  # a late answer to an op that timed out earlier
             now = time.monotonic()
             if now > deadline:
-                raise WorkerGroupLost(f"worker group {self.options.identifier!r} did not answer {op} {what} within the op timeout")
+                raise WorkerGroupLost(
+                    f"worker group {self.options.identifier!r} did not answer {op} {what} within the op timeout "
+                    f"({self.options.op_timeout_s:g} s){self._output_hint()}"
+                )
             if now >= next_check:
                 next_check = now + _STATUS_EVERY_S
                 info = self.info()
                 if info["status"] in ("dead", "destroyed"):
-                    raise WorkerGroupLost(f"worker group {self.options.identifier!r} is {info['status']} during {op}: {info['reason']}")
+                    raise WorkerGroupLost(
+                        f"worker group {self.options.identifier!r} is {info['status']} during {op}: {info['reason']}{self._output_hint()}"
+                    )
+
+    def _output_hint(self) -> str:
+        return f" (the ranks' output: {self.options.log_path})" if self.options.log_path else ""

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.backend import BackendSetup
+from nexrl_core.backend import BackendSetup, BackendStartError
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holders import TrainStepConfig
@@ -35,7 +35,7 @@ from nexrl_core.types import Trajectory
 from nexrl_fsdp.config import EngineConfig
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
-from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport
+from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, OpRefused, WorkerGroupError
 from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
 from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
 from nexrl_fsdp.loss_fns import build_loss_fn
@@ -324,8 +324,13 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     group: LocalWorkerGroup | None = None
     transport: DirectZmqTransport | None = None
     try:
-        transport, group = _connect(setup, options)
-        info = _init_workers(setup, trainer, transport)
+        try:
+            transport, group = _connect(setup, options)
+            info = _init_workers(setup, trainer, transport)
+        except OpRefused:
+            raise
+        except WorkerGroupError as error:
+            raise BackendStartError(f"the self-hosted backend's worker group could not start: {error}") from None
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}

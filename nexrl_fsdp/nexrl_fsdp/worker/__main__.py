@@ -16,12 +16,17 @@ def main() -> None:
     parser.add_argument("--identifier", required=True, help="the worker group's name (a driver names the same)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nexrl_fsdp.worker import collective_check
     from nexrl_fsdp.worker.runtime import WorkerRank
 
+    collective_check.install()
     rank = WorkerRank(args.api_server_url, args.identifier)
     try:
         rank.start()
         rank.serve()
+    except Exception as error:
+        rank.report_failure(error)
+        raise
     finally:
         rank.close()
 

@@ -43,6 +43,7 @@ from nexrl_fsdp.direct_zmq.protocol import (
 )
 from nexrl_fsdp.worker.actor import ActorOptions, FsdpActor, ModelOptions
 from nexrl_fsdp.worker.datum_ops import ENGINE_OPS, DatumOps
+from nexrl_fsdp.worker.devices import process_group_backend, rank_device
 from nexrl_fsdp.worker.loopback import process_group_store
 from nexrl_fsdp.worker.rows import BatchError, check_batch
 from nexrl_fsdp.worker.weights_push import push_weights
@@ -82,17 +83,18 @@ class WorkerRank:
     # --- start -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        use_cuda = torch.cuda.is_available()
+        """Join the process group (`devices`: the rank's own GPU and ``cpu:gloo,cuda:nccl``
+        under CUDA, gloo on CPUs), report the data endpoint and start the watchdog."""
+        self.device = rank_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         timeout = timedelta(seconds=float(os.environ.get(ENV_COLLECTIVE_TIMEOUT, "600")))
-        backend = "nccl" if use_cuda else "gloo"
+        backend = process_group_backend(self.device.type)
         store = process_group_store(self.rank, self.world_size, timeout)
         if store is None:
             dist.init_process_group(backend, timeout=timeout)
         else:
             dist.init_process_group(backend, timeout=timeout, store=store, rank=self.rank, world_size=self.world_size)
-        if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -207,7 +209,8 @@ class WorkerRank:
             reply: dict[str, Any] = {"kind": "result", "op_id": header["op_id"]}
             if failures:
                 rank, text = failures[0]
-                reply = {"kind": "error", "op_id": header["op_id"], "error": f"rank {rank} raised during {op}: {text}"}
+                cause = text.strip().splitlines()[-1] if text.strip() else "no traceback"
+                reply = {"kind": "error", "op_id": header["op_id"], "error": f"rank {rank} raised during {op}: {cause}"}
                 wire.send(self.data, reply, prefix=[identity])
             else:
                 wire.send(self.data, {**reply, **result[0]}, result[1], prefix=[identity])
@@ -324,6 +327,15 @@ class WorkerRank:
             dist.barrier()
             return {}, {}
         raise BatchError(f"unknown op {op!r}")
+
+    def report_failure(self, error: BaseException) -> None:
+        """Tell the API server why this rank is about to exit (the exception's last line),
+        so the driver names it at once; best effort, the log has the traceback."""
+        line = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1][:3000]
+        try:
+            _http(f"{self.api}/groups/{self.identifier}/failed", {"rank": self.rank, "error": line}, timeout=5)
+        except (OSError, ValueError):
+            logger.warning("rank %d: could not report its failure to the API server", self.rank)
 
     def close(self) -> None:
         if self.watchdog is not None:

@@ -2,8 +2,9 @@
 
 A separate process, not a thread of the rank: a rank blocked in a collective or in a
 long op may not let a Python thread run for minutes, and liveness must not depend on
-it. The watchdog posts a heartbeat every interval while the rank's process exists
-(so a killed rank stops beating at once), and kills the rank when its launcher (torchrun's agent, or
+it. The watchdog posts a heartbeat every interval while the rank's process exists,
+reports the rank's exit the moment it sees it (so a dead rank is a dead group at once),
+and kills the rank when its launcher (torchrun's agent, or
 `nexrl_fsdp.worker.loopback`) is gone, when the API server
 stops answering or calls the group dead or destroyed, so no rank outlives its run.
 
@@ -64,6 +65,18 @@ def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> 
                 os.kill(pid, signal.SIGKILL)
                 return
         time.sleep(interval)
+    _report_exit(rank, group_url)
+
+
+def _report_exit(rank: int, group_url: str) -> None:
+    """Tell the API server at once that the rank's process is gone (a group being
+    destroyed ignores it; a rank that failed with an exception has said why already)."""
+    body = json.dumps({"rank": rank, "error": "its process exited (its output is in the workers' log)"}).encode()
+    request = urllib.request.Request(f"{group_url}/failed", data=body, method="POST", headers={"content-type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=5).close()
+    except OSError:
+        pass
 
 
 def main() -> None:
