@@ -29,9 +29,12 @@ class NexrlCapabilities:
     """The precision it trains and samples in, in a recipe's ``model.dtype`` terms (``fp32``, ``bf16``)."""
     max_context_length: int | None = None
     """Tokens the served model's context holds, when its config says."""
+    device: str | None = None
+    """Where its engines live (``cpu``, ``cuda``, ``cuda:1``; ``nexrl serve NAME --device``);
+    None from a service too old to say."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"loss_options": "all", "dtype": self.dtype, "max_context_length": self.max_context_length}
+        return {"loss_options": "all", "dtype": self.dtype, "max_context_length": self.max_context_length, "device": self.device}
 
 
 def probe_nexrl_capabilities(base_url: str | None, headers: Mapping[str, str], api: str) -> NexrlCapabilities | None:
@@ -50,5 +53,9 @@ def probe_nexrl_capabilities(base_url: str | None, headers: Mapping[str, str], a
         return None
     except (urllib.error.URLError, OSError) as error:
         raise RuntimeError(f"cannot reach the {api} service at {base_url}: {error}") from error
-    context = answer.get("max_context_length")
-    return NexrlCapabilities(dtype=str(answer.get("dtype", "fp32")), max_context_length=int(context) if context else None)
+    context, device = answer.get("max_context_length"), answer.get("device")
+    return NexrlCapabilities(
+        dtype=str(answer.get("dtype", "fp32")),
+        max_context_length=int(context) if context else None,
+        device=str(device) if device else None,
+    )

@@ -12,6 +12,7 @@ from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, config
 from nexrl_core.commands.eval import eval_command
 from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
+from nexrl_core.config.checks import SERVICE_DEVICE
 from nexrl_core.registry import RegistryError, find_spec, get_registry
 from nexrl_core.serving import ServeOptions, ServiceStartError
 
@@ -66,6 +67,13 @@ def plugins(as_json: bool) -> None:
     Console().print(table)
 
 
+def _device(value: str) -> str:
+    """``--device``, spelled as a service accepts it (`nexrl_core.config.checks.SERVICE_DEVICE`)."""
+    if SERVICE_DEVICE.fullmatch(value.strip().lower()) is None:
+        raise click.BadParameter(f"{value!r} is not a device a service runs on; use cpu, cuda or cuda:N")
+    return value.strip().lower()
+
+
 @cli.command()
 @click.argument("name")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
@@ -74,6 +82,14 @@ def plugins(as_json: bool) -> None:
 @click.option("--model", default="nexrl-tiny", show_default=True, help="Shipped model name or local HF directory.")
 @click.option(
     "--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16"]), help="Precision the service trains and samples in."
+)
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _device(value),
+    help="Where the service's engines live (the models it trains in its own process, and every sampler): "
+    "cpu, cuda or cuda:N.",
 )
 @click.option("--api-key", default=None, envvar="NEXRL_API_KEY", help="Refuse requests without this key.")
 @click.option("--data-dir", default=None, help="Where checkpoints and the default database live.")
@@ -106,6 +122,7 @@ def serve(
     db: str | None,
     model: str,
     dtype: str,
+    device: str,
     api_key: str | None,
     data_dir: str | None,
     workers: int,
@@ -123,6 +140,7 @@ def serve(
         db=db,
         model=model,
         dtype=dtype,
+        device=device,
         api_key=api_key,
         data_dir=data_dir,
         workers=workers,

@@ -143,11 +143,13 @@ def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabil
 
 def service_run_info(service: NexrlCapabilities | None) -> dict[str, str]:
     """`ServiceHolder.run_info` of a holder of a remote API: the dtype a NexRL service
-    reports (in torch's terms, as the local backends report theirs) and its model's
-    context; nothing for a hosted service."""
+    reports (in torch's terms, as the local backends report theirs), the device its
+    engines live on and its model's context; nothing for a hosted service."""
     if service is None:
         return {}
     info = {"dtype": DType(service.dtype).torch_name}
+    if service.device:
+        info["device"] = service.device
     if service.max_context_length:
         info[CONTEXT_KEY] = str(service.max_context_length)
     return info

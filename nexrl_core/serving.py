@@ -11,10 +11,21 @@ from typing import Protocol
 
 import attrs
 
+from nexrl_core.config.checks import service_device
+
 
 class ServiceStartError(Exception):
     """A service cannot start with the options it was given (a port in use, a model that
     is not there): the message names the option and the fix, and nothing was left running."""
+
+    def __init__(self, message: str, *, option: str | None = None, reason: str | None = None) -> None:
+        """:param option: the `ServeOptions` field at fault (``device``), when it is one,
+            so that whoever set it under another name (the embedded service's
+            ``backend.options.device``) can name its own key.
+        :param reason: the message without the command-line flag that names the option."""
+        super().__init__(message)
+        self.option = option
+        self.reason = reason if reason is not None else message
 
 
 @attrs.frozen(kw_only=True)
@@ -32,6 +43,10 @@ class ServeOptions:
     dtype: str = attrs.field(default="fp32", validator=attrs.validators.in_(("fp32", "bf16")))
     """Precision the service trains and samples in (a recipe's ``model.dtype`` values);
     the service reports it, and a run whose ``model.dtype`` differs is refused."""
+    device: str = attrs.field(default="cpu", validator=service_device)
+    """Where the service's own engines (the training models trained in its process, and
+    every sampler) live: ``cpu``, ``cuda`` or ``cuda:N``; a device this machine lacks
+    is refused when the service starts."""
     api_key: str | None = None
     """When set, every request must carry this key."""
     data_dir: str | None = None

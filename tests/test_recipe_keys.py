@@ -271,6 +271,12 @@ COMPONENTS: dict[str, Entry] = {
             "tests/test_e2e_workers.py::test_workers_with_a_service_url_is_refused_before_step_1",
         )
     ),
+    "backend.options.device [remote_api]": per_backend(
+        remote_api=(
+            f"{LOOP}::test_the_embedded_service_runs_on_backend_options_device",
+            "tests/test_embedded_service_device.py::test_a_device_this_machine_lacks_stops_the_run_before_step_1",
+        )
+    ),  # the GPU runs (tests/test_gpu_embedded_services.py) are skipped on CI, so they show nothing there
     "backend.options.holder [remote_api]": per_backend(remote_api=HOLDER_CONFIG),
     # backend: self-hosted
     **{

@@ -440,6 +440,19 @@ def test_api_key_env_is_the_key_the_holder_gets(tmp_path: Path, monkeypatch: pyt
         run_training(recipe(tmp_path, *hosted, name="nokey"), progress_bar=False)
 
 
+def test_the_embedded_service_runs_on_backend_options_device(tmp_path: Path) -> None:
+    """``backend.options.device`` is the embedded service's ``--device``; with a
+    ``base_url`` (a service started elsewhere, on its own device) it is refused by key."""
+    run_training(recipe(tmp_path, "schedule.steps=1", "schedule.validate_every=0", "backend.options.device=cuda:1"), progress_bar=False)
+    (service,) = SERVICES
+    assert service.options.device == "cuda:1" and service.stopped
+    hosted = recipe(tmp_path, "backend.options.base_url=http://127.0.0.1:9", "backend.options.device=cuda", name="hosted")
+    with pytest.raises(ConfigError, match="backend.options.device: cuda applies to the embedded service only"):
+        run_training(hosted, progress_bar=False)
+    with pytest.raises(ConfigError, match="backend.options.device: must be cpu, cuda or cuda:N, got 'gpu'"):
+        run_training(recipe(tmp_path, "backend.options.device=gpu", name="misspelt"), progress_bar=False)
+
+
 def test_datums_are_shifted_with_masked_advantages_and_uniform_groups_skipped(tmp_path: Path) -> None:
     run_training(recipe(tmp_path, "schedule.steps=2", "schedule.validate_every=0"), progress_bar=False)
     rows = read_rows(tmp_path / "run")

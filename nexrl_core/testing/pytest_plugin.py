@@ -26,10 +26,13 @@ from nexrl_core.registry import Registry, build_registry, get_registry, reset_re
 from nexrl_core.testing import recipe_key_records as key_records
 
 RECORDS_FIXTURE = "recipe_key_records"
+GPU_MARK = "gpu"
+"""Marks a test that needs a CUDA GPU (`pytest_collection_modifyitems` skips it elsewhere)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: end-to-end test that takes more than a few seconds")
+    config.addinivalue_line("markers", f"{GPU_MARK}: needs a CUDA GPU; skipped where torch sees none (files test_gpu_*.py)")
     directory = os.environ.get(key_records.RECORDS_ENV)
     os.environ.pop(key_records.NOW_ENV, None)  # a pytest started by a test records for its own tests
     if directory:
@@ -105,8 +108,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that read the key records run last, after the tests whose keys they read."""
+    """Tests that read the key records run last, after the tests whose keys they read;
+    tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA GPU."""
     items.sort(key=lambda item: RECORDS_FIXTURE in getattr(item, "fixturenames", ()))
+    gpu_items = [item for item in items if item.get_closest_marker(GPU_MARK) is not None]
+    if gpu_items:
+        from nexrl_core.testing.devices import NO_CUDA_REASON, cuda_available
+
+        if not cuda_available():
+            for item in gpu_items:
+                item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
 
 
 @pytest.fixture

@@ -87,5 +87,5 @@ class TrainingSpec:
     lora: LoraSettings = attrs.field(factory=LoraSettings)
     lora_seed: int = 0
 
-    def engine_config(self, dtype: str) -> EngineConfig:
-        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype)
+    def engine_config(self, dtype: str, device: str = "cpu") -> EngineConfig:
+        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype, device=device)

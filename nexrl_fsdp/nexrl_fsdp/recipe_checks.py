@@ -10,7 +10,7 @@ from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
 from nexrl_fsdp.loading import check_chat_model_dir, context_length, resolve_model_dir
 
-__all__ = ["check_device", "check_model_name"]
+__all__ = ["check_device", "check_model_name", "device_problem"]
 
 
 def check_model_name(recipe: TrainConfig) -> str:
@@ -37,11 +37,29 @@ def check_model_name(recipe: TrainConfig) -> str:
     return name
 
 
-def check_device(device: str, key: str) -> None:
-    """``device`` parses as a torch device this machine has."""
+def device_problem(device: str) -> str | None:
+    """Why ``device`` is not a torch device this machine has (a CUDA device without CUDA,
+    a GPU index past the last one), in words that follow the device's name; None when
+    it is one."""
     try:
         parsed = torch.device(device)
-    except RuntimeError as error:
-        raise ConfigError([f"{key}: {device!r} is not a torch device: {error}"]) from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError([f"{key}: {device!r} asks for CUDA, which this machine does not have; use cpu"])
+    except (RuntimeError, TypeError) as error:
+        return f"{device!r} is not a torch device: {error}"
+    if parsed.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return (
+            f"{device!r} asks for CUDA, which this machine does not have (torch {torch.__version__} sees no GPU); "
+            "use cpu, or run on a machine with a GPU and a CUDA build of torch"
+        )
+    count = torch.cuda.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        return f"{device!r} asks for GPU {parsed.index}, but this machine has {count} (cuda:0 to cuda:{count - 1}); use one of those"
+    return None
+
+
+def check_device(device: str, key: str) -> None:
+    """``device`` parses as a torch device this machine has."""
+    problem = device_problem(device)
+    if problem is not None:
+        raise ConfigError([f"{key}: {problem}"])

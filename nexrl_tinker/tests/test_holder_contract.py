@@ -135,7 +135,7 @@ def test_model_dtype_must_be_what_the_service_trains_in(keyed_base_url: str) -> 
     bf16 = ModelConfig(name="nexrl-tiny", dtype=DType.BF16)
     holder = TinkerServiceHolder(TinkerHolderConfig(model=bf16, base_url=keyed_base_url, api_key=TEST_API_KEY))
     try:
-        assert holder.run_info() == {"dtype": "float32", "max_context_length": "2048"}
+        assert holder.run_info() == {"dtype": "float32", "device": "cpu", "max_context_length": "2048"}
         refused = holder.refused_options(TrainStepConfig())
         assert "--dtype bf16" in refused["model.dtype"] and "trains in fp32" in refused["model.dtype"]
         holder._service_capabilities, holder._probed = None, True  # hosted: no NexRL capabilities route

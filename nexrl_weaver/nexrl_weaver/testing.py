@@ -20,15 +20,22 @@ def start_service(
     db: str | None = None,
     workers: int = 0,
     max_worker_groups: int = 4,
+    device: str = "cpu",
     **overrides: Any,
 ) -> Any:
     """A started `WeaverService` on a free port (stop it with ``.stop()``); ``workers`` > 0 trains
-    each model on its own worker group of that many ranks."""
+    each model on its own worker group of that many ranks; ``device`` is where its own engines live."""
     from nexrl_core.serving import ServeOptions
     from nexrl_weaver.server.service import WeaverService
 
     options = ServeOptions(
-        port=0, data_dir=str(data_dir), api_key=api_key, db=db, workers=workers, max_worker_groups=max_worker_groups
+        port=0,
+        data_dir=str(data_dir),
+        api_key=api_key,
+        db=db,
+        workers=workers,
+        max_worker_groups=max_worker_groups,
+        device=device,
     )
     service = WeaverService(options, **overrides)
     service.start()

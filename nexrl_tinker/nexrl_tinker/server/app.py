@@ -163,7 +163,9 @@ def create_app(state: ServiceState) -> FastAPI:
     def nexrl_capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
         """Tells NexRL's own holder that every registered loss and all its options work
         here, and the precision this service trains in."""
-        return NexrlCapabilities(dtype=state.settings.dtype, max_context_length=state.base.max_context_length).to_json()
+        return NexrlCapabilities(
+            dtype=state.settings.dtype, max_context_length=state.base.max_context_length, device=state.settings.device
+        ).to_json()
 
     # --- sessions -------------------------------------------------------------------------------
 

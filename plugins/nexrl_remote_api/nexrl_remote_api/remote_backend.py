@@ -19,16 +19,17 @@ from typing import Any
 import attrs
 
 from nexrl_core.backend import BackendSetup
-from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty
+from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty, service_device
 from nexrl_core.config.converter import structure_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holders import HolderTarget
-from nexrl_core.serving import ServeOptions
+from nexrl_core.serving import ServeOptions, ServiceStartError
 from nexrl_remote_api.holder_backend import HolderBackend, build_trainer
 
 logger = logging.getLogger(__name__)
 
 SERVICE_DIR = "service"
+DEFAULT_DEVICE = "cpu"
 API_KEY_FILE = "api_key"
 
 
@@ -51,6 +52,9 @@ class RemoteApiBackendConfig:
     """For the embedded service (``base_url`` null): ranks of the worker group the run's
     model trains on (``nexrl serve NAME --workers N``); 0 trains it in the service's own
     process. A service at ``base_url`` is configured where it runs."""
+    device: str = attrs.field(default=DEFAULT_DEVICE, validator=service_device)
+    """For the embedded service: where its engines live (``nexrl serve NAME --device``):
+    ``cpu``, ``cuda`` or ``cuda:N``. A service at ``base_url`` is configured where it runs."""
     trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
     """Registered trainer that turns trajectories into the holder's training calls."""
     holder: dict[str, Any] = attrs.field(factory=dict)
@@ -124,6 +128,12 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                 [f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
                  f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"]
             )
+        if base_url is not None and options.device != DEFAULT_DEVICE:
+            raise ConfigError(
+                [f"backend.options.device: {options.device} applies to the embedded service only; the service at "
+                 f"{base_url} decides its own device (nexrl serve NAME --device {options.device}), so leave it out or "
+                 "set base_url: null"]
+            )
         if base_url is None:
             service_key = "backend.options.service" if options.service else "backend.options.service_holder"
             service_spec = _registered("services", options.service or options.service_holder, service_key)
@@ -137,11 +147,17 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                     data_dir=str(data_dir),
                     api_key=api_key,
                     workers=options.workers,
+                    device=options.device,
                     separate_process=True,
                 )
             )
-            logger.info("starting the embedded service (data in %s)", data_dir)
-            base_url = service.start()
+            logger.info("starting the embedded service on %s (data in %s)", options.device, data_dir)
+            try:
+                base_url = service.start()
+            except ServiceStartError as error:
+                if error.option != "device":
+                    raise
+                raise ConfigError([f"backend.options.device: {error.reason}"]) from None
             logger.info("the embedded service is up at %s", base_url)
         holder = holder_spec.build(holder_config(holder_spec.config_class, setup, base_url, api_key))
         return HolderBackend(

@@ -106,11 +106,20 @@ class EnginePool:
     """The loaded engines: one per training model, and an LRU of sampling engines."""
 
     def __init__(
-        self, base: BaseModelInfo, sampler_cache_size: int, dtype: str = "fp32", groups: GroupLimits | None = None
+        self,
+        base: BaseModelInfo,
+        sampler_cache_size: int,
+        dtype: str = "fp32",
+        groups: GroupLimits | None = None,
+        *,
+        device: str = "cpu",
     ) -> None:
         self.base = base
         self.dtype = dtype
         """Precision of every engine built here."""
+        self.device = device
+        """Where every engine built here lives (``cpu``, ``cuda``, ``cuda:N``); a worker
+        group's ranks pick their own devices."""
         self.groups = groups
         """Worker groups for training models; None trains them in this process."""
         self._sampler_cache_size = max(1, sampler_cache_size)
@@ -164,7 +173,7 @@ class EnginePool:
         takes one of the places `reserve_group` hands out, and tells ``hooks``, a
         `GroupHooks`, about its restart points and restarts)."""
         if self.groups is None:
-            return _new_engine(spec.engine_config(self.dtype))
+            return _new_engine(spec.engine_config(self.dtype, self.device))
         from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
         self.reserve_group(model_id)
@@ -250,16 +259,22 @@ class EnginePool:
 
     def _build_sampler(self, ref: WeightsRef) -> Any:
         if ref.kind == "base":
-            return _new_engine(model=self.base.name, dtype=self.dtype)
+            return _new_engine(model=self.base.name, dtype=self.dtype, device=self.device)
         if ref.kind == "hf":
             assert ref.directory is not None
-            return _new_engine(model=ref.directory, dtype=self.dtype)
+            return _new_engine(model=ref.directory, dtype=self.dtype, device=self.device)
         if ref.kind == "state":
             assert ref.directory is not None and ref.training is not None
-            engine = _new_engine(ref.training.engine_config(self.dtype))
+            engine = _new_engine(ref.training.engine_config(self.dtype, self.device))
             engine.load_state(ref.directory, load_optimizer=False)
             return engine
         raise ValueError(f"unknown weights kind {ref.kind!r}")
+
+    def loaded(self) -> list[Any]:
+        """Every engine loaded now: the training models' (`Engine` or `WorkerGroupEngine`)
+        and the cached samplers."""
+        with self._lock:
+            return [*self._training.values(), *self._samplers.values()]
 
     def forget_sampler(self, directory: str) -> None:
         """Drop cached engines serving ``directory`` (its files are being deleted)."""

@@ -145,6 +145,7 @@ class LocalService:
 
         from nexrl_service.state import ServiceState
 
+        self._check_device()
         self._socket = self._listen()
         try:
             try:
@@ -187,11 +188,24 @@ class LocalService:
         except ValueError as exc:
             raise ServiceStartError(str(exc)) from None
 
+    def _check_device(self) -> None:
+        """The device the engines are to live on is one this machine has.
+
+        :raises ServiceStartError: naming ``--device`` (``option="device"``) and what to do.
+        """
+        from nexrl_fsdp.recipe_checks import device_problem
+
+        problem = device_problem(self.settings.device)
+        if problem is not None:
+            raise ServiceStartError(f"--device: {problem}", option="device", reason=problem)
+
     def start(self) -> str:
         if self._thread is not None or self._process is not None:
             raise RuntimeError(f"{type(self).__name__} is already running")
         if self.separate_process:
-            self._check_model()  # here, so a bad model is a clear error and not a dead child's log
+            # here, so a bad model or device is a clear error and not a dead child's log
+            self._check_device()
+            self._check_model()
             return self._start_child()
         server = self._prepare()
         errors: list[BaseException] = []
@@ -376,7 +390,7 @@ class LocalService:
         server = self._prepare()
         freeze_long_lived_objects()  # this process is the server's own: models and imports are loaded
         print(
-            f"{self.title} serving {self.settings.model} at {self.base_url} "
+            f"{self.title} serving {self.settings.model} ({self.settings.dtype} on {self.settings.device}) at {self.base_url} "
             f"(data: {self.settings.data_dir}, db: {self.state.store.url})",
             file=sys.stderr,
             flush=True,

@@ -44,6 +44,9 @@ class ServerSettings:
     """The one base model served: a shipped name or a local HF directory."""
     dtype: str = "fp32"
     """Precision of every engine the service builds (``fp32`` or ``bf16``)."""
+    device: str = "cpu"
+    """Where every engine the service builds in its own process lives (``cpu``, ``cuda``,
+    ``cuda:N``): the training models without worker groups, and every sampler."""
     api_key: str | None = None
     long_poll_s: float = 30.0
     """How long a poll for a future's outcome is held before the protocol answers "not
@@ -111,6 +114,7 @@ class ServerSettings:
             "db_url": options.db or "",
             "model": options.model,
             "dtype": options.dtype,
+            "device": options.device,
             "api_key": options.api_key or None,
             "workers": options.workers,
             "max_worker_groups": options.max_worker_groups,

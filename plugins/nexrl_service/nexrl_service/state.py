@@ -84,7 +84,9 @@ class ServiceState:
             linger_max_s=settings.batch_linger_max_s,
             thread_name=f"{settings.name}-compute",
         )
-        self.engines = EnginePool(self.base, settings.sampler_cache_size, settings.dtype, _group_limits(settings))
+        self.engines = EnginePool(
+            self.base, settings.sampler_cache_size, settings.dtype, _group_limits(settings), device=settings.device
+        )
         self.files = CheckpointFiles(settings.data_dir / "runs")
         self.downloads = SignedDownloads(self.files.root, settings.download_url_ttl_s)
         self.janitor = Janitor(self)

@@ -60,3 +60,57 @@ def test_busy_port_fails_in_start(tmp_path: Path) -> None:
         with pytest.raises(ServiceStartError, match=f"cannot listen on 127.0.0.1:{port}"):
             service.start()
         assert service.state is None
+
+
+class _RecordedEngine:
+    """Stands in for `nexrl_fsdp.Engine`: remembers the config it was built with."""
+
+    def __init__(self, config: Any = None, **fields: Any) -> None:
+        from nexrl_fsdp.config import EngineConfig
+
+        self.config = config if config is not None else EngineConfig(**fields)
+        self.loaded: list[str] = []
+
+    def load_state(self, path: str, load_optimizer: bool = True) -> None:
+        self.loaded.append(path)
+
+
+def test_the_device_option_reaches_every_engine_the_service_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ServeOptions.device`` (``nexrl serve NAME --device``) is the device of the training
+    engines and of every kind of sampler: the base model's, an exported model's and one
+    on a saved training state. Engines are recorded, not built, so any device name works
+    on a machine without it."""
+    from nexrl_fsdp.config import TrainingSpec
+
+    from nexrl_core.config.lora import LoraSettings
+    from nexrl_service import engines as engines_module
+    from nexrl_service.engines import WeightsRef
+    from nexrl_service.settings import ServerSettings
+
+    monkeypatch.setattr(engines_module, "_new_engine", _RecordedEngine)
+    state = ServiceState(ServerSettings.from_options(ServeOptions(data_dir=str(tmp_path), device="cuda:1", dtype="bf16"), "echo"))
+    try:
+        pool = state.engines
+        spec = TrainingSpec(base_model="nexrl-tiny", lora=LoraSettings(rank=4))
+        built = [
+            pool.new_training_engine("model-a", spec),
+            pool.sampler(WeightsRef("base")),
+            pool.sampler(WeightsRef("hf", directory=str(tmp_path / "exported"))),
+            pool.sampler(WeightsRef("state", directory=str(tmp_path / "state"), training=spec)),
+        ]
+        assert [(engine.config.device, engine.config.dtype) for engine in built] == [("cuda:1", "bfloat16")] * 4
+        assert built[0].config.lora.rank == 4 and built[3].loaded == [str(tmp_path / "state")]
+    finally:
+        state.close()
+
+
+def test_a_device_this_machine_lacks_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from nexrl_core.testing.devices import absent_device
+
+    device = absent_device()
+    for separate_process in (False, True):
+        service = EchoService(ServeOptions(port=0, data_dir=str(tmp_path), device=device, separate_process=separate_process))
+        with pytest.raises(ServiceStartError, match=f"^--device: '{device}' asks for ") as refused:
+            service.start()
+        assert (refused.value.option, refused.value.reason) == ("device", str(refused.value).removeprefix("--device: "))
+        assert service.state is None and service.pid is None and service.base_url is None

@@ -1,0 +1,88 @@
+"""Helpers for end-to-end tests that run ``nexrl serve NAME`` and ``nexrl train`` as a
+user does (the GPU tests, files ``test_gpu_*.py``): a service in its own process on a
+free port, a training run against it or against its embedded twin, and the held-out
+rewards the run recorded. Nothing is mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["NEXRL", "held_out_rewards", "serving", "train"]
+
+NEXRL = str(Path(sys.executable).with_name("nexrl"))
+"""The nexrl under test, not whichever is first on PATH."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serving(name: str, data_dir: Path, *args: str, start_timeout_s: float = 180.0) -> Iterator[str]:
+    """``nexrl serve NAME --port P --data-dir DATA_DIR ARGS...`` in its own process; yields
+    its URL once ``/api/v1/healthz`` answers and stops it (SIGTERM) afterwards. Its
+    output goes to ``DATA_DIR/serve.log``, which a failure to start quotes."""
+    port = _free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "serve.log"
+    command = [NEXRL, "serve", name, "--port", str(port), "--data-dir", str(data_dir), *args]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"{' '.join(command)} exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as answer:  # noqa: S310 - our own service
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{' '.join(command)} did not answer within {start_timeout_s:.0f} s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def train(
+    out: Path,
+    *overrides: str,
+    recipe: Path | None = None,
+    env: Mapping[str, str | None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[dict[str, Any]]:
+    """``nexrl train [RECIPE] OVERRIDES... output.dir=OUT --no-progress``; asserts it
+    succeeded and returns the rows of its ``metrics.jsonl``. ``env`` is added to (and
+    may override) this process's environment; a None value removes the variable."""
+    command = [NEXRL, "train", *([str(recipe)] if recipe else []), *overrides, f"output.dir={out}", "--no-progress"]
+    full_env = {**os.environ, **(env or {})}
+    full_env = {key: value for key, value in full_env.items() if value is not None}
+    completed = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout_s, cwd=out.parent)
+    assert completed.returncode == 0, f"{' '.join(command)}:\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def held_out_rewards(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Step -> held-out reward (``val/reward/mean``) of a run's metrics rows."""
+    return {int(row["step"]): float(row["val/reward/mean"]) for row in rows if "val/reward/mean" in row}
