@@ -23,7 +23,7 @@ TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo nexrl_fsdp plugins/nexr
 # with "double free or corruption" after pytest had printed its summary.
 RUN_PYTEST := import os, sys, pytest; code = pytest.main(); sys.stdout.flush(); sys.stderr.flush(); os._exit(int(code))
 
-.PHONY: install test mutations demo benchmarks clean
+.PHONY: install test test-gpu mutations demo benchmarks clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,20 @@ test:
 	done; \
 	rm -rf $$records; \
 	if [ -n "$$failed" ]; then echo "tests failed in:$$failed"; exit 1; fi
+
+# The GPU suite (tests marked gpu, files test_gpu_*.py): every path trained on CUDA and
+# driven as a user does. On a machine with torch+CUDA and NexRL installed; the venv's python
+# when there is one, else GPU_PYTHON (e.g. make test-gpu GPU_PYTHON=python3). Without a GPU
+# every test is collected and skipped.
+GPU_TEST_DIRS := nexrl_fsdp nexrl_tinker nexrl_weaver .
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(CURDIR)/$(BIN)/python,python3)
+
+test-gpu:
+	@failed=""; for dir in $(GPU_TEST_DIRS); do \
+		echo "=== pytest -m gpu $$dir"; \
+		(cd $$dir && $(GPU_PYTHON) -c '$(RUN_PYTEST)' -m gpu -rs --durations=10) || failed="$$failed $$dir"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "GPU tests failed in:$$failed"; exit 1; fi
 
 # Each mutation of tests/mutations.yaml, applied to a throwaway copy, must fail the tests it names
 # (`make test` runs the same list through tests/test_mutations.py).

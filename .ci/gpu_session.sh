@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One prepared GPU session on a machine with torch+CUDA but no package registry (the device
+# tool's machines): install NexRL from wheels carried in .whl/, run the GPU suite with each
+# distribution's tests in parallel, then the GPU benchmarks; logs and tables go to $OUT.
+#   bash .ci/gpu_session.sh [tests|bench|all] [benchmark args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TINKER_TELEMETRY=0
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+R=$PWD
+export PYTHONPATH=$R:$R/plugins/nexrl_remote_api:$R/plugins/nexrl_grpo:$R/nexrl_fsdp:$R/plugins/nexrl_service:$R/nexrl_tinker:$R/nexrl_weaver:$R/plugins/nexrl_episodes:$R/plugins/nexrl_math:$R/plugins/nexrl_sinks:/tmp/site
+export PATH=/tmp/site/bin:$PATH
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/card.txt"
+if [[ $what == tests || $what == all ]]; then
+  started=$(date +%s)
+  for dir in nexrl_fsdp nexrl_tinker nexrl_weaver .; do
+    name=$(basename "$(cd $dir && pwd)")
+    (cd $dir && timeout 420 python3 -m pytest -m gpu -rs -q --durations=10 -p no:cacheprovider > "$OUT/gpu_tests_$name.log" 2>&1; echo "exit $?" >> "$OUT/gpu_tests_$name.log") &
+  done
+  wait
+  echo "GPU suite: $(( $(date +%s) - started )) s wall (4 distributions in parallel)"
+  for log in "$OUT"/gpu_tests_*.log; do echo "--- $log"; grep -E "passed|failed|error|exit [0-9]" "$log" | tail -3; done
+fi
+if [[ $what == bench || $what == all ]]; then
+  timeout 400 python3 benchmarks/scaling.py --device cuda "$@" 2>&1 | tee "$OUT/scaling_cuda.log" | tail -40
+fi
