@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["FuzzReport", "fuzz_app"]
+__all__ = ["FuzzReport", "fuzz_app", "undescribed_objects"]
 
 
 @attrs.define
@@ -105,3 +105,20 @@ def fuzz_app(
                 except Unsatisfiable:  # nothing in the operation can be made invalid (or valid)
                     continue
     return report
+
+
+def undescribed_objects(schema: Any, where: str = "body") -> list[str]:
+    """Where a request body's JSON schema says "an object" without saying what is in it
+    (no ``properties``, no ``additionalProperties``): the fuzzer sends such an object
+    empty or with random keys, so it never reaches the checks of the fields inside."""
+    found = []
+    if isinstance(schema, Mapping):
+        if schema.get("type") == "object" and "properties" not in schema and "additionalProperties" not in schema:
+            found.append(where)
+        for key, value in (schema.get("properties") or {}).items():
+            found += undescribed_objects(value, f"{where}.{key}")
+        found += undescribed_objects(schema.get("items"), f"{where}[]")
+        found += undescribed_objects(schema.get("additionalProperties"), f"{where}.*")
+        for option in schema.get("anyOf") or ():
+            found += undescribed_objects(option, where)
+    return found

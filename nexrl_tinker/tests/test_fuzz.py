@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import tinker
-from nexrl_core.testing.fuzz import fuzz_app
+from nexrl_core.testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 
@@ -43,6 +43,7 @@ def new_session(client: httpx.Client) -> str:
 
 
 def test_the_schema_describes_every_body() -> None:
+    """Down to the numbers of the bodies read by hand, so fuzzing reaches their checks."""
     import tempfile
 
     from nexrl_core.serving import ServeOptions
@@ -53,6 +54,10 @@ def test_the_schema_describes_every_body() -> None:
     schema = service.create_app(ServiceState(service.settings)).openapi()
     for path in ("/api/v1/forward_backward", "/api/v1/forward", "/api/v1/create_model", "/api/v1/optim_step"):
         assert "requestBody" in schema["paths"][path]["post"], path
+    for path in ("/api/v1/forward_backward", "/api/v1/forward"):
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert undescribed_objects(body) == [], path
+        assert body["properties"]["seq_id"]["maximum"] == SQL_INT_MAX
 
 
 def test_sequence_numbers_past_what_sql_holds_are_refused_by_name(service: Any) -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import weaver
 from nexrl_core.serving import ServeOptions
-from nexrl_core.testing.fuzz import fuzz_app
+from nexrl_core.testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.state import ServiceState
 from nexrl_weaver.server.service import WeaverService
@@ -35,6 +35,15 @@ HAND_READ = (
     "/api/v1/sampling-sessions/{sampler_id}/samples",
 )
 
+NUMBERS_READ_BY_HAND = (
+    "/api/v1/models/{model_id}/forward-passes",
+    "/api/v1/models/{model_id}/forward-backward-passes",
+    "/api/v1/models/{model_id}/optimizer-steps",
+    "/api/v1/sampling-sessions/{sampler_id}/samples",
+    "/api/v1/sampling-sessions/{sampler_id}/logprobs",
+)
+"""Routes whose bodies hold tensors or the numbers that steer sampling and training."""
+
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -50,10 +59,14 @@ def schema_of(service: Any) -> dict[str, Any]:
 
 
 def test_the_schema_describes_the_bodies_routes_read_by_hand() -> None:
+    """Down to every number of the tensor and sampling bodies, so fuzzing reaches their checks."""
     service = WeaverService(ServeOptions(port=0, data_dir=tempfile.mkdtemp()))
     schema = service.create_app(ServiceState(service.settings)).openapi()
     for path in HAND_READ:
         assert "requestBody" in schema["paths"][path]["post"], path
+    for path in NUMBERS_READ_BY_HAND:
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert undescribed_objects(body) == [], path
 
 
 def test_bad_bodies_are_refused_by_name(service: Any) -> None:

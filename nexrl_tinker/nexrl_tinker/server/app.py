@@ -18,13 +18,14 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from nexrl_core.openapi import OBJECT, json_body
+from nexrl_core.openapi import json_body
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_service.auth import Authenticator
 from nexrl_service.downloads import add_download_route
 from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
 from nexrl_service.state import ServiceState
 from nexrl_tinker.server.codec import (
+    FORWARD_BACKWARD_JSON,
     decode_forward_backward,
     decode_forward_backward_json,
     decompress_body,
@@ -226,10 +227,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.post(
         "/api/v1/forward_backward",
-        openapi_extra=json_body(
-            {"model_id": {"type": "string"}, "seq_id": {"type": "integer"}, "forward_backward_input": OBJECT, "forward_input": OBJECT},
-            required=("model_id",),
-        ),
+        openapi_extra=json_body(FORWARD_BACKWARD_JSON, required=("model_id",)),
         # or the same request in the SDK's binary encoding (application/octet-stream)
     )
     async def forward_backward(request: Request, who: str = Depends(owner)) -> dict[str, Any]:
@@ -237,10 +235,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.post(
         "/api/v1/forward",
-        openapi_extra=json_body(
-            {"model_id": {"type": "string"}, "seq_id": {"type": "integer"}, "forward_backward_input": OBJECT, "forward_input": OBJECT},
-            required=("model_id",),
-        ),
+        openapi_extra=json_body(FORWARD_BACKWARD_JSON, required=("model_id",)),
         # or the same request in the SDK's binary encoding (application/octet-stream)
     )
     async def forward(request: Request, who: str = Depends(owner)) -> dict[str, Any]:

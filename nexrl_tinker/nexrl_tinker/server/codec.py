@@ -25,6 +25,7 @@ from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.errors import BadRequest
 
 __all__ = [
+    "FORWARD_BACKWARD_JSON",
     "PROTO_CONTENT_TYPE",
     "FwdBwdDatum",
     "FwdBwdRequest",
@@ -199,27 +200,87 @@ def _json_tensor(value: Any, where: str) -> np.ndarray:
     if dtype is None:
         raise BadRequest(f"{where}: dtype must be float32 or int64, got {value.get('dtype')!r}")
     try:
-        values = np.asarray(value["data"], dtype=dtype).reshape(-1)
-    except (TypeError, ValueError):
-        raise BadRequest(f"{where}: data must be a flat list of numbers") from None
+        with np.errstate(over="ignore"):
+            values = np.asarray(value["data"], dtype=dtype).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        raise BadRequest(f"{where}: data must be a flat list of {value.get('dtype', 'float32')} numbers") from None
+    if dtype is np.float32 and not np.all(np.isfinite(values)):
+        raise BadRequest(f"{where}: data holds NaN, an infinity or a number beyond float32")
     shape = value.get("shape")
     crow, col = value.get("sparse_crow_indices"), value.get("sparse_col_indices")
     if crow is not None or col is not None:
         pb = _pb()
-        msg = pb.Tensor(dtype=1 if dtype is np.float32 else 2, shape=list(shape or []))
+        try:
+            msg = pb.Tensor(dtype=1 if dtype is np.float32 else 2, shape=list(shape or []))
+        except (TypeError, ValueError):
+            raise BadRequest(f"{where}: shape must be a list of 64-bit integers, got {shape!r}") from None
         try:
             msg.sparse_csr.values = values.tobytes()
             msg.sparse_csr.crow_indices = np.asarray(crow or [], dtype=np.int64).tobytes()
             msg.sparse_csr.col_indices = np.asarray(col or [], dtype=np.int64).tobytes()
-        except (TypeError, ValueError):
-            raise BadRequest(f"{where}: sparse indices must be lists of integers") from None
+        except (TypeError, ValueError, OverflowError):
+            raise BadRequest(f"{where}: sparse indices must be lists of 64-bit integers") from None
         return _tensor(msg, where)
     if shape:
         try:
             return values.reshape([int(s) for s in shape])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise BadRequest(f"{where}: shape {shape} does not fit {len(values)} values") from None
     return values
+
+
+_INTEGERS = {"type": "array", "items": {"type": "integer"}}
+_TENSOR_DATA = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "array", "items": {"type": "number"}},
+        "dtype": {"type": "string", "enum": sorted(_JSON_DTYPES)},
+        "shape": _INTEGERS,
+        "sparse_crow_indices": _INTEGERS,
+        "sparse_col_indices": _INTEGERS,
+    },
+    "required": ["data"],
+}
+_DATUM = {
+    "type": "object",
+    "properties": {
+        "model_input": {
+            "type": "object",
+            "properties": {
+                "chunks": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"type": {"type": "string", "enum": ["encoded_text"]}, "tokens": _INTEGERS},
+                        "required": ["tokens"],
+                    },
+                }
+            },
+            "required": ["chunks"],
+        },
+        "loss_fn_inputs": {"type": "object", "additionalProperties": _TENSOR_DATA},
+    },
+    "required": ["model_input"],
+}
+_FORWARD_BACKWARD_INPUT = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "array", "items": _DATUM},
+        "loss_fn": {"type": "string"},
+        "loss_fn_config": {"type": "object", "additionalProperties": {"type": ["number", "string"]}},
+    },
+    "required": ["data", "loss_fn"],
+}
+FORWARD_BACKWARD_JSON: dict[str, Any] = {
+    "model_id": {"type": "string"},
+    "seq_id": {"type": "integer", "minimum": 0, "maximum": SQL_INT_MAX},
+    "forward_backward_input": _FORWARD_BACKWARD_INPUT,
+    "forward_input": _FORWARD_BACKWARD_INPUT,
+    "forward_only": {"type": "boolean"},
+}
+"""The JSON ``ForwardBackwardRequest`` that `decode_forward_backward_json` reads, field by
+field, as JSON schemas (the routes' OpenAPI description): down to every number a client
+sends, so a fuzzer built on the schema reaches each one's check."""
 
 
 def decode_forward_backward_json(body: Mapping[str, Any], forward_only: bool = False) -> FwdBwdRequest:
@@ -258,7 +319,11 @@ def decode_forward_backward_json(body: Mapping[str, Any], forward_only: bool = F
         if not isinstance(raw_inputs, Mapping):
             raise BadRequest(f"{where}: loss_fn_inputs must be an object")
         inputs = {key: _json_tensor(value, f"{where} loss_fn_inputs[{key!r}]") for key, value in raw_inputs.items()}
-        data.append(FwdBwdDatum(np.asarray(tokens, dtype=np.int64), inputs))
+        try:
+            token_array = np.asarray(tokens, dtype=np.int64)
+        except OverflowError:
+            raise BadRequest(f"{where}: a token id does not fit a 64-bit integer") from None
+        data.append(FwdBwdDatum(token_array, inputs))
     config = fb_input.get("loss_fn_config") or {}
     if not isinstance(config, Mapping) or not all(
         isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in config.values()

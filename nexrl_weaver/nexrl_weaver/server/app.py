@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.concurrency import run_in_threadpool
@@ -25,9 +26,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
+from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.openapi import OBJECT
 from nexrl_core.openapi import json_body as described_body
 from nexrl_service.auth import Authenticator
+from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.downloads import add_download_route
 from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound
 from nexrl_service.state import ServiceState
@@ -35,7 +38,7 @@ from nexrl_weaver.server import operations
 from nexrl_weaver.server.artifacts import CHECKPOINT_EXPORT_REFUSAL, WeaverArtifacts
 from nexrl_weaver.server.sampling import WeaverSampling
 from nexrl_weaver.server.sessions import WeaverSessions
-from nexrl_weaver.server.tensors import TensorPack, parse_multipart
+from nexrl_weaver.server.tensors import DTYPES, TensorPack, parse_multipart
 from nexrl_weaver.server.training import WeaverTraining
 
 __all__ = ["create_app"]
@@ -57,13 +60,72 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None, 
     )
 
 
-STRING, INTEGER = {"type": "string"}, {"type": "integer"}
+# What the routes that read their bodies by hand (`nexrl_weaver.server.bodies`) take, for
+# the app's OpenAPI schema, down to every number a client sends, so a fuzzer built on the
+# schema reaches each one's check; the handlers check every field and name what is wrong.
+STRING, INTEGER, NUMBER, BOOLEAN = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+INTEGERS = {"type": "array", "items": INTEGER}
+SEQ_ID = {"type": "integer", "minimum": 0, "maximum": SQL_INT_MAX}
+TENSOR = {
+    "anyOf": [
+        {"type": "array", "items": NUMBER},
+        {
+            "type": "object",
+            "properties": {"data": {"type": "array", "items": NUMBER}, "dtype": {"type": "string", "enum": sorted(DTYPES)}, "shape": INTEGERS},
+            "required": ["data"],
+        },
+    ]
+}
+"""A tensor as JSON (`nexrl_weaver.server.tensors.to_array`); ``$tensor`` slices come only in a multipart body."""
+
+
+def model_input(tokens: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"chunks": [{"type": "encoded_text", "tokens": ...}]}`` with ``tokens`` as given."""
+    chunk = {"type": "object", "properties": {"type": {"type": "string", "enum": ["encoded_text"]}, "tokens": tokens}, "required": ["tokens"]}
+    return {"type": "object", "properties": {"chunks": {"type": "array", "items": chunk}}, "required": ["chunks"]}
+
+
+def payload_body(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"payload": {...}}``, the body of a training operation, with the payload's fields."""
+    payload = {"type": "object", "properties": {"model_id": STRING, "seq_id": SEQ_ID, **properties}}
+    return described_body({"payload": payload}, required=("payload",))
+
+
+FORWARD_INPUT = {
+    "type": "object",
+    "properties": {
+        "loss_fn": STRING,
+        "loss_fn_config": {"type": "object", "additionalProperties": {"type": ["number", "string"]}},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"model_input": model_input(TENSOR), "loss_fn_inputs": {"type": "object", "additionalProperties": TENSOR}},
+                "required": ["model_input", "loss_fn_inputs"],
+            },
+        },
+    },
+    "required": ["loss_fn", "data"],
+}
+ADAM_PARAMS = {"type": "object", "properties": {field.name: NUMBER for field in attrs.fields(AdamWSettings)}}
+LORA_CONFIG = {
+    "type": "object",
+    "properties": {"rank": INTEGER, "seed": INTEGER, "train_mlp": BOOLEAN, "train_attn": BOOLEAN, "train_unembed": BOOLEAN},
+}
+SAMPLING_PARAMS = {
+    "type": "object",
+    "properties": {
+        "max_tokens": INTEGER, "temperature": NUMBER, "top_p": NUMBER, "top_k": INTEGER, "seed": INTEGER, "sampling_seed": INTEGER,
+        "stop": {"type": "array", "items": STRING}, "stop_token_ids": INTEGERS,
+    },
+}  # fmt: skip
 SESSION_BODY = {"user_metadata": OBJECT, "tags": {"type": "array", "items": STRING}}
-MODEL_BODY = {"base_model": STRING, "model_seq_id": INTEGER, "lora_config": OBJECT, "user_metadata": OBJECT}
-SAMPLER_BODY = {"base_model": STRING, "model_id": STRING, "checkpoint_id": STRING, "sampling_session_seq_id": INTEGER}
-PAYLOAD_BODY = described_body({"payload": OBJECT}, required=("payload",))
-"""What the routes that read their bodies by hand (`nexrl_weaver.server.bodies`) take, for
-the app's OpenAPI schema; the handlers check every field and name what is wrong."""
+MODEL_BODY = {"base_model": STRING, "model_seq_id": SEQ_ID, "training_mode": STRING, "lora_config": LORA_CONFIG, "user_metadata": OBJECT}
+SAMPLER_BODY = {"base_model": STRING, "model_id": STRING, "checkpoint_id": STRING, "sampling_session_seq_id": SEQ_ID}
+SAMPLE_BODY = {
+    "prompt": model_input(INTEGERS), "num_samples": {"type": "integer", "minimum": 1}, "sampling_params": SAMPLING_PARAMS,
+    "prompt_logprobs": BOOLEAN, "topk_prompt_logprobs": INTEGER,
+}  # fmt: skip
 
 
 def create_app(state: ServiceState) -> FastAPI:
@@ -209,23 +271,25 @@ def create_app(state: ServiceState) -> FastAPI:
             body = await json_body(request)
         return await submitted(training.forward, who, model_id, body, pack, backward)
 
-    @app.post("/api/v1/models/{model_id}/forward-passes", openapi_extra=PAYLOAD_BODY)
+    @app.post("/api/v1/models/{model_id}/forward-passes", openapi_extra=payload_body({"forward_input": FORWARD_INPUT}))
     async def forward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward(model_id, request, who, False)
 
-    @app.post("/api/v1/models/{model_id}/forward-backward-passes", openapi_extra=PAYLOAD_BODY)
+    @app.post(
+        "/api/v1/models/{model_id}/forward-backward-passes", openapi_extra=payload_body({"forward_backward_input": FORWARD_INPUT})
+    )
     async def forward_backward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward(model_id, request, who, True)
 
-    @app.post("/api/v1/models/{model_id}/optimizer-steps", openapi_extra=PAYLOAD_BODY)
+    @app.post("/api/v1/models/{model_id}/optimizer-steps", openapi_extra=payload_body({"adam_params": ADAM_PARAMS}))
     async def optimizer_step(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.optim_step, who, model_id, await json_body(request))
 
-    @app.post("/api/v1/models/{model_id}/export-sampler", openapi_extra=described_body({"name": STRING, "seq_id": INTEGER}))
+    @app.post("/api/v1/models/{model_id}/export-sampler", openapi_extra=described_body({"name": STRING, "seq_id": SEQ_ID}))
     async def export_sampler(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.export_sampler, who, model_id, await json_body(request))
 
-    @app.post("/api/v1/models/{model_id}/checkpoints", openapi_extra=described_body({"name": STRING, "seq_id": INTEGER}, optional=True))
+    @app.post("/api/v1/models/{model_id}/checkpoints", openapi_extra=described_body({"name": STRING, "seq_id": SEQ_ID}, optional=True))
     async def save_checkpoint(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.save_checkpoint, who, model_id, await json_body(request, optional=True))
 
@@ -233,13 +297,13 @@ def create_app(state: ServiceState) -> FastAPI:
     def list_checkpoints(model_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return training.list_checkpoints(who, model_id)
 
-    @app.post("/api/v1/models/{model_id}/load", openapi_extra=described_body({"checkpoint_id": STRING, "seq_id": INTEGER}))
+    @app.post("/api/v1/models/{model_id}/load", openapi_extra=described_body({"checkpoint_id": STRING, "seq_id": SEQ_ID}))
     async def load(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(training.load, who, model_id, await json_body(request))
 
     # --- HF weights export and download (see `nexrl_weaver.server.artifacts`) -------------------
 
-    @app.post("/api/v1/models/{model_id}/export-hf", openapi_extra=described_body({"seq_id": INTEGER}, optional=True))
+    @app.post("/api/v1/models/{model_id}/export-hf", openapi_extra=described_body({"seq_id": SEQ_ID}, optional=True))
     async def export_hf(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(artifacts.export_current, who, model_id, await json_body(request, optional=True))
 
@@ -276,11 +340,11 @@ def create_app(state: ServiceState) -> FastAPI:
     def delete_sampling_session(sampler_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return sampling.delete_session(who, sampler_id)
 
-    @app.post("/api/v1/sampling-sessions/{sampler_id}/samples", openapi_extra=described_body({"prompt": OBJECT, "num_samples": INTEGER, "sampling_params": OBJECT}))
+    @app.post("/api/v1/sampling-sessions/{sampler_id}/samples", openapi_extra=described_body(SAMPLE_BODY, required=("prompt",)))
     async def sample(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(sampling.sample, who, sampler_id, await json_body(request))
 
-    @app.post("/api/v1/sampling-sessions/{sampler_id}/logprobs", openapi_extra=described_body({"prompt": OBJECT}))
+    @app.post("/api/v1/sampling-sessions/{sampler_id}/logprobs", openapi_extra=described_body({"prompt": model_input(INTEGERS)}, required=("prompt",)))
     async def logprobs(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await submitted(sampling.logprobs, who, sampler_id, await json_body(request))
 
