@@ -136,12 +136,23 @@ HEALING = ("backend.options.heartbeat_s=0.5", "backend.options.dead_after_s=3")
 """Notice a dead rank within seconds (results do not depend on it)."""
 
 
+def after_step(step: int) -> Callable[[Path], bool]:
+    """A kill moment: step ``step``'s row is logged (the next step's rollouts, and its
+    validation where one is due, run meanwhile)."""
+    return lambda out_dir: step in (training_rows(out_dir) if (out_dir / "metrics.jsonl").exists() else {})
+
+
+def during_save(step: int) -> Callable[[Path], bool]:
+    """A kill moment: the background save of step ``step``'s checkpoint has begun."""
+    return lambda out_dir: (out_dir / "backend" / "checkpoints" / f"step_{step:06d}").exists()
+
+
 def run_and_kill(
-    out_dir: Path, backend: str, victim: Callable[[str], int], *extra: str
+    out_dir: Path, backend: str, victim: Callable[[str], int], *extra: str, moment: Callable[[Path], bool] = after_step(CHECKPOINT + 1)
 ) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Run the quickstart on ``backend``; once step CHECKPOINT + 1 is logged, SIGKILL the
-    process ``victim`` picks among the run's; returns the finished run and the marker of
-    its processes."""
+    """Run the quickstart on ``backend``; at ``moment`` (by default once step CHECKPOINT + 1
+    is logged), SIGKILL the process ``victim`` picks among the run's; returns the finished
+    run and the marker of its processes."""
     marker = f"NEXRL_TEST_RUN={uuid.uuid4().hex}"
     name, _, value = marker.partition("=")
     process = subprocess.Popen(
@@ -150,10 +161,10 @@ def run_and_kill(
     )
     try:
         deadline = time.monotonic() + 300
-        while CHECKPOINT + 1 not in (training_rows(out_dir) if (out_dir / "metrics.jsonl").exists() else {}):
+        while not moment(out_dir):
             assert process.poll() is None, "the run ended before its process could be killed"
-            assert time.monotonic() < deadline, f"no step {CHECKPOINT + 1} within 300 s"
-            time.sleep(0.05)
+            assert time.monotonic() < deadline, "the moment to kill did not come within 300 s"
+            time.sleep(0.02)
         os.kill(victim(marker), signal.SIGKILL)
         output, _ = process.communicate(timeout=600)
     finally:
@@ -168,6 +179,27 @@ def uninterrupted_self_hosted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("straight") / "run"
     subprocess.run(command(out_dir, "self-hosted"), check=True, capture_output=True, timeout=600)
     return out_dir
+
+
+VALIDATED = 6
+VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
+"""Validation at steps 0, 3 and 6 (with a checkpoint at 4): killed runs cross both."""
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_validated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out_dir = tmp_path_factory.mktemp("straight-validated") / "run"
+    subprocess.run(command(out_dir, "self-hosted", VALIDATE), check=True, capture_output=True, timeout=600)
+    return out_dir
+
+
+def all_rows(out_dir: Path) -> dict[int, dict[str, float]]:
+    """Every step's last row, merged with its validation (step 0: validation alone)."""
+    rows: dict[int, dict[str, float]] = {}
+    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(int(row.get("step", 0)), {}).update(row)
+    return rows
 
 
 def assert_healed_once_and_matches(done: subprocess.CompletedProcess[str], marker: str, straight: Path, healed: Path) -> None:
@@ -193,6 +225,34 @@ def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(uni
     # the one restart it may make, it makes
     done, marker = run_and_kill(healed, "self-hosted", last_rank, *HEALING, "backend.options.max_restarts=1")
     assert_healed_once_and_matches(done, marker, uninterrupted_self_hosted, healed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "moment",
+    [during_save(CHECKPOINT), after_step(VALIDATED - 1), after_step(VALIDATED)],
+    ids=["during-a-checkpoint-save", "before-a-validation-step", "after-a-validation-step"],
+)
+def test_a_rank_killed_at_any_point_of_a_step_heals_and_the_run_matches(
+    uninterrupted_validated: Path, tmp_path: Path, moment: Callable[[Path], bool]
+) -> None:
+    """The rank dies while the workers save a checkpoint, during the rollouts of a step
+    that validates, or right after one: the run restarts its group once, from the last
+    complete checkpoint, and every step's numbers (validation included) equal the
+    uninterrupted run's."""
+    healed = tmp_path / "healed"
+    done, marker = run_and_kill(healed, "self-hosted", last_rank, *HEALING, VALIDATE, "backend.options.max_restarts=1", moment=moment)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert done.stdout.count("restart 1:") == 1, done.stdout[-4000:]
+    assert not processes_with(marker)
+    expected, got = all_rows(uninterrupted_validated), all_rows(healed)
+    assert sorted(got) == sorted(expected) == list(range(0, STEPS + 1))
+    for step in range(STEPS + 1):
+        for key, value in expected[step].items():
+            if key.startswith(EXACT) or key.startswith("val/"):
+                assert got[step][key] == value, f"step {step} {key}: {got[step][key]} != {value}"
+            elif key.startswith("train/"):
+                assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
 
 
 @pytest.mark.slow
