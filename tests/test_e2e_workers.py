@@ -42,3 +42,28 @@ def test_workers_with_a_service_url_is_refused_before_step_1(tmp_path: Path) -> 
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert completed.returncode != 0
     assert "backend.options.workers: 2 applies to the embedded service only" in completed.stdout + completed.stderr
+
+
+@pytest.mark.slow
+def test_worker_groups_that_cannot_start_stop_the_run_in_one_line(tmp_path: Path) -> None:
+    """Every rank of the service's groups fails as it starts (a device setting it
+    refuses): the service starts two groups, refuses the rest with the cause, and the run
+    stops within 60 s with one line naming the rank's error and its log; nothing is left."""
+    import os
+    import time
+    import uuid
+
+    from nexrl_core.testing.processes import processes_with
+
+    marker = uuid.uuid4().hex
+    out = tmp_path / "run"
+    command = [NEXRL, "train", "backend.options.workers=1", "task.val_size=32", f"output.dir={out}", "--no-progress"]
+    started = time.monotonic()
+    env = {**os.environ, "NEXRL_WORKER_DEVICE": "tpu", "NEXRL_E2E_WORKERS": marker}
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert time.monotonic() - started < 60
+    assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    (line,) = [line for line in completed.stderr.splitlines() if line.startswith("Error:")]
+    assert "rank 0 failed: ValueError: NEXRL_WORKER_DEVICE='tpu'" in line and ".log" in line, line
+    assert len(list((out / "backend" / "service" / "workers").glob("*.log"))) == 2, "groups were started again and again"
+    assert processes_with(marker) == []

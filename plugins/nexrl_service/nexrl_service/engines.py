@@ -5,7 +5,8 @@
   the model's last saved state. With worker groups (``--workers N``) a training model's
   "engine" is a `WorkerGroupEngine` instead: the same calls, run by its own group of N
   ranks. At most ``max_groups`` run at once: a create beyond that is refused
-  (`TooManyRequests`, naming the limit), and releasing a model stops its group.
+  (`TooManyRequests`, naming the limit), and releasing a model stops its group; once
+  groups keep failing to start the same way, no more are started (`group_starts`).
 * Sampling engines are keyed by the weights they serve (the base model, an exported
   HF directory, or a training-state directory on top of the base), so every sampler
   of the same weights shares one engine. The least recently used is dropped when
@@ -30,6 +31,7 @@ import attrs
 from nexrl_fsdp.config import TrainingSpec
 
 from nexrl_service.errors import RequestFailed, TooManyRequests
+from nexrl_service.group_starts import GroupStarts
 
 __all__ = ["BaseModelInfo", "EnginePool", "GroupLimits", "ModelReleased", "WeightsRef"]
 
@@ -122,6 +124,8 @@ class EnginePool:
         group's ranks pick their own devices."""
         self.groups = groups
         """Worker groups for training models; None trains them in this process."""
+        self.group_starts = GroupStarts()
+        """Groups that failed to start, so one that keeps failing is not started again."""
         self._sampler_cache_size = max(1, sampler_cache_size)
         self._lock = threading.Lock()
         self._training: dict[str, Any] = {}
@@ -176,15 +180,22 @@ class EnginePool:
             return _new_engine(spec.engine_config(self.dtype, self.device))
         from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
+        refusal = self.group_starts.refusal()
+        if refusal is not None:
+            raise RequestFailed(refusal, "server")
         self.reserve_group(model_id)
         try:
-            return WorkerGroupEngine(
+            engine = WorkerGroupEngine(
                 model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")), hooks
             )
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._group_slots.discard(model_id)
+            if isinstance(exc, Exception):
+                self.group_starts.failed(exc)
             raise
+        self.group_starts.succeeded()
+        return engine
 
     def reserve_group(self, model_id: str) -> None:
         """Hold a worker-group place for the model (kept until `release_training`); a
