@@ -142,11 +142,14 @@ class WorkerGroupEngine:
         settings: GroupSettings,
         base_sampler: Callable[[], Engine],
         hooks: GroupHooks | None = None,
+        *,
+        gpus: Sequence[int] = (),
     ) -> None:
         """Start the group and load the model on it.
 
         ``base_sampler`` gives the base model's sampling engine, whose model takes the
-        group's pushed weights for each sampler of this model.
+        group's pushed weights for each sampler of this model. ``gpus``, one per rank,
+        are the GPUs its ranks see (``CUDA_VISIBLE_DEVICES``; none: every GPU, or the CPU).
 
         :raises WorkerGroupError: when the group does not start (its log names why).
         """
@@ -157,6 +160,7 @@ class WorkerGroupEngine:
         self.hooks = hooks or GroupHooks()
         self.log_path = settings.log_dir / f"{model_id}.log"
         self._base_sampler = base_sampler
+        self.gpus = list(gpus)
         self._lock = threading.Lock()
         self._losses: dict[str, LossFn] = {}
         self._restart_point: _RestartPoint | None = None
@@ -179,7 +183,10 @@ class WorkerGroupEngine:
             dead_after_s=settings.dead_after_s,
             connect_timeout_s=settings.connect_timeout_s,
             op_timeout_s=settings.op_timeout_s,
-            extra_env={"OMP_NUM_THREADS": str(settings.threads_per_rank)},
+            extra_env={
+                "OMP_NUM_THREADS": str(settings.threads_per_rank),
+                **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus))} if self.gpus else {}),
+            },
         )
         try:
             info = group.transport.init_model(self.config.model, dtype=self.config.dtype, seed=self.spec.lora_seed, lora=self.spec.lora)

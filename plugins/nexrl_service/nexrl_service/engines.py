@@ -87,6 +87,9 @@ class GroupLimits:
     """`GroupSettings`: ranks per group, threads per rank, where logs go."""
     max_groups: int
     """Most groups running at once."""
+    gpus: int = 0
+    """GPUs of this machine that groups take, one per rank and each for one group only
+    (0 on a machine without CUDA: ranks run on the CPU)."""
 
 
 @attrs.frozen
@@ -133,6 +136,8 @@ class EnginePool:
         self._build_locks: dict[str, threading.Lock] = {}
         self._group_slots: set[str] = set()
         """Models holding one of the ``max_groups`` places (their group runs or starts)."""
+        self._gpus_of: dict[str, list[int]] = {}
+        """The GPUs each model's group holds, on a machine with GPUs."""
         self._stopping: list[threading.Thread] = []
         self._releases: dict[str, int] = {}
         """How often each model was released: a build that sees this change was overtaken."""
@@ -186,11 +191,13 @@ class EnginePool:
         self.reserve_group(model_id)
         try:
             engine = WorkerGroupEngine(
-                model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")), hooks
+                model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")), hooks,
+                gpus=self.gpus_of(model_id),
             )
         except BaseException as exc:
             with self._lock:
                 self._group_slots.discard(model_id)
+                self._gpus_of.pop(model_id, None)
             if isinstance(exc, Exception):
                 self.group_starts.failed(exc)
             raise
@@ -201,7 +208,10 @@ class EnginePool:
         """Hold a worker-group place for the model (kept until `release_training`); a
         no-op without worker groups or when the model holds one already.
 
-        :raises TooManyRequests: when ``max_groups`` places are taken, naming the limit.
+        On a machine with GPUs the model also takes a GPU of its own for each rank.
+
+        :raises TooManyRequests: when ``max_groups`` places are taken, or too few GPUs are
+            free for another group, naming the limit.
         """
         if self.groups is None:
             return
@@ -215,7 +225,28 @@ class EnginePool:
                     f"(--max-worker-groups {limit}) and all are in use by other models; finish a session "
                     "or terminate a model first, or start the service with a higher --max-worker-groups"
                 )
+            gpus = self._free_gpus()
+            if len(gpus) < self.groups.settings.ranks:
+                taken = len(self._gpus_of)
+                raise TooManyRequests(
+                    f"a worker group of {self.groups.settings.ranks} rank{'s' if self.groups.settings.ranks != 1 else ''} needs "
+                    f"as many GPUs of its own, and {len(gpus)} of this machine's {self.groups.gpus} are free "
+                    f"({taken} model{'s' if taken != 1 else ''} hold the others); finish a session or terminate a model first, "
+                    "or start the service with fewer --workers"
+                )
             self._group_slots.add(model_id)
+            if self.groups.gpus:
+                self._gpus_of[model_id] = gpus[: self.groups.settings.ranks]
+
+    def _free_gpus(self) -> list[int]:
+        assert self.groups is not None
+        taken = {gpu for owned in self._gpus_of.values() for gpu in owned}
+        return [gpu for gpu in range(self.groups.gpus) if gpu not in taken] if self.groups.gpus else list(range(self.groups.settings.ranks))
+
+    def gpus_of(self, model_id: str) -> list[int]:
+        """The GPUs a model's group runs on (none on a CPU machine)."""
+        with self._lock:
+            return list(self._gpus_of.get(model_id, []))
 
     def release_training(self, model_id: str) -> bool:
         """Forget the model's engine; a worker group is stopped (in the background, once
@@ -224,6 +255,7 @@ class EnginePool:
             engine = self._training.pop(model_id, None)
             self._releases[model_id] = self._releases.get(model_id, 0) + 1
             self._group_slots.discard(model_id)
+            self._gpus_of.pop(model_id, None)
             if self.groups is not None and engine is not None:
                 thread = threading.Thread(target=engine.stop, name=f"stop-group-{model_id}", daemon=True)
                 self._stopping = [t for t in self._stopping if t.is_alive()] + [thread]

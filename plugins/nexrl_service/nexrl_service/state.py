@@ -64,7 +64,21 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
         save_every=settings.worker_save_every,
         max_restarts=settings.worker_max_restarts,
     )
-    return GroupLimits(settings=group, max_groups=settings.max_worker_groups)
+    return GroupLimits(settings=group, max_groups=settings.max_worker_groups, gpus=worker_gpus())
+
+
+def worker_gpus() -> int:
+    """GPUs the ranks of worker groups would take: every CUDA device torch sees, unless
+    the ranks are told to stay on the CPU (``NEXRL_WORKER_DEVICE=cpu``)."""
+    import os
+
+    import torch
+
+    from nexrl_fsdp.worker.devices import ENV_WORKER_DEVICE
+
+    if os.environ.get(ENV_WORKER_DEVICE, "").strip().lower() == "cpu" or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
 
 
 class ServiceState:
