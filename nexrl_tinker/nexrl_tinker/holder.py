@@ -20,7 +20,7 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
 from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
-from nexrl_core.retries import call_with_retries
+from nexrl_core.retries import RetriesExhausted, call_with_retries
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_tinker.holder_config import TinkerHolderConfig
@@ -191,14 +191,33 @@ class TinkerServiceHolder(TemplateChatModel):
         training = self._training_client()
         self._samples_trained_weights = False
 
-        def step() -> dict[str, float]:
-            backward = training.forward_backward(data, config.loss_fn, loss_fn_config or None)
-            optimizer = training.optim_step(adam)
-            metrics = {key: float(value) for key, value in backward.result().metrics.items()}
-            metrics.update({key: float(value) for key, value in (optimizer.result().metrics or {}).items()})
-            return metrics
+        backward = training.forward_backward(data, config.loss_fn, loss_fn_config or None)
+        optimizer = training.optim_step(adam)
+        metrics = {key: float(value) for key, value in self._result("run forward_backward", backward).metrics.items()}
+        metrics.update({key: float(value) for key, value in (self._result("run an optimizer step", optimizer).metrics or {}).items()})
+        return metrics
 
-        return self._retry("train", step)
+    def _result(self, what: str, future: Any) -> Any:
+        """The result of a training request the SDK sent; the holder never sends it again.
+
+        The tinker SDK itself re-sends a submission that failed with the request's own
+        ``seq_id`` (for five minutes) and polls again for a result whose answer was lost
+        (for as long as it takes), and the service answers a ``(model, seq_id)`` it took
+        already with that request. Calling the SDK again would send a new ``seq_id``: a
+        second request, applied on top of the first whenever the first got through. So
+        a transient error that outlasts the SDK's own retries stops the step
+        (``nexrl train --resume`` goes on from the last checkpoint).
+
+        :raises RetriesExhausted: for a transient error, naming the request.
+        """
+        try:
+            return future.result()
+        except _transient_errors() as error:
+            raise RetriesExhausted(
+                f"the Tinker service at {self.config.base_url or 'the default URL'} failed to {what} after the tinker SDK's "
+                f"own retries: {type(error).__name__}: {error}; the holder does not send it again, since the service "
+                f"may have applied it already"
+            ) from error
 
     def service_capabilities(self) -> NexrlCapabilities | None:
         """What a NexRL service says it does (every registered loss with all its options,

@@ -173,14 +173,21 @@ class WeaverServiceHolder(TemplateChatModel):
 
     def _wait(self, what: str, submit: Callable[[], Any]) -> Any:
         """Submit an operation (``wait=False``) and wait for its response, at most
-        ``operation_timeout_s``; transient failures of the submission are retried. A
-        submission that answers with its finished result (no operation handle) returns it."""
+        ``operation_timeout_s``. A submission that answers with its finished result (no
+        operation handle) returns it.
 
-        def run() -> Any:
-            handle = submit()
-            if not hasattr(handle, "done"):
-                return handle
-            deadline = time.monotonic() + self.config.operation_timeout_s
+        A transient failure of the submission calls ``submit`` again; one while waiting
+        polls the same operation again and never submits anew, since the operation may
+        have run already (the connection broke after the service took it). A training
+        step's ``submit`` re-sends the same body, its ``seq_id`` included
+        (`_training_operation`), so the service answers it with the operation it already
+        started: no retry applies a step twice."""
+        handle = self._retry(what, submit)
+        if not hasattr(handle, "done"):
+            return handle
+        deadline = time.monotonic() + self.config.operation_timeout_s
+
+        def result() -> Any:
             delay = 0.002
             while not handle.done():
                 if time.monotonic() > deadline:
@@ -193,7 +200,18 @@ class WeaverServiceHolder(TemplateChatModel):
                 handle.refresh()
             return handle.result()
 
-        return self._retry(what, run)
+        return self._retry(what, result)
+
+    def _training_operation(self, what: str, route: str, prepared: Any) -> Any:
+        """Run a prepared training operation (a ``weaver.tensor_transport.PreparedOperationBody``
+        whose payload carries a ``seq_id``) on the training model: every attempt sends
+        this same body, which the service keys on its ``(model, seq_id)``."""
+        service = self._service_client()
+        path = f"/api/v1/models/{self._training_client().model_id}/{route}"
+        try:
+            return self._wait(what, lambda: service.enqueue_operation(path, prepared.body, tensor_pack=prepared.tensor_pack))
+        finally:
+            prepared.close()
 
     # --- sampling (chat templates: `TemplateChatModel`) ------------------------------------- ------------------------------------------------------------------------------
 
@@ -233,6 +251,8 @@ class WeaverServiceHolder(TemplateChatModel):
     # --- training ------------------------------------------------------------------------------
 
     def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
+        from weaver._payloads import prepare_forward_backward_operation
+        from weaver.tensor_transport import PreparedOperationBody
         from weaver.types import AdamParams
 
         if not datums:
@@ -243,11 +263,26 @@ class WeaverServiceHolder(TemplateChatModel):
         training = self._training_client()
         with self._lock:
             self._samples_trained_weights = False
-        backward = self._wait(
+        # The bodies the SDK's forward_backward and optim_step send (built by its own
+        # prepare_forward_backward_operation, which TrainingClient.forward_backward calls),
+        # each with its seq_id taken once, so that a retry re-sends this step, not a new one.
+        service = self._service_client()
+        backward = self._training_operation(
             "run forward_backward",
-            lambda: training.forward_backward(data, config.loss_fn, loss_fn_config=loss_fn_config or None, wait=False),
+            "forward-backward-passes",
+            prepare_forward_backward_operation(
+                model_id=training.model_id,
+                seq_id=service.next_operation_seq(training.model_id),
+                data=data,
+                loss_fn=config.loss_fn,
+                loss_fn_config=loss_fn_config or None,
+                request_metadata=None,
+                tensor_transport=service.tensor_transport,
+                tensor_compression=service.tensor_compression,
+            ),
         )
-        optimizer = self._wait("run an optimizer step", lambda: training.optim_step(adam, wait=False))
+        step = {"model_id": training.model_id, "seq_id": service.next_operation_seq(training.model_id), "adam_params": adam.to_payload()}
+        optimizer = self._training_operation("run an optimizer step", "optimizer-steps", PreparedOperationBody({"payload": step}))
         metrics = {key: float(value) for key, value in _metrics_of(backward).items()}
         metrics.update({f"optim/{key}": float(value) for key, value in _metrics_of(optimizer).items()})
         return metrics
