@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -131,7 +132,7 @@ def test_refused_submission_does_not_block_later_ones(fast_poll_url: str) -> Non
         assert loss_of(client, good) > 0
 
 
-def test_a_request_resent_after_a_restart_runs_nothing_on_a_worker_group(tmp_path) -> None:
+def test_a_request_resent_after_a_restart_runs_nothing_on_a_worker_group(tmp_path: Path) -> None:
     """A client that lost the answer to an optimizer step sends it again, and meanwhile
     the service restarted (``--workers 1``): the restarted process has never seen the
     request, rebuilds the model's group from its journal (which applied the step once
