@@ -7,9 +7,12 @@ random stream so that batching does not change results, and stop strings, stop t
 ids and "no stop at all" are Tinker semantics that ``generate`` does not all have.
 
 Layout: prompts are left-padded into one batch and prefilled once; the cache is then
-repeated ``num_samples`` times per prompt; each decode step feeds one token per live
-row with explicit ``position_ids`` (pads do not count) and a growing attention mask.
-Rows that finish are dropped from the batch and the cache.
+repeated ``num_samples`` times per prompt; each decode step feeds one token per row
+with explicit ``position_ids`` (pads do not count). Every row's random numbers are
+drawn up front on the CPU, from its own generator, and moved to the device once. The
+decode loop itself (`nexrl_fsdp.decode`) keeps tokens, logprobs, stop-token checks and
+finished flags on the device and looks at them from the host only every few tokens; on
+CUDA it runs on a preallocated cache with the step captured as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
+from nexrl_fsdp.decode import DecodePolicy, StringStops, _cache_keyword, _output_cache, decode_rows, default_policy
 from nexrl_fsdp.types import SampledSequence, PromptSamples, SamplingParams
 
 __all__ = ["StopRule", "derive_seed", "make_stop_rule", "sample_batch"]
@@ -82,32 +86,6 @@ def _draw_uniforms(seeds: Sequence[int], count: int) -> torch.Tensor:
     return torch.stack(rows) if rows else torch.empty(0, count, dtype=torch.float64)
 
 
-def _choose(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor) -> torch.Tensor:
-    """Draw one token per row from the temperature/top-k/top-p distribution by inverse
-    CDF with the row's own uniform; temperature 0 is argmax."""
-    if params.temperature == 0:
-        return logits.argmax(dim=-1)
-    scores = logits.double() / params.temperature
-    vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    cdf = probs.cumsum(dim=-1)
-    targets = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    chosen = torch.searchsorted(cdf, targets, right=True)[:, 0]
-    # Rounding can put the target at the very end of the cdf; fall back to the mode.
-    bad = (chosen >= vocab) | (probs.gather(-1, chosen.clamp(max=vocab - 1)[:, None])[:, 0] <= 0)
-    if bool(bad.any()):
-        chosen = torch.where(bad, probs.argmax(dim=-1), chosen)
-    return chosen
-
-
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(prompt) for prompt in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -138,6 +116,7 @@ def sample_batch(
     base_seed: int,
     prompt_seeds: Sequence[int | None] | None = None,
     include_prompt_logprobs: bool = False,
+    policy: DecodePolicy | None = None,
 ) -> list[PromptSamples]:
     """Sample ``num_samples`` continuations of every prompt (one count for all, or one per
     prompt); one `PromptSamples` per prompt.
@@ -150,8 +129,55 @@ def sample_batch(
     round a row differently depending on the batch size and the row's place in it, and
     a left-padded row attends over more key slots).
 
+    ``policy`` says how the decode loop runs (`nexrl_fsdp.decode.default_policy` for the
+    model's device when None); it changes speed, never results. Should a static cache or
+    CUDA graph path fail, the call is redone on the plain path (with a warning).
+
     Inputs are assumed validated (non-empty prompts of in-vocabulary ids).
     """
+    device = next(model.parameters()).device
+    if policy is None:
+        policy = default_policy(device)
+    try:
+        return _sample_batch(
+            model, prompts, params, num_samples, stop_rule, pad_id, max_positions, decode, base_seed, prompt_seeds,
+            include_prompt_logprobs, policy,
+        )  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - retried on the plain path, which raises for real
+        if not (policy.static_cache or policy.cuda_graphs):
+            raise
+        plain = attrs.evolve(policy, static_cache=False, cuda_graphs=False)
+        _warn_fallback(error)
+        return _sample_batch(
+            model, prompts, params, num_samples, stop_rule, pad_id, max_positions, decode, base_seed, prompt_seeds,
+            include_prompt_logprobs, plain,
+        )  # fmt: skip
+
+
+def _warn_fallback(error: Exception) -> None:
+    import warnings
+
+    warnings.warn(
+        f"static-cache sampling failed ({type(error).__name__}: {error}); sampled on the dynamic cache instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _sample_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    num_samples: int | Sequence[int],
+    stop_rule: StopRule,
+    pad_id: int,
+    max_positions: int,
+    decode: Callable[[list[int]], str],
+    base_seed: int,
+    prompt_seeds: Sequence[int | None] | None,
+    include_prompt_logprobs: bool,
+    policy: DecodePolicy,
+) -> list[PromptSamples]:
     device = next(model.parameters()).device
     n_prompts = len(prompts)
     limits = []
@@ -160,38 +186,10 @@ def sample_batch(
         limits.append(room if params.max_tokens is None else min(params.max_tokens, room))
     max_new = max(limits)
 
-    ids, mask = _left_pad(prompts, pad_id, device)
-    positions = positions_from_mask(mask)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=0 if include_prompt_logprobs else 1,
-    )
-    cache = out.past_key_values
-    prompt_logprobs: list[list[float | None] | None] = [None] * n_prompts
-    if include_prompt_logprobs:
-        scored = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-        width = ids.shape[1]
-        for row, prompt in enumerate(prompts):
-            start = width - len(prompt)
-            prompt_logprobs[row] = [None] + scored[row, start:].tolist()
-    logits = out.logits[:, -1].float()
-    del out
-
     counts = [num_samples] * n_prompts if isinstance(num_samples, int) else list(num_samples)
     # Row r samples prompt_of_row[r] for the (sample_of_row[r])-th time; rows of a prompt are adjacent.
     prompt_of_row = [prompt for prompt, count in enumerate(counts) for _ in range(count)]
     sample_of_row = [sample for count in counts for sample in range(count)]
-    if counts != [1] * n_prompts:
-        index = torch.tensor(prompt_of_row, dtype=torch.long, device=device)
-        cache.batch_select_indices(index)
-        logits = logits.index_select(0, index)
-        mask = mask.index_select(0, index)
-        positions = positions.index_select(0, index)
-    n_rows = len(prompt_of_row)
-    row_limits = [limits[prompt_index] for prompt_index in prompt_of_row]
     seeds = []
     for prompt_index, sample_index in zip(prompt_of_row, sample_of_row):
         own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
@@ -199,57 +197,58 @@ def sample_batch(
             seeds.append(derive_seed(base_seed + sample_index, prompt_index))
         else:
             seeds.append(derive_seed(own + sample_index, 0))
-    uniforms = _draw_uniforms(seeds, max_new).to(device)
+    # Greedy decoding draws nothing; otherwise every row's numbers for every step, once.
+    uniforms = None if params.temperature == 0 else _draw_uniforms(seeds, max_new).to(device)
 
-    tokens: list[list[int]] = [[] for _ in range(n_rows)]
-    logprobs: list[list[float]] = [[] for _ in range(n_rows)]
-    reasons: list[str] = ["length"] * n_rows
-    live = list(range(n_rows))
-    last_position = positions[:, -1:]
-    step = 0
-    while True:
-        raw = torch.log_softmax(logits, dim=-1)
-        chosen = _choose(logits, params, uniforms[live, step] if live else uniforms[:0, 0])
-        chosen_logprobs = raw.gather(-1, chosen[:, None])[:, 0]
-        keep: list[int] = []
-        for slot, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist())):
-            row = live[slot]
-            tokens[row].append(token)
-            logprobs[row].append(logprob)
-            if stop_rule.hit(tokens[row], decode):
-                reasons[row] = "stop"
-            elif len(tokens[row]) < row_limits[row]:
-                keep.append(slot)
-        if not keep:
-            break
-        if len(keep) < len(live):
-            index = torch.tensor(keep, dtype=torch.long, device=device)
-            cache.batch_select_indices(index)
-            mask = mask.index_select(0, index)
-            last_position = last_position.index_select(0, index)
-            chosen = chosen.index_select(0, index)
-            live = [live[slot] for slot in keep]
-        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-        last_position = last_position + 1
+    ids, mask = _left_pad(prompts, pad_id, device)
+    positions = positions_from_mask(mask)
+    prompt_logprobs: list[list[float | None] | None] = [None] * n_prompts
+    keyword = _cache_keyword(model)
+
+    def prefill(cache: Any | None, length: int) -> tuple[Any, torch.Tensor]:
+        extra = {} if cache is None else {keyword: cache}
+        wide = mask if length == mask.shape[1] else torch.cat([mask, mask.new_zeros((n_prompts, length - mask.shape[1]))], dim=1)
         out = model(
-            input_ids=chosen[:, None],
-            attention_mask=mask,
-            position_ids=last_position,
-            past_key_values=cache,
+            input_ids=ids,
+            attention_mask=wide,
+            position_ids=positions,
             use_cache=True,
+            logits_to_keep=0 if include_prompt_logprobs else 1,
+            **extra,
         )
-        cache = out.past_key_values
-        logits = out.logits[:, -1].float()
-        step += 1
+        if include_prompt_logprobs:
+            scored = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+            width = ids.shape[1]
+            for row, prompt in enumerate(prompts):
+                start = width - len(prompt)
+                prompt_logprobs[row] = [None] + scored[row, start:].tolist()
+        return (cache if cache is not None else _output_cache(out)), out.logits[:, -1].float()
+
+    expand = None
+    if counts != [1] * n_prompts:
+        expand = torch.tensor(prompt_of_row, dtype=torch.long, device=device)
+    rows = decode_rows(
+        model,
+        prefill=prefill,
+        expand=expand,
+        last_position=positions[:, -1:],
+        mask=mask,
+        uniforms=uniforms,
+        limits=[limits[prompt_index] for prompt_index in prompt_of_row],
+        params=params,
+        stop_ids=sorted(stop_rule.token_ids),
+        strings=StringStops(stop_rule.strings, stop_rule.window, decode) if stop_rule.strings else None,
+        policy=policy,
+    )
 
     results = []
     first_row = 0
     for prompt_index, count in enumerate(counts):
-        rows = range(first_row, first_row + count)
+        chunk = rows[first_row : first_row + count]
         first_row += count
         results.append(
             PromptSamples(
-                sequences=[SampledSequence(tokens[row], logprobs[row], reasons[row]) for row in rows],  # type: ignore[arg-type]
+                sequences=[SampledSequence(row.tokens, row.logprobs, row.stop_reason) for row in chunk],  # type: ignore[arg-type]
                 prompt_logprobs=prompt_logprobs[prompt_index],
             )
         )
