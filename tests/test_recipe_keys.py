@@ -89,7 +89,7 @@ SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
 SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
 SELF_HOSTED_REFUSALS = f"{SELF_HOSTED}::test_options_the_workers_cannot_honour_are_refused_before_anything_starts"
 WORKERS = "nexrl_fsdp/tests/test_workers.py"
-HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_holder_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
+HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_remote_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
 ADAMW = per_backend(
     remote_api=f"{LOOP}::test_train_step_config_carries_every_adam_parameter",
     inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_adamw_field_reaches_the_optimizer",
@@ -171,7 +171,7 @@ CORE: dict[str, Entry] = {
         f"{INPROCESS}::test_per_token_advantages_reach_the_engine",
     ),
     "algorithm.loss.name": per_backend(
-        remote_api=("plugins/nexrl_remote_api/tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
+        remote_api=("tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
                     "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions"),  # fmt: skip
         inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
         self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",

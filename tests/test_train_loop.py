@@ -671,7 +671,7 @@ def test_bad_recipes_fail_with_the_key(tmp_path: Path, overrides: list[str], mes
 
 
 def test_an_option_the_holder_refuses_stops_the_run_before_step_1(tmp_path: Path) -> None:
-    from nexrl_remote_api.holder_backend import HolderBackend
+    from nexrl_core.holder_backend import HolderBackend
 
     holder = SkillHolder(SkillHolderConfig(model=ModelConfig(name="skill")))
     trainer = type("T", (), {"train_step": TrainStepConfig(loss_fn_config={"refused_by_fake": 1.0})})()
@@ -1016,7 +1016,7 @@ def test_a_failed_export_is_reported_and_the_run_still_counts_as_done(tmp_path: 
 
 def test_a_holder_without_export_is_named_in_the_error(tmp_path: Path) -> None:
     from nexrl_core.model_export import ModelExportError
-    from nexrl_remote_api.holder_backend import HolderBackend
+    from nexrl_core.holder_backend import HolderBackend
 
     class Holder:
         def refused_options(self, config: TrainStepConfig) -> dict[str, str]:

@@ -17,10 +17,10 @@ import torch
 from nexrl_core.backend import BackendSetup
 from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
+from nexrl_core.holder_backend import HolderBackend
 from nexrl_core.loop import run_training
 from nexrl_core.registry import find_spec
 from nexrl_core.testing import BackendContract
-from nexrl_remote_api.holder_backend import HolderBackend
 
 
 def quickstart(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfig:

@@ -22,13 +22,12 @@ from nexrl_core.config.schema import DType, ModelConfig
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.config import load_config
 from nexrl_core.testing import ServiceHolderContract, TrainerContract
-from nexrl_core.trainer import Trainer
+from nexrl_core.trainer import Trainer, build_trainer
 from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract, probe_datums
 from nexrl_fsdp import Engine
 from nexrl_fsdp.inprocess.config import EngineHolderConfig
 from nexrl_fsdp.inprocess.holder import EngineHolder
 from nexrl_grpo.option_cases import LOSS_OPTION_CASES
-from nexrl_remote_api.holder_backend import build_trainer
 
 MESSAGES = [{"role": "user", "content": "12+7="}]
 MOVING = AdamWSettings(learning_rate=1e-2, weight_decay=0.0)

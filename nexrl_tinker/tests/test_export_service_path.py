@@ -15,10 +15,10 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.cli import cli
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.holder_trainer import RemoteApiTrainer
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import CONTRACT_MESSAGES, sampled_group
-from nexrl_remote_api.trainer import RemoteApiTrainer
 
 
 @pytest.mark.slow

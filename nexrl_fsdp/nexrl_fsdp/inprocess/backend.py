@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from nexrl_core.backend import BackendSetup
 from nexrl_core.config.errors import ConfigError
+from nexrl_core.holder_backend import HolderBackend
+from nexrl_core.trainer import build_trainer
 from nexrl_fsdp.inprocess.config import EngineHolderConfig, InProcessBackendConfig
 from nexrl_fsdp.inprocess.holder import EngineHolder
 from nexrl_fsdp.recipe_checks import check_device, check_model_name
-from nexrl_remote_api.holder_backend import HolderBackend, build_trainer
 
 __all__ = ["ENGINE_DIR", "open_inprocess"]
 

@@ -31,6 +31,7 @@ from nexrl_core.config.errors import ConfigError
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.model_export import ModelExportError
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
+from nexrl_core.trainer import build_trainer
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.config import EngineConfig
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
@@ -44,7 +45,6 @@ from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
-from nexrl_remote_api.holder_backend import build_trainer
 
 __all__ = ["SelfHostedBackend", "open_self_hosted", "rank_threads", "refused_options", "sampler_threads"]
 

@@ -14,8 +14,8 @@ from typing import Any, Callable, TypeVar
 
 import attrs
 
+from nexrl_core.holder_trainer import RemoteApiTrainerConfig
 from nexrl_core.self_hosted import UpdateSettings
-from nexrl_remote_api.trainer import RemoteApiTrainerConfig
 
 E = TypeVar("E", bound=enum.Enum)
 

@@ -8,6 +8,7 @@ resolved when a run picks that name.
 
 from __future__ import annotations
 
+from nexrl_core.holder_trainer import RemoteApiTrainerConfig
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
 from nexrl_grpo.config import (
@@ -23,7 +24,6 @@ from nexrl_grpo.config import (
     SelfHostedGrpoConfig,
 )
 from nexrl_core.self_hosted import TRANSPORT_TRAINER
-from nexrl_remote_api.trainer import RemoteApiTrainerConfig
 
 _GROUP_RELATIVE = frozenset({"group_relative"})
 _TRANSPORT = frozenset({TRANSPORT_TRAINER})

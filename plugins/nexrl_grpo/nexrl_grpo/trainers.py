@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from nexrl_core.holder_trainer import RemoteApiTrainer, RemoteApiTrainerConfig
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
 from nexrl_core.types import Trajectory
 from nexrl_grpo.config import SelfHostedGrpoConfig
 from nexrl_grpo.kl import KLInReward
-from nexrl_remote_api.trainer import RemoteApiTrainer, RemoteApiTrainerConfig
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
-"""The remote-API backend: a service holder samples and trains, a datum trainer drives it.
+"""The remote-API backend: a service holder samples and trains, a registered trainer drives it.
 
-`RemoteApiTrainer` turns a step's trajectories into datums and one optimizer step;
-`HolderBackend` makes any service holder plus such a trainer a
-`nexrl_core.backend.Backend`; `remote_backend` opens one from a recipe, starting the
-registered local service for the run when no ``base_url`` is given.
+`remote_backend` opens one from a recipe, starting the registered local service for the
+run when no ``base_url`` is given. What it is built from lives in the core, shared with
+every other backend over a holder: `nexrl_core.holder_backend.HolderBackend`,
+`nexrl_core.trainer.build_trainer` and `nexrl_core.holder_trainer.RemoteApiTrainer`.
 """

@@ -22,9 +22,10 @@ from nexrl_core.backend import BackendSetup
 from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty, service_device
 from nexrl_core.config.converter import structure_config
 from nexrl_core.config.errors import ConfigError
+from nexrl_core.holder_backend import HolderBackend
 from nexrl_core.holders import HolderTarget
 from nexrl_core.serving import ServeOptions, ServiceStartError
-from nexrl_remote_api.holder_backend import HolderBackend, build_trainer
+from nexrl_core.trainer import build_trainer
 
 logger = logging.getLogger(__name__)
 

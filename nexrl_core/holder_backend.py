@@ -1,5 +1,10 @@
 """`HolderBackend`: any service holder plus a registered trainer is a `nexrl_core.backend.Backend`.
 
+Every backend whose model sits behind a `ServiceHolder` (the remote-API backend over a
+hosted or local service, the in-process engine) is this class with its own holder; a
+plugin that ships a holder needs no backend code of its own. `nexrl_core.trainer.build_trainer`
+picks and configures the trainer.
+
 The holder samples for rollouts and trains; the trainer turns trajectories into the
 holder's training calls. A checkpoint is a small JSON file in the backend's work
 directory that names the holder's checkpoint and holds the trainer's state (an
@@ -17,11 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from nexrl_core.backend import ChatModel
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.config.schema import TrainConfig
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.model_export import ModelExportError
 from nexrl_core.trainer import Trainer
@@ -32,47 +34,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 OPTION_PATHS = {"loss_fn_config.": "algorithm.loss.options.", "optimizer.": "algorithm.", "model.": "model."}
 """Where each `ServiceHolder.refused_options` key sits in a recipe."""
-
-
-def build_trainer(
-    recipe: TrainConfig,
-    name: str,
-    key: str,
-    *,
-    through_transport: bool = False,
-    settings: Mapping[str, tuple[str, Any]] | None = None,
-) -> Any:
-    """The registered trainer ``name``, configured from the recipe.
-
-    :param through_transport: whether the backend drives workers through a transport
-        (it needs a trainer with capability ``transport``) or a service holder (one without).
-    :param settings: trainer config field -> (recipe key, value) the backend sets; a
-        value other than None for a field the trainer's config lacks is refused by key.
-    :raises ConfigError: naming ``key`` for an unknown or unfit trainer or bad settings.
-    """
-    from nexrl_core.registry import UnknownComponentError, find_spec
-    from nexrl_core.self_hosted import TRANSPORT_TRAINER
-
-    try:
-        spec = find_spec("trainers", name)
-    except UnknownComponentError as error:
-        raise ConfigError([f"{key}: {error}"]) from None
-    if (TRANSPORT_TRAINER in spec.capabilities) != through_transport:
-        needs = (
-            "a trainer with capability 'transport' (self_hosted_grpo)" if through_transport else "a trainer that drives a service holder (remote_api_grpo)"
-        )
-        raise ConfigError([f"{key}: trainer {name!r} does not fit this backend, which needs {needs}"])
-    from_recipe = getattr(spec.config_class, "from_recipe", None)
-    trainer_config = from_recipe(recipe) if callable(from_recipe) else spec.config_class()
-    fields = attrs.fields_dict(type(trainer_config)) if attrs.has(type(trainer_config)) else {}
-    changes = {}
-    for field, (path, value) in (settings or {}).items():
-        if field in fields:
-            if value is not None:
-                changes[field] = value
-        elif value is not None:
-            raise ConfigError([f"{path}: trainer {name!r} has no setting {field!r}; remove it or pick another trainer"])
-    return spec.build(attrs.evolve(trainer_config, **changes) if changes else trainer_config)
 
 
 def recipe_path(key: str) -> str:

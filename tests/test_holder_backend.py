@@ -1,4 +1,5 @@
-"""HolderBackend and the remote_api backend's pieces, on a small in-test holder."""
+"""The core's pieces every backend over a service holder is built from (`HolderBackend`,
+`build_trainer`, `RemoteApiTrainerConfig`), on a small in-test holder."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from typing import Any
 
 import attrs
 import pytest
-from nexrl_remote_api.holder_backend import HolderBackend, recipe_path
-from nexrl_remote_api.remote_backend import RemoteApiBackendConfig, holder_config
-from nexrl_remote_api.trainer import RemoteApiTrainerConfig, loss_option_values
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config import ConfigError, load_config
+from nexrl_core.holder_backend import HolderBackend, recipe_path
+from nexrl_core.holder_trainer import RemoteApiTrainerConfig, loss_option_values
 from nexrl_core.holders import HolderTarget, TrainStepConfig
+from nexrl_core.trainer import build_trainer
 
 
 @attrs.frozen(kw_only=True)
@@ -129,12 +129,20 @@ def test_every_loss_option_travels_by_value() -> None:
     assert loss_option_values(None) == {}
 
 
-def test_the_holder_config_takes_model_and_seed_from_the_recipe(tmp_path: Path) -> None:
-    recipe = load_config(None, ["model.name=m", "model.lora.rank=4", "seed=7"])
-    setup = BackendSetup(recipe=recipe, options=RemoteApiBackendConfig(holder={"refuse": ["x"]}), work_dir=tmp_path)
-    config = holder_config(CounterConfig, setup, "http://127.0.0.1:1", "key")
-    assert (config.model.name, config.model.lora.rank, config.seed) == ("m", 4, 7)
-    assert (config.base_url, config.api_key, config.refuse) == ("http://127.0.0.1:1", "key", ("x",))
-    taken = BackendSetup(recipe=recipe, options=RemoteApiBackendConfig(holder={"model": {}}), work_dir=tmp_path)
-    with pytest.raises(ConfigError, match="backend.options.holder.model: set by the recipe"):
-        holder_config(CounterConfig, taken, None, None)
+@pytest.mark.parametrize(
+    ("name", "through_transport", "fitting"),
+    [("self_hosted_grpo", False, "a trainer that drives a service holder (remote_api_grpo)"),
+     ("remote_api_grpo", True, "a trainer with capability 'transport' (self_hosted_grpo)")],
+)  # fmt: skip
+def test_build_trainer_refuses_a_trainer_that_does_not_fit_naming_those_that_do(name: str, through_transport: bool, fitting: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_trainer(load_config(None, []), name, "backend.options.trainer", through_transport=through_transport)
+    assert caught.value.problems == [f"backend.options.trainer: trainer {name!r} does not fit this backend, which needs {fitting}"]
+
+
+def test_build_trainer_configures_the_trainer_from_the_recipe_and_refuses_a_setting_it_lacks() -> None:
+    recipe = load_config(None, ["algorithm.learning_rate=0.003"])
+    trainer = build_trainer(recipe, "remote_api_grpo", "backend.options.trainer")
+    assert trainer.train_step.optimizer.learning_rate == 0.003
+    with pytest.raises(ConfigError, match=r"backend.options.x: trainer 'remote_api_grpo' has no setting 'x'"):
+        build_trainer(recipe, "remote_api_grpo", "backend.options.trainer", settings={"x": ("backend.options.x", 1)})

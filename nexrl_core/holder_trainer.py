@@ -1,7 +1,7 @@
 """`RemoteApiTrainer`: advantages here, forward-backward and the optimizer step on a service holder.
 
-It serves every backend whose model sits behind a service holder (Tinker, Weaver,
-NexRL's local services, the in-process engine): it computes advantages locally with
+It serves every backend whose model sits behind a service holder (a hosted or local
+service through the remote-API backend, the in-process engine): it computes advantages locally with
 the configured estimator, converts each trajectory into a `RemoteDatum` (input
 ``tokens[:-1]``, target ``tokens[1:]``, the sampler's logprobs as the behaviour policy,
 per-token advantages times the loss mask), leaves out datums whose advantages are all
@@ -11,7 +11,10 @@ one `TrainStepConfig` carrying every option of the loss and every AdamW paramete
 
 Flavours subclass it: `shape_rewards` is where per-token reward terms (a KL penalty
 against the reference model, in the GRPO flavour) enter before advantages are
-computed. This module imports torch only where advantages are computed.
+computed. `RemoteApiTrainerConfig.from_recipe` is where the recipe's ``algorithm``
+section (estimator, loss options, KL, every AdamW parameter) becomes the
+`TrainStepConfig` every holder-driving trainer sends; self-hosted trainers reuse it. This
+module imports torch only where advantages are computed.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ class RemoteApiTrainer:
             raise ConfigError(
                 [
                     f"algorithm.kl.coef: trainer {type(self).__name__} applies no KL penalty; set it to 0 or "
-                    "choose a trainer that does (remote_api_grpo)"
+                    "choose a trainer that does (nexrl plugins lists the registered trainers)"
                 ]
             )
         self._estimator: Any = None
