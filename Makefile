@@ -36,23 +36,29 @@ install:
 test:
 	@records=$$(mktemp -d); failed=""; for dir in $(TEST_DIRS); do \
 		echo "=== pytest $$dir"; \
-		(cd $$dir && NEXRL_RECIPE_KEY_RECORDS=$$records $(CURDIR)/$(BIN)/python -c '$(RUN_PYTEST)') || failed="$$failed $$dir"; \
+		(cd $$dir && NEXRL_RECIPE_KEY_RECORDS=$$records $(CURDIR)/$(BIN)/python -c '$(RUN_PYTEST)' --durations=15) || failed="$$failed $$dir"; \
 	done; \
 	rm -rf $$records; \
 	if [ -n "$$failed" ]; then echo "tests failed in:$$failed"; exit 1; fi
 
 # The GPU suite (tests marked gpu, files test_gpu_*.py): every path trained on CUDA and
 # driven as a user does. On a machine with torch+CUDA and NexRL installed; the venv's python
-# when there is one, else GPU_PYTHON (e.g. make test-gpu GPU_PYTHON=python3). Without a GPU
-# every test is collected and skipped.
+# when there is one, else GPU_PYTHON (e.g. make test-gpu GPU_PYTHON=python3). The four
+# distributions with GPU tests run at once (each trains the tiny model, which leaves the
+# GPU mostly idle), so the suite takes as long as the slowest. Without a GPU every test is
+# collected and skipped.
 GPU_TEST_DIRS := nexrl_fsdp nexrl_tinker nexrl_weaver .
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(CURDIR)/$(BIN)/python,python3)
 
 test-gpu:
-	@failed=""; for dir in $(GPU_TEST_DIRS); do \
-		echo "=== pytest -m gpu $$dir"; \
-		(cd $$dir && $(GPU_PYTHON) -c '$(RUN_PYTEST)' -m gpu -rs --durations=10) || failed="$$failed $$dir"; \
-	done; \
+	@logs=$$(mktemp -d); for dir in $(GPU_TEST_DIRS); do \
+		name=$$(cd $$dir && basename "$$PWD"); \
+		(cd $$dir && $(GPU_PYTHON) -c '$(RUN_PYTEST)' -m gpu -rs --durations=10 > $$logs/$$name.log 2>&1; echo $$? > $$logs/$$name.rc) & \
+	done; wait; failed=""; \
+	for log in $$logs/*.log; do \
+		name=$$(basename $$log .log); echo "=== pytest -m gpu: $$name"; cat $$log; \
+		case $$(cat $$logs/$$name.rc) in 0|5) ;; *) failed="$$failed $$name";; esac; \
+	done; rm -rf $$logs; \
 	if [ -n "$$failed" ]; then echo "GPU tests failed in:$$failed"; exit 1; fi
 
 # Each mutation of tests/mutations.yaml, applied to a throwaway copy, must fail the tests it names

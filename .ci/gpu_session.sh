@@ -12,17 +12,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 R=$PWD
 export PYTHONPATH=$R:$R/plugins/nexrl_remote_api:$R/plugins/nexrl_grpo:$R/nexrl_fsdp:$R/plugins/nexrl_service:$R/nexrl_tinker:$R/nexrl_weaver:$R/plugins/nexrl_episodes:$R/plugins/nexrl_math:$R/plugins/nexrl_sinks:/tmp/site
 export PATH=/tmp/site/bin:$PATH
+# the tests run the nexrl beside their interpreter (the one under test, not the first on PATH)
+ln -sf /tmp/site/bin/nexrl "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/nexrl"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/card.txt"
 if [[ $what == tests || $what == all ]]; then
   started=$(date +%s)
-  for dir in nexrl_fsdp nexrl_tinker nexrl_weaver .; do
-    name=$(basename "$(cd $dir && pwd)")
-    (cd $dir && timeout 420 python3 -m pytest -m gpu -rs -q --durations=10 -p no:cacheprovider > "$OUT/gpu_tests_$name.log" 2>&1; echo "exit $?" >> "$OUT/gpu_tests_$name.log") &
-  done
-  wait
-  echo "GPU suite: $(( $(date +%s) - started )) s wall (4 distributions in parallel)"
-  for log in "$OUT"/gpu_tests_*.log; do echo "--- $log"; grep -E "passed|failed|error|exit [0-9]" "$log" | tail -3; done
+  timeout 420 make test-gpu GPU_PYTHON=python3 > "$OUT/gpu_tests.log" 2>&1; echo "exit $?" >> "$OUT/gpu_tests.log"
+  echo "GPU suite: $(( $(date +%s) - started )) s wall"
+  grep -E "^=== |passed|failed|exit [0-9]" "$OUT/gpu_tests.log"
 fi
 if [[ $what == bench || $what == all ]]; then
   timeout 400 python3 benchmarks/scaling.py --device cuda "$@" 2>&1 | tee "$OUT/scaling_cuda.log" | tail -40

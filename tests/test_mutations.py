@@ -5,8 +5,8 @@ The copy holds the files git tracks (and untracked ones it does not ignore); its
 run with ``PYTHONPATH`` listing the copy's distribution folders, so they import the
 copy's code, not the installed one. Each named test runs on its own, from its own
 distribution's folder, as ``make test`` runs it: once on the unmutated copy (it must
-pass) and once per mutation that names it (it must fail). Mutations run one after
-the other, each restored before the next.
+pass) and once per mutation that names it (it must fail). One copy per CPU takes
+these runs as they come, a mutation restored on its copy before that copy's next run.
 
 ``make mutations`` (``python tests/test_mutations.py``) runs the list and prints, per
 mutation, the tests that caught it and how long it took; `test_every_mutation_is_caught`
@@ -15,19 +15,24 @@ runs it in CI. The cheap tests below check the list itself and the runner's verd
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import pytest
 import yaml
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS_FILE = ROOT / "tests" / "mutations.yaml"
@@ -197,23 +202,43 @@ def mutated(copy: Path, mutation: Mutation) -> Iterator[None]:
         target.write_bytes(original)
 
 
-def run_mutations(mutations: Sequence[Mutation], root: Path = ROOT, verbose: bool = False) -> Report:
-    """Apply each mutation in turn to one throwaway copy of ``root`` and run its tests."""
+def run_mutations(mutations: Sequence[Mutation], root: Path = ROOT, verbose: bool = False, workers: int | None = None) -> Report:
+    """Apply each mutation to a throwaway copy of ``root`` and run its tests; ``workers``
+    copies (one per CPU by default) take the named tests' baseline runs and then the
+    mutations in turn, so every core is busy (each job is mostly one pytest's start)."""
     problems = [problem for mutation in mutations if (problem := misplaced(mutation, root))]
     if problems:
         raise ValueError("\n".join(problems))
     started = time.monotonic()
-    with throwaway_copy(root) as copy:
-        named = sorted({test for mutation in mutations for test in mutation.tests})
-        baseline = {test: run_test(copy, test) for test in named}
-        verdicts = []
-        for mutation in mutations:
-            began = time.monotonic()
-            with mutated(copy, mutation):
-                statuses = {test: run_test(copy, test) for test in mutation.tests}
-            verdicts.append(Verdict(mutation, statuses, time.monotonic() - began))
+    named = sorted({test for mutation in mutations for test in mutation.tests})
+    workers = max(1, min(workers or os.cpu_count() or 1, len(mutations)))
+    with ExitStack() as stack:
+        copies: queue.Queue[Path] = queue.Queue()
+        for _ in range(workers):
+            copies.put(stack.enter_context(throwaway_copy(root)))
+
+        def on_a_copy(job: Callable[[Path], T]) -> T:
+            copy = copies.get()
+            try:
+                return job(copy)
+            finally:
+                copies.put(copy)
+
+        def verdict(mutation: Mutation) -> Verdict:
+            def job(copy: Path) -> Verdict:
+                began = time.monotonic()
+                with mutated(copy, mutation):
+                    statuses = {test: run_test(copy, test) for test in mutation.tests}
+                return Verdict(mutation, statuses, time.monotonic() - began)
+
+            done = on_a_copy(job)
             if verbose:
-                print(describe(verdicts[-1]), flush=True)
+                print(describe(done), flush=True)
+            return done
+
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            baseline = dict(zip(named, pool.map(lambda test: on_a_copy(lambda copy: run_test(copy, test)), named)))
+            verdicts = list(pool.map(verdict, mutations))
     return Report(baseline, verdicts, time.monotonic() - started)
 
 
