@@ -4,27 +4,43 @@ model on a worker group, and the run is the one the in-process engine gives."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from nexrl_core.testing.processes import ListenerWatch
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 SHORT = ["schedule.steps=2", "schedule.validate_every=0", "schedule.checkpoint_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4"]
 
 
-def train(out: Path, workers: int) -> list[dict]:
+def train(out: Path, workers: int, watch: ListenerWatch | None = None) -> list[dict]:
+    """The short run; under ``watch``, stopped the moment a process of it listens beyond the loopback."""
     command = [NEXRL, "train", *SHORT, f"backend.options.workers={workers}", f"output.dir={out}", "--no-progress"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=out.parent)
+    if watch is None:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=out.parent)
+    else:
+        completed = watch.run(command, env={**os.environ, "NEXRL_E2E_WORKERS": watch.marker}, timeout=600, cwd=out.parent)
+        assert watch.beyond_loopback() == [], f"listening beyond the loopback: {watch.beyond_loopback()} (of {sorted(watch.seen)})"
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
 def test_the_embedded_service_trains_on_a_worker_group(tmp_path: Path) -> None:
+    """The run on a worker group gives the in-process engine's run, and no process of it
+    listens beyond the loopback at any time: the service, torchrun, the rank, and the
+    `WeightsInbox` the service opens for each weights push from the group (step 2 samples
+    from the weights step 1 trained), a socket that lives tens of milliseconds. The
+    group's run comes first, so a listener beyond the loopback fails the test at once."""
+    with ListenerWatch(uuid.uuid4().hex) as watch:
+        on_group = train(tmp_path / "group", 1, watch)
+    assert len({pid for pid, _, _ in watch.seen}) >= 2, f"the service and its rank listen: {sorted(watch.seen)}"
     in_process = train(tmp_path / "engine", 0)
-    on_group = train(tmp_path / "group", 1)
     logs = list((tmp_path / "group" / "backend" / "service" / "workers").glob("*.log"))
     assert len(logs) == 1, "the run's model did not train on a group of its own"
     assert not (tmp_path / "engine" / "backend" / "service" / "workers").exists()

@@ -25,7 +25,7 @@ from nexrl_core.registry import find_spec
 from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.hf_model import load_exported
-from nexrl_core.testing.processes import process_tree, processes_with, tcp_listeners
+from nexrl_core.testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_fsdp.loading import load_model, resolve_model_dir
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
@@ -220,6 +220,18 @@ def test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers(contract_
     trainer.close()
 
 
+def train_on_the_loopback(command: list[str], marker: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``nexrl train`` under a `ListenerWatch`, which ends it the moment a process of it
+    listens beyond the loopback: no process of the run (the driver and its workers' API
+    server, the sampler process, torchrun, the ranks' store, gloo and data sockets) ever
+    listens beyond 127.0.0.1 and ::1, from the first step to the last save."""
+    with ListenerWatch(marker) as watch:
+        result = watch.run(command, env={**os.environ, MARKER: marker}, timeout=timeout)
+    assert watch.beyond_loopback() == [], f"listening beyond the loopback: {watch.beyond_loopback()} (of {sorted(watch.seen)})"
+    assert len({pid for pid, _, _ in watch.seen}) >= 4, f"the driver, the sampler and both ranks listen: {sorted(watch.seen)}"
+    return result
+
+
 @pytest.mark.slow
 def test_quickstart_fsdp_runs_to_its_last_step_learns_and_leaves_no_process(tmp_path: Path) -> None:
     """The README's self-hosted command as it is (40 steps on 2 ranks, four checkpoints and
@@ -228,7 +240,7 @@ def test_quickstart_fsdp_runs_to_its_last_step_learns_and_leaves_no_process(tmp_
     marker = uuid.uuid4().hex
     out = tmp_path / "run"
     command = [str(Path(sys.executable).parent / "nexrl"), "train", str(RECIPE), f"output.dir={out}", "task.val_size=100"]
-    result = subprocess.run(command, env={**os.environ, MARKER: marker}, capture_output=True, text=True, timeout=900)
+    result = train_on_the_loopback(command, marker, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(row["step"] for row in rows) == 40
@@ -275,7 +287,7 @@ def test_quickstart_fsdp_trains_lora_adapters_end_to_end(tmp_path: Path) -> None
         "rollout.prompts_per_step=8", "rollout.group_size=4", "algorithm.learning_rate=1e-3",
         "model.lora.rank=4", "model.lora.alpha=8", "model.lora.train_attn=false", "model.lora.train_unembed=false",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    result = train_on_the_loopback(command, uuid.uuid4().hex, timeout=480)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     differences = [row["actor/old_logprob_abs_diff"] for row in rows if row["step"] >= 1]

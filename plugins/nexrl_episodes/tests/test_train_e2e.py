@@ -8,14 +8,18 @@ once; a SIGKILLed trainer resumes without losing an ended episode's result.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+
+from nexrl_core.testing.processes import ListenerWatch
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "quickstart_episodes.yaml"
@@ -24,9 +28,15 @@ NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, no
 SHORT = ["schedule.steps=4", "schedule.validate_every=4", "task.val_size=64", "--no-progress"]
 
 
-def train(out: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def train(out: Path, *overrides: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], ListenerWatch]:
+    """The run under a `ListenerWatch`, which ends it the moment a process of it listens
+    beyond the loopback: no process of the run (the trainer with its episode server and
+    embedded service, the worker processes) ever listens beyond 127.0.0.1 and ::1."""
     command = [NEXRL, "train", str(RECIPE), f"output.dir={out}", f"rollout.source.options.local_workers.script={WORKER}", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=out.parent)
+    with ListenerWatch(marker := uuid.uuid4().hex) as watch:
+        completed = watch.run(command, env={**os.environ, "NEXRL_EPISODES_E2E": marker}, timeout=timeout, cwd=out.parent)
+    assert watch.beyond_loopback() == [], f"listening beyond the loopback: {watch.beyond_loopback()} (of {sorted(watch.seen)})"
+    return completed, watch
 
 
 def validation(out: Path) -> dict[int, float]:
@@ -43,8 +53,10 @@ def episode_rows(out: Path) -> list[tuple[str, str, int, float | None, int]]:
 @pytest.mark.parametrize("backend", [[], ["backend.name=inprocess", "backend.options={}"]], ids=["remote_api", "inprocess"])
 def test_the_episodes_quickstart_raises_held_out_reward(tmp_path: Path, backend: list[str]) -> None:
     out = tmp_path / "run"
-    completed = train(out, *SHORT, *backend)
+    completed, watch = train(out, *SHORT, *backend)
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    server_port = int(json.loads((out / "rollout" / "episode_server.json").read_text())["base_url"].rsplit(":", 1)[1])
+    assert server_port in {port for _, _, port in watch.seen}, "the watch saw the episode server"
     validated = validation(out)
     assert set(validated) == {0, 4}
     assert validated[4] >= validated[0] + 0.15, f"validation reward did not rise: {validated}"
