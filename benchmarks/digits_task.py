@@ -13,6 +13,12 @@ not break it.
 The prompts are the addition task's (``{"a": 12, "b": 7}`` asks ``12+7=``); only the
 reward differs. Pure Python, so NexRL's rollout threads import it cheaply as
 ``task.agent: digits_task:agent``.
+
+`reply_length` (``task.agent: digits_task:length_agent``, ``scaling.py --reward length``)
+is denser still, for throughput runs: the reply's length in characters. Digits are 13 of
+the shipped tokenizer's 1 024 tokens, so a random model emits one in few replies and most
+GRPO groups tie, which NexRL skips (nothing to learn) and TRL trains anyway; replies of
+random tokens differ in length in almost every group, so every side trains every row.
 """
 
 from __future__ import annotations
@@ -39,3 +45,23 @@ def agent(item: Mapping[str, Any], llm: Any) -> float:
     """Ask once through the OpenAI-shaped client; reward the reply's digit fraction."""
     completion = llm.chat.completions.create(messages=messages(item))
     return digit_fraction(completion.choices[0].message.content or "")
+
+
+LENGTH_SCALE = 64
+"""`reply_length` is the reply's characters over this, at most 1."""
+
+
+def reply_length(response_text: str) -> float:
+    """Characters of the reply (without end-of-turn markers and surrounding whitespace)
+    over `LENGTH_SCALE`, at most 1."""
+    return min(1.0, len(parse_answer(response_text)) / LENGTH_SCALE)
+
+
+def length_agent(item: Mapping[str, Any], llm: Any) -> float:
+    """Ask once; reward the reply's length (`reply_length`)."""
+    completion = llm.chat.completions.create(messages=messages(item))
+    return reply_length(completion.choices[0].message.content or "")
+
+
+REWARDS = {"digits": (digit_fraction, "digits_task:agent"), "length": (reply_length, "digits_task:length_agent")}
+"""``scaling.py --reward``: name -> (score of a reply's raw text, ``task.agent``)."""

@@ -34,8 +34,19 @@ service on 1-rank groups at most 1.3x its s/step on the in-process engine, and a
 self-hosted run's train phase at most 1.5x the in-process backend's. Exit status 0
 whatever the verdict: this is a benchmark, not a test.
 
-Run: ``python benchmarks/scaling.py [--sizes tiny 10m 50m] [--steps 6]
-[--prompts-per-step 8] [--group-size 4] [--dtype float32|bfloat16] [--only SIDE ...]``.
+``--device cuda`` (or ``cuda:N``) runs every side on that GPU (NexRL's engines, services and
+samplers; TRL without ``use_cpu``; the evaluation) and adds ``1.5b``, a Qwen2.5-1.5B shape
+(hidden 1536, 28 layers, 12 heads, 2 key/value heads, intermediate 8960, vocabulary 151 936,
+tied embeddings, random init) trained in bf16 whatever ``--dtype`` says; the default sizes
+there are ``10m 50m 1.5b``. A GPU run also prints, per size and side, s/step, rollout and
+training tokens/s, rows trained per step, peak GPU memory and MFU (`grpo_sides.gpu_throughput`).
+``--reward length`` trains on the reply's length instead of its digits, so that random
+models give every GRPO group something to learn and every side trains every row (see
+`digits_task`). A device this machine lacks stops the script at once.
+
+Run: ``python benchmarks/scaling.py [--sizes tiny 10m 50m 1.5b] [--steps 6]
+[--prompts-per-step 8] [--group-size 4] [--dtype float32|bfloat16] [--only SIDE ...]
+[--device cpu|cuda|cuda:N] [--reward digits|length]``.
 Needs ``trl`` installed under the torch pin: ``pip install -c constraints.txt trl``.
 """
 
@@ -54,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import grpo_sides as shared  # first: sets the offline environment before torch loads
-from digits_task import digit_fraction, messages
+from digits_task import REWARDS, messages
 from grpo_sides import STEP_PARTS, fmt, median_after_first, ratio
 
 NEXRL_SIDES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -86,10 +97,26 @@ SIZES: dict[str, dict[str, int] | None] = {
     "tiny": None,
     "10m": {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6},
     "50m": {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 10, "num_attention_heads": 10},
+    "1.5b": {
+        "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+        "vocab_size": 151936,
+    },  # fmt: skip
 }
 """Model sizes: ``None`` is the shipped model; otherwise the Qwen2 shape that differs from
-the shipped config (head dim 64, two key/value heads, the shipped vocabulary, tied
-embeddings)."""
+the shipped config (head dim 64, two key/value heads, the shipped vocabulary unless given,
+tied embeddings). ``1.5b`` is Qwen2.5-1.5B's shape."""
+DEFAULT_SIZES = {"cpu": ("tiny", "10m", "50m"), "cuda": ("10m", "50m", "1.5b")}
+"""What ``--sizes`` defaults to on a CPU and on a GPU."""
+SIZE_DTYPES = {"1.5b": "bfloat16"}
+"""Sizes trained in this dtype whatever ``--dtype`` says."""
+FINAL_NORM_WEIGHT = 6.0
+"""In a size whose vocabulary is larger than the tokenizer (``1.5b``), the embedding rows past
+the shipped tokenizer's 1 024 tokens start at zero and the final norm's weight at this
+instead of 1. With every row random and a weight of 1, a random 151 936-row model samples a
+token the tokenizer has in under 1 % of places, so nearly every reply is empty and every
+group ties; with these (measured on the 28-layer shape at T=1) it samples one of them in
+97 % of places, about 21 distinct tokens in a group's 32, and every group's replies differ
+in length. Scaling the embedding rows instead makes a tied model repeat its last token."""
 SHIPPED = "nexrl-tiny"
 INHERITED_CONFIG = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
 """What built sizes take from the shipped config, so the shipped tokenizer fits them."""
@@ -113,7 +140,7 @@ def installed_sides() -> list[str]:
 # --- models and data -----------------------------------------------------------------------------
 
 
-def build_model(size: str, work: Path, seed: int) -> tuple[str, int]:
+def build_model(size: str, work: Path, seed: int, device: str = "cpu") -> tuple[str, int]:
     """The model directory (or shipped name) for ``size`` and its parameter count; built
     sizes are random Qwen2 models saved once per work dir with the shipped tokenizer."""
     import torch
@@ -127,11 +154,19 @@ def build_model(size: str, work: Path, seed: int) -> tuple[str, int]:
         return SHIPPED, sum(p.numel() for p in model.parameters())
     target = work / f"model_{size}"
     base = Qwen2Config.from_pretrained(shipped)
-    config = Qwen2Config(
-        **{name: getattr(base, name) for name in INHERITED_CONFIG}, tie_word_embeddings=True, num_key_value_heads=2, **shape
-    )
+    inherited = {name: getattr(base, name) for name in INHERITED_CONFIG}
+    config = Qwen2Config(**{**inherited, **shape}, tie_word_embeddings=True, num_key_value_heads=2)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Built on the benchmark's device in the size's dtype: a 1.5B model initialises in
+    # seconds there (the CPU sizes are built exactly as before, in fp32 on the CPU).
+    dtype = torch.bfloat16 if SIZE_DTYPES.get(size) == "bfloat16" else torch.float32
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tokens = base.vocab_size
+    if config.vocab_size > tokens:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[tokens:] = 0
+            model.model.norm.weight.fill_(FINAL_NORM_WEIGHT)
     if not (target / "config.json").exists():
         model.save_pretrained(target)
         for name in TOKENIZER_FILES:
@@ -160,11 +195,12 @@ def nexrl_config(args: argparse.Namespace, side: str, out_dir: Path) -> Any:
     train_path, val_path = work / "prompts_train.jsonl", work / "prompts_val.jsonl"
     overrides = [
         *NEXRL_SIDES[side][1],
+        *shared.device_overrides(args, backend_of(side)),
         f"model.name={args.model_dir}",
         f"model.dtype={DTYPES[args.dtype]}",
         f"task.data_path={train_path}",
         f"task.val_data_path={val_path}",
-        "task.agent=digits_task:agent",
+        f"task.agent={REWARDS[args.reward][1]}",
         *shared.common_overrides(args, out_dir),
     ]
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
@@ -172,6 +208,12 @@ def nexrl_config(args: argparse.Namespace, side: str, out_dir: Path) -> Any:
 
 
 # --- the sides (each in its own child process) ----------------------------------------------------
+
+
+def backend_of(side: str) -> str:
+    """The ``backend.name`` a side runs (its overrides', else the quickstart's ``remote_api``)."""
+    names = [override.partition("=")[2] for override in NEXRL_SIDES.get(side, ("", ()))[1] if override.startswith("backend.name=")]
+    return names[-1] if names else "remote_api"
 
 
 def run_nexrl(args: argparse.Namespace, side: str) -> dict[str, Any]:
@@ -196,6 +238,7 @@ def run_nexrl(args: argparse.Namespace, side: str) -> dict[str, Any]:
         "model_dir": str(summary.final_model) if summary.final_model else args.model_dir,
         "checkpoint": None if summary.final_model else shared.nexrl_final_checkpoint(out_dir, args.steps),
         "final_model_error": summary.final_model_error,
+        **shared.gpu_peak_allocated(),
     }
 
 
@@ -217,8 +260,10 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     items = shared.nexrl_training_items(config, args.steps * args.prompts_per_step)
     dataset = Dataset.from_list([{"prompt": messages(item)} for item in items])
 
+    score = REWARDS[args.reward][0]
+
     def digits(prompts: list, completions: list, completion_ids: list, **_: Any) -> list[float]:
-        return [digit_fraction(shared.decode_raw(tokenizer, ids)) for ids in completion_ids]
+        return [score(shared.decode_raw(tokenizer, ids)) for ids in completion_ids]
 
     grpo = shared.trl_grpo_config(args, config.algorithm, work / f"{args.size}_trl_out")
     return shared.train_trl(model, tokenizer, dataset, digits, grpo, work / f"{args.size}_trl_final_model")
@@ -233,15 +278,17 @@ def evaluate(
     from nexrl_fsdp.tiny.addition import heldout_problems
 
     conversations = [problem.messages() for problem in heldout_problems(args.val_size)]
+    score = REWARDS[args.reward][0]
     return shared.evaluate_policy(
         weights_dir,
         checkpoint,
         conversations,
-        lambda _index, text: digit_fraction(text),
+        lambda _index, text: score(text),
         max_tokens=args.max_tokens,
         samples=args.eval_samples,
         seed=args.seed,
         stop=stop,
+        device=args.device,
     )
 
 
@@ -316,11 +363,14 @@ def peer_verdicts(size: str, sides: list[str], results: dict) -> list[str]:
 
 def report(args: argparse.Namespace, table: list[str], verdicts: list[str], starts: dict[str, tuple]) -> None:
     print()
-    print(f"## NexRL vs TRL GRPOTrainer by model size ({args.dtype})")
+    forced = [f"{size} in {SIZE_DTYPES[size]}" for size in args.sizes if size in SIZE_DTYPES and SIZE_DTYPES[size] != args.dtype]
+    print(f"## NexRL vs TRL GRPOTrainer by model size ({'; '.join([args.dtype, *forced])})")
+    reward = "digit fraction of the reply" if args.reward == "digits" else "reply length (characters / 64, at most 1)"
+    where = "" if args.device == "cpu" else f", on {args.device}"
     print(
         f"{args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} samples, max_tokens {args.max_tokens}, "
-        f"lr {args.lr}, seed {args.seed}, {args.threads} torch threads per process; reward = digit fraction of the reply "
-        f"on {args.val_size} held-out prompts x {args.eval_samples} samples (T=1, fp32, same sampler for every model)"
+        f"lr {args.lr}, seed {args.seed}, {args.threads} torch threads per process; reward = {reward} "
+        f"on {args.val_size} held-out prompts x {args.eval_samples} samples (T=1, fp32, same sampler for every model{where})"
     )
     print(
         "untrained start reward: "
@@ -338,23 +388,43 @@ def report(args: argparse.Namespace, table: list[str], verdicts: list[str], star
 # --- orchestration --------------------------------------------------------------------------------
 
 
+def size_dtype(args: argparse.Namespace, size: str) -> str:
+    """The dtype ``size`` trains in: `SIZE_DTYPES`, else ``--dtype``."""
+    return SIZE_DTYPES.get(size, args.dtype)
+
+
 def worker_argv(args: argparse.Namespace, size: str, model_dir: str) -> list[str]:
-    return [*shared.common_argv(args), f"--dtype={args.dtype}", f"--size={size}", f"--model-dir={model_dir}"]
+    argv = [*shared.common_argv(args), f"--dtype={size_dtype(args, size)}", f"--size={size}", f"--model-dir={model_dir}"]
+    return argv if args.reward == "digits" else [*argv, f"--reward={args.reward}"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES))
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=tuple(SIZES),
+        default=None,
+        help=f"model sizes to run (default on a CPU: {' '.join(DEFAULT_SIZES['cpu'])}; on a GPU: {' '.join(DEFAULT_SIZES['cuda'])})",
+    )
     shared.add_common_arguments(parser, steps=6, prompts=8, group=4, val_size=64)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--only", nargs="+", choices=(*NEXRL_SIDES, TRL), help="run only these sides")
+    parser.add_argument(
+        "--reward",
+        choices=tuple(REWARDS),
+        default="digits",
+        help="digits: the digit fraction of the reply (default); length: its length, which random models vary in every group",
+    )
     parser.add_argument("--worker", choices=(*NEXRL_SIDES, TRL), help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=tuple(SIZES), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     shared.check_positive(parser, args)
+    if args.sizes is None:
+        args.sizes = list(DEFAULT_SIZES["cpu" if args.device == "cpu" else "cuda"])
     return args
 
 
@@ -380,11 +450,22 @@ def main(argv: list[str] | None = None) -> int:
     table: list[str] = []
     verdicts: list[str] = []
     starts: dict[str, tuple] = {}
+    on_gpu = args.device != "cpu"
+    if on_gpu:
+        card, peak_flops = shared.card(args.device, args.peak_tflops)
+        print(f"GPU: {card} ({args.device}); MFU against {fmt(peak_flops and peak_flops / 1e12, 0)} TFLOP/s dense bf16", flush=True)
+        prompts = [messages(json.loads(line)) for line in (work / "prompts_train.jsonl").read_text().splitlines()]
+        prompt_tokens = shared.mean_prompt_tokens(SHIPPED, prompts)
+    gpu_table: list[str] = []
     for size in args.sizes:
-        model_dir, params = build_model(size, work, args.seed)
+        model_dir, params = build_model(size, work, args.seed, args.device)
+        if on_gpu:
+            torch.cuda.empty_cache()
         print(f"== {size}: {params:,} parameters ({model_dir})", flush=True)
         argv_ = worker_argv(args, size, model_dir)
-        results = {side: shared.run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}") for side in sides}
+        results = {
+            side: shared.run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}", device=args.device) for side in sides
+        }
         print(f"[{size}] evaluating every final model with the same sampler ...", flush=True)
         starts[size] = evaluate(model_dir, None, args)
         stop = starts[size][3]
@@ -396,10 +477,30 @@ def main(argv: list[str] | None = None) -> int:
         rows, size_verdicts = size_rows(size, params, sides, results, evals)
         table += rows
         verdicts += size_verdicts
+        if on_gpu:
+            for side in sides:
+                if "error" not in results[side]:
+                    numbers = shared.gpu_throughput(results[side], params, prompt_tokens, peak_flops)
+                    name = "TRL" if side == TRL else f"NexRL {side}"
+                    gpu_table.append(
+                        f"| {size} ({params / 1e6:.1f}M, {size_dtype(args, size)}) | {name} | {shared.gpu_cells(results[side], numbers)} |"
+                    )
         for side, result in results.items():
             if "step_seconds" in result:
                 print(f"[{size}] {side} every step's s: " + " ".join(f"{s:.2f}" for s in result["step_seconds"]))
     report(args, table, verdicts, starts)
+    if on_gpu:
+        print()
+        print(f"## Throughput on {card} ({'MFU against %.0f TFLOP/s dense bf16' % (peak_flops / 1e12) if peak_flops else 'peak FLOP/s unknown: pass --peak-tflops'})")
+        print(
+            "steps 2..N; rollout tokens/s = sampled tokens / rollout phase s; training tokens/s = prompt + completion tokens "
+            f"of the rows trained / train phase s (NexRL: {prompt_tokens:.1f} prompt tokens per row, the mean); "
+            "MFU = 6 x parameters x training tokens/s / peak"
+        )
+        print()
+        print("| size | side " + shared.GPU_TABLE_HEADER)
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(gpu_table))
     shared.finish_work_dir(args, work)
     return 0
 

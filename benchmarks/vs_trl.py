@@ -37,9 +37,14 @@ Measured:
   loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
   per problem) is printed as a cross-check only.
 
+``--device cuda`` (or ``cuda:N``) runs every side on that GPU: NexRL's embedded service, engine
+or sampler and workers (`grpo_sides.device_overrides`), TRL without ``use_cpu``, and the
+evaluation; it then also prints each side's rollout and training tokens/s, peak GPU memory
+and MFU (`grpo_sides.gpu_throughput`). A device this machine lacks stops the script at once.
+
 Run: ``python benchmarks/vs_trl.py [--steps 10] [--prompts-per-step 16] [--group-size 8]
-[--max-tokens 8] [--lr 1e-4] [--val-size 200] [--seed 0] [--only SIDE ...]`` with
-sides ``remote_api``, ``inprocess`` and ``trl``.
+[--max-tokens 8] [--lr 1e-4] [--val-size 200] [--seed 0] [--only SIDE ...]
+[--device cpu|cuda|cuda:N]`` with sides ``remote_api``, ``inprocess``, ``self-hosted`` and ``trl``.
 Needs ``trl`` installed under the torch pin: ``pip install -c constraints.txt trl``.
 """
 
@@ -56,7 +61,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_sides import (  # first: sets the offline environment before torch loads
+import grpo_sides as shared  # first: sets the offline environment before torch loads
+from grpo_sides import (
     decode_raw,
     evaluate_policy,
     fmt,
@@ -109,6 +115,7 @@ def quickstart_config(args: argparse.Namespace, out_dir: Path, backend: str = "r
     if backend != "remote_api":
         options = read_recipe(REPO / "recipes" / BACKEND_RECIPES[backend])["backend"].get("options", {})
         overrides += [f"backend.name={backend}", f"backend.options={json.dumps(options)}"]
+    overrides += shared.device_overrides(args, backend)
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as recipe:
         return load_config(recipe, overrides)
 
@@ -153,6 +160,7 @@ def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, A
         "model_dir": weights,
         "checkpoint": checkpoint,
         "metrics_path": str(summary.metrics_path),
+        **shared.gpu_peak_allocated(),
     }
 
 
@@ -207,6 +215,7 @@ def evaluate(
         samples=args.eval_samples,
         seed=args.seed,
         stop=stop,
+        device=args.device,
     )
 
 
@@ -215,7 +224,7 @@ def evaluate(
 
 def run_side(side: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Train one side in a child process; its output goes to ``<work>/<side>.log``."""
-    return run_child(Path(__file__), side, common_argv(args), work)
+    return run_child(Path(__file__), side, common_argv(args), work, device=args.device)
 
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: dict[str, Any]) -> None:
@@ -388,8 +397,41 @@ def main(argv: list[str] | None = None) -> int:
             continue
         evals[side] = evaluate(result["model_dir"], result.get("checkpoint"), args, stop=stop)
     report(args, results, evals)
+    if args.device != "cpu":
+        gpu_report(args, results)
     finish_work_dir(args, work)
     return 0
+
+
+def gpu_report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    """Per side on the GPU: s/step, rollout and training tokens/s, rows trained per step,
+    peak GPU memory and MFU (`grpo_sides.gpu_throughput`)."""
+    from nexrl_fsdp.tiny.addition import AdditionProblem
+    from transformers import AutoConfig
+
+    card, peak_flops = shared.card(args.device, args.peak_tflops)
+    prompts = [AdditionProblem(item["a"], item["b"]).messages() for item in training_items(args)]
+    prompt_tokens = shared.mean_prompt_tokens(MODEL_NAME, prompts)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir())).parameters())
+    peak = f"MFU against {peak_flops / 1e12:.0f} TFLOP/s dense bf16" if peak_flops else "peak FLOP/s unknown: pass --peak-tflops"
+    print()
+    print(f"## Throughput on {card} ({MODEL_NAME}, {params:,} parameters; {peak})")
+    print(
+        "steps 2..N; rollout tokens/s = sampled tokens / rollout phase s; training tokens/s = prompt + completion tokens "
+        f"of the rows trained / train phase s (NexRL: {prompt_tokens:.1f} prompt tokens per row, the mean); "
+        "MFU = 6 x parameters x training tokens/s / peak"
+    )
+    print()
+    print("| side " + shared.GPU_TABLE_HEADER)
+    print("|---|---|---|---|---|---|---|---|")
+    for side in SIDES:
+        if side in results and "error" not in results[side]:
+            numbers = shared.gpu_throughput(results[side], params, prompt_tokens, peak_flops)
+            print(f"| {'TRL' if side == 'trl' else 'NexRL ' + side} | {shared.gpu_cells(results[side], numbers)} |")
 
 
 if __name__ == "__main__":
