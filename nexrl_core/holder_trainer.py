@@ -27,6 +27,7 @@ import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.lr_schedule import LearningRateSchedule
 from nexrl_core.config.schema import ComponentChoice, KLSettings, TrainConfig
 from nexrl_core.holders import LossOptionValue, ServiceHolder, TrainStepConfig
 from nexrl_core.metrics import readable_train_metrics
@@ -51,6 +52,16 @@ def loss_option_values(options: Any) -> dict[str, LossOptionValue]:
     return values
 
 
+def step_with_scheduled_rate(train_step: TrainStepConfig, schedule: LearningRateSchedule | None, step: int) -> TrainStepConfig:
+    """``train_step`` with the learning rate ``schedule`` gives ``step`` (1-based) in its
+    AdamW settings: what a trainer sends for that step."""
+    if schedule is None or schedule.is_constant:
+        return train_step
+    optimizer = train_step.optimizer
+    rate = schedule.rate(optimizer.learning_rate, step)
+    return attrs.evolve(train_step, optimizer=attrs.evolve(optimizer, learning_rate=rate))
+
+
 @attrs.frozen(kw_only=True)
 class RemoteApiTrainerConfig:
     """Everything a remote-API trainer needs, built from the recipe's ``algorithm`` section."""
@@ -63,6 +74,9 @@ class RemoteApiTrainerConfig:
     """Loss (with every option) and optimizer settings sent with every step."""
     kl: KLSettings = attrs.field(factory=KLSettings)
     """KL penalty against the reference model (``coef`` 0: none)."""
+    lr_schedule: LearningRateSchedule = attrs.field(factory=LearningRateSchedule)
+    """How each step's learning rate follows from ``train_step.optimizer.learning_rate``
+    (``algorithm.lr_schedule``, ``algorithm.warmup_steps``, ``schedule.steps``)."""
 
     @classmethod
     def from_recipe(cls, config: TrainConfig) -> RemoteApiTrainerConfig:
@@ -96,6 +110,7 @@ class RemoteApiTrainerConfig:
                 optimizer=optimizer,
             ),
             kl=algorithm.kl,
+            lr_schedule=LearningRateSchedule.from_recipe(config),
         )
 
 
@@ -191,7 +206,9 @@ class RemoteApiTrainer:
         metrics["datums/skipped"] = float(skipped)
         metrics["datums/trained_tokens"] = float(sum(sum(datum.loss_mask) for datum in datums))
         if datums:
-            result = holder.train(datums, self.train_step)
+            train_step = step_with_scheduled_rate(self.train_step, self.config.lr_schedule, step)
+            metrics["optim/lr"] = train_step.optimizer.learning_rate
+            result = holder.train(datums, train_step)
             metrics.update(readable_train_metrics(result))
             self._changed = True
         return metrics

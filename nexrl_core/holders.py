@@ -114,12 +114,13 @@ class ServiceHolder(ChatModel, Protocol):
 
 
 def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabilities | None) -> dict[str, str]:
-    """What a training API without dtype or LoRA-alpha settings cannot honour of ``model``,
+    """What a training API without dtype, LoRA-alpha or checkpointing settings cannot honour of ``model``,
     as `ServiceHolder.refused_options` entries; ``api`` names it in the reasons.
 
     The precision is the service's own: a NexRL service says which it trains in
     (``service``), and ``model.dtype`` must match it; a hosted service does not say, so
-    only the default is accepted. Adapters are scaled by the default alpha.
+    only the default is accepted. Adapters are scaled by the default alpha. Activation
+    checkpointing is the service's business: ``model.gradient_checkpointing`` is refused.
     """
     refused: dict[str, str] = {}
     requested = model.dtype.value
@@ -132,6 +133,11 @@ def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabil
         refused["model.dtype"] = (
             f"the {api} API has no dtype setting and a hosted service does not say which it trains in; "
             "use fp32, or a NexRL service started with --dtype, or backend.name=inprocess"
+        )
+    if model.gradient_checkpointing:
+        refused["model.gradient_checkpointing"] = (
+            f"the {api} API has no activation-checkpointing setting (the service decides how it keeps activations); "
+            "remove it, or use backend.name=inprocess or self-hosted"
         )
     if model.lora.is_lora and model.lora.alpha != DEFAULT_ALPHA:
         refused["model.lora.alpha"] = (

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from nexrl_core.config.checks import Check
+from nexrl_core.holder_trainer import step_with_scheduled_rate
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.metrics import readable_train_metrics
 from nexrl_core.types import Trajectory, sort_trajectories
@@ -154,12 +155,16 @@ class SelfHostedTrainer:
         statistic (their loss mask is 0, so the loss never sees them)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _prepare_batch(batch) -> (batch, metrics)")
 
-    def update_options(self) -> dict[str, Any]:
-        """What `Transport.update_actor` gets besides the batch: loss, optimizer, update settings."""
+    def update_options(self, step: int | None = None) -> dict[str, Any]:
+        """What `Transport.update_actor` gets besides the batch: loss, optimizer (with the
+        learning rate ``config.lr_schedule`` gives ``step``, when one is given), update settings."""
+        train_step = self.train_step
+        if step is not None:
+            train_step = step_with_scheduled_rate(train_step, getattr(self.config, "lr_schedule", None), step)
         return {
-            "loss_fn": self.train_step.loss_fn,
-            "loss_fn_config": dict(self.train_step.loss_fn_config),
-            "optimizer": attrs.asdict(self.train_step.optimizer),
+            "loss_fn": train_step.loss_fn,
+            "loss_fn_config": dict(train_step.loss_fn_config),
+            "optimizer": attrs.asdict(train_step.optimizer),
             **attrs.asdict(self.update),
         }
 
@@ -178,7 +183,9 @@ class SelfHostedTrainer:
         metrics.update({"datums/trained": float(trained), "datums/skipped": float(skipped), "datums/trained_tokens": 0.0})
         if trained:
             metrics["datums/trained_tokens"] = float(batch.tensors["loss_mask"].sum())
-            metrics.update(readable_train_metrics(transport.update_actor(batch, self.update_options())))
+            options = self.update_options(step)
+            metrics["optim/lr"] = float(options["optimizer"]["learning_rate"])
+            metrics.update(readable_train_metrics(transport.update_actor(batch, options)))
             self.trained_since_publish = True
         return {key: float(value) for key, value in metrics.items()}
 

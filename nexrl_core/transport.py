@@ -24,9 +24,12 @@ class Transport(Protocol):
         """Wait until every worker has reported itself; returns what the group reported."""
         ...
 
-    def init_model(self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None) -> dict[str, Any]:
+    def init_model(
+        self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None, gradient_checkpointing: bool = False
+    ) -> dict[str, Any]:
         """Load the model on every worker, training every weight or the LoRA adapters
-        ``lora`` asks for; returns at least ``vocab_size`` and ``pad_token_id``."""
+        ``lora`` asks for, with activation checkpointing in training passes when
+        ``gradient_checkpointing``; returns at least ``vocab_size`` and ``pad_token_id``."""
         ...
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:

@@ -142,7 +142,7 @@ def test_malformed_overrides_are_all_reported() -> None:
 def test_unknown_key_suggests_the_closest_valid_key_with_its_full_path() -> None:
     assert problems_of(overrides=["algorithm.lerning_rate=0.1"]) == [
         "algorithm.lerning_rate: unknown key; did you mean 'learning_rate'? valid keys: advantage, beta1, beta2, "
-        "eps, grad_clip_norm, kl, learning_rate, loss, weight_decay"
+        "eps, grad_clip_norm, kl, learning_rate, loss, lr_schedule, warmup_steps, weight_decay"
     ]
     assert problems_of(overrides=["zzz=1"])[0].startswith("zzz: unknown key; valid keys: algorithm, backend,")
 
@@ -183,7 +183,7 @@ def test_every_problem_is_listed_in_one_error(tmp_path: Path) -> None:
     assert problems == [
         "model.dtype: 'fp16' is not one of: bf16, fp32",
         "algorithm.lerning_rate: unknown key; did you mean 'learning_rate'? valid keys: advantage, beta1, beta2, "
-        "eps, grad_clip_norm, kl, learning_rate, loss, weight_decay",
+        "eps, grad_clip_norm, kl, learning_rate, loss, lr_schedule, warmup_steps, weight_decay",
         "rollout.group_size: must be a finite number > 0, got 0",
         "rollout.max_tokens: expected int, got 'eight' (str)",
         "rollout.temperature: must be a finite number > 0, got -1.0",

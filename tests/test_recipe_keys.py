@@ -98,6 +98,15 @@ ADAMW = per_backend(
         f"{WORKERS}::test_update_actor_gives_the_engines_loss_and_weights",
     ),
 )
+SCHEDULE_AND_CHECKPOINTING = "nexrl_fsdp/tests/test_lr_schedule_and_checkpointing.py::test_recipe_schedule_and_checkpointing_reach_the_engine"
+WORKERS_SCHEDULE_AND_CHECKPOINTING = (
+    "nexrl_fsdp/tests/test_workers_lr_schedule_and_checkpointing.py::test_the_workers_apply_each_steps_scheduled_rate_with_checkpointed_layers"
+)
+LR_SCHEDULE = per_backend(
+    remote_api=f"{LOOP}::test_each_step_sends_its_scheduled_learning_rate_and_resume_sends_the_same",
+    inprocess=SCHEDULE_AND_CHECKPOINTING,
+    self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
+)
 KL_REWARD = everywhere(
     "plugins/nexrl_grpo/tests/test_trainers.py::test_kl_in_the_reward_separates_runs_of_equal_outcome_by_their_kl",
     "tests/test_kl_end_to_end.py::test_kl_coefficient_keeps_the_policy_closer_to_the_reference",
@@ -159,7 +168,14 @@ CORE: dict[str, Entry] = {
         inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
         self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url",
     ),
+    "model.gradient_checkpointing": per_backend(
+        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::test_gradient_checkpointing_is_refused_before_step_1_by_name"},
+        inprocess=SCHEDULE_AND_CHECKPOINTING,
+        self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
+    ),
     "algorithm.learning_rate": ADAMW,
+    "algorithm.lr_schedule": LR_SCHEDULE,
+    "algorithm.warmup_steps": LR_SCHEDULE,
     "algorithm.beta1": ADAMW,
     "algorithm.beta2": ADAMW,
     "algorithm.eps": ADAMW,

@@ -1084,3 +1084,35 @@ def test_nexrl_export_says_what_is_missing(tmp_path: Path, where: str, args: lis
     result = CliRunner().invoke(cli, ["export", str(tmp_path / where), *args])
     assert result.exit_code == 1
     assert message in result.output
+
+
+SCHEDULED = (
+    "schedule.steps=4",
+    "schedule.checkpoint_every=2",
+    "schedule.validate_every=0",
+    "algorithm.learning_rate=0.4",
+    "algorithm.lr_schedule=cosine",
+    "algorithm.warmup_steps=2",
+)
+SCHEDULED_RATES = {1: 0.2, 2: 0.4, 3: 0.2, 4: 0.0}
+"""Warmup 1/2 and 2/2 of 0.4, then half a cosine over steps 3-4: cos(pi/2) and cos(pi) halves."""
+
+
+def test_each_step_sends_its_scheduled_learning_rate_and_resume_sends_the_same(tmp_path: Path) -> None:
+    """``algorithm.lr_schedule`` and ``warmup_steps`` set the learning rate of each step's
+    optimizer call (`TrainStepConfig.optimizer`, what every remote-API holder sends its
+    service), logged as ``optim/lr``; a run resumed from step 2 sends steps 3 and 4 the same."""
+    run_training(recipe(tmp_path, *SCHEDULED, name="straight"), progress_bar=False)
+    rows = [row for row in read_rows(tmp_path / "straight") if "optim/lr" in row]
+    assert {row["step"]: row["optim/lr"] for row in rows} == pytest.approx(SCHEDULED_RATES)
+    (holder,) = HOLDERS
+    assert [config.optimizer.learning_rate for _, config in holder.train_calls] == pytest.approx([row["optim/lr"] for row in rows])
+
+    HOLDERS.clear()
+    INTERRUPT["at_train_call"] = 3  # Ctrl-C while step 3 trains; the last checkpoint is step 2
+    with pytest.raises(TrainingInterrupted):
+        run_training(recipe(tmp_path, *SCHEDULED, name="resumed"), progress_bar=False)
+    INTERRUPT["at_train_call"] = None
+    run_training(recipe(tmp_path, *SCHEDULED, name="resumed"), resume=True, progress_bar=False)
+    resumed = HOLDERS[-1]
+    assert [config.optimizer.learning_rate for _, config in resumed.train_calls] == pytest.approx([SCHEDULED_RATES[3], SCHEDULED_RATES[4]])

@@ -17,10 +17,12 @@ import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
+from nexrl_core.config.lr_schedule import LRSchedule
 from nexrl_core.config.checks import (
     fraction,
     non_empty,
     non_negative,
+    non_negative_int,
     optional_module_attribute,
     optional_non_empty,
     optional_non_negative_int,
@@ -164,6 +166,11 @@ class ModelConfig:
     """Which weights train: every one (``rank`` 0, the default) or LoRA adapters."""
     dtype: DType = DType.FP32
     """Precision of the trained weights."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing in training passes: each decoder layer's activations are
+    recomputed in the backward pass instead of kept, trading compute for memory; the
+    gradients are the same. Sampling is unaffected. The remote_api backend refuses it
+    (the Tinker and Weaver APIs have no such setting)."""
 
 
 def _read_only_with_kl_on(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -206,6 +213,13 @@ class AlgorithmConfig(AdamWSettings):
     """Policy loss."""
     kl: KLSettings = attrs.field(factory=KLSettings)
     """KL penalty against the reference model."""
+    lr_schedule: LRSchedule = LRSchedule.CONSTANT
+    """How the learning rate moves over ``schedule.steps``: ``constant``, ``linear`` (to 0 at
+    the last step) or ``cosine`` (half a cosine to 0 at the last step), after any warmup;
+    `nexrl_core.config.lr_schedule.scheduled_learning_rate` is the formula."""
+    warmup_steps: int = attrs.field(default=0, validator=non_negative_int)
+    """Steps over which the rate ramps up linearly (step s of the first ``warmup_steps``
+    gets ``s / warmup_steps`` of it); 0: no warmup."""
 
 
 @attrs.frozen(kw_only=True)

@@ -77,6 +77,10 @@ class EngineConfig:
     """forward/forward_backward run a prefix shared by several datums (a GRPO group's
     prompt) once and only each datum's own tokens again (`nexrl_fsdp.shared_prefix`);
     results equal the plain pass up to float rounding."""
+    gradient_checkpointing: bool = attrs.field(default=False, validator=_bool)
+    """Recompute each decoder layer's activations in the backward pass of forward_backward
+    instead of keeping them (``model.gradient_checkpointing``): less memory, the same
+    gradients. Those passes do not share prefixes; sampling and forward are unaffected."""
 
 
 @attrs.frozen

@@ -43,6 +43,7 @@ from nexrl_fsdp.loading import (
     save_hf_directory,
     torch_dtype,
 )
+from nexrl_fsdp.checkpointing import enable_checkpointing, training_pass
 from nexrl_fsdp.lora import apply_training_mode, load_in_place, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
     ADDITIVE_METRICS,
@@ -193,6 +194,8 @@ class Engine:
         self.model, self._peft = model, peft
         self.model.to(self.device)
         self.model.eval()
+        if config.gradient_checkpointing:
+            enable_checkpointing(self.model)
         self._trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self._optimizer: AdamW | None = None
         self._loss_cache: dict[str, LossFn] = {}
@@ -355,11 +358,17 @@ class Engine:
     # --- training -------------------------------------------------------------------------------
 
     def _target_logprobs(
-        self, chunk: Sequence[CheckedDatum], batch: PaddedBatch, with_entropy: bool
+        self, chunk: Sequence[CheckedDatum], batch: PaddedBatch, with_entropy: bool, backward: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, T] target logprobs (and entropies) of a collated chunk, sharing common
-        prefixes when that saves work (``EngineConfig.share_prefixes``)."""
-        return chunk_logprobs(self.model, chunk, batch, self.pad_token_id, with_entropy, self.config.share_prefixes)
+        prefixes when that saves work (``EngineConfig.share_prefixes``). A pass that
+        back-propagates checkpoints its layers when ``EngineConfig.gradient_checkpointing``
+        (and then shares no prefix: a checkpointed layer would write the prefix's cache
+        again when the backward pass recomputes it)."""
+        checkpointing = backward and self.config.gradient_checkpointing
+        share = self.config.share_prefixes and not checkpointing
+        with training_pass(self.model, checkpointing):
+            return chunk_logprobs(self.model, chunk, batch, self.pad_token_id, with_entropy, share)
 
     def _loss_fn(self, name: str, loss_fn_config: Mapping[str, Any] | None) -> LossFn:
         key = json.dumps([name, dict(loss_fn_config or {})], sort_keys=True, default=str)
@@ -394,7 +403,7 @@ class Engine:
             for group in split_microbatches(checked, self.config.max_tokens_per_microbatch):
                 chunk = [checked[i] for i in group]
                 batch = collate(chunk, self.pad_token_id, self.device)
-                logprobs, entropy = self._target_logprobs(chunk, batch, fn.needs_entropy)
+                logprobs, entropy = self._target_logprobs(chunk, batch, fn.needs_entropy, backward)
                 result = fn.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                 if backward:
                     result.loss.backward()

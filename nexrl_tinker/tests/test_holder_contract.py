@@ -143,3 +143,16 @@ def test_model_dtype_must_be_what_the_service_trains_in(keyed_base_url: str) -> 
         assert holder.run_info() == {}
     finally:
         holder.close()
+
+
+def test_gradient_checkpointing_is_refused_before_step_1_by_name() -> None:
+    """The Tinker API has no activation-checkpointing setting, so a recipe asking for it
+    stops where the remote_api backend checks the holder, naming the key."""
+    from nexrl_core.config import ConfigError, load_config
+    from nexrl_core.holder_backend import HolderBackend
+
+    config = load_config(None, ["model.name=nexrl-tiny", "model.gradient_checkpointing=true"])
+    holder = TinkerServiceHolder(TinkerHolderConfig(model=config.model))
+    trainer = type("T", (), {"train_step": LOSS_OPTION_CASES[0].step("token-sum")})()
+    with pytest.raises(ConfigError, match="model.gradient_checkpointing: backend 'remote_api' cannot honour it: the Tinker API has no activation-checkpointing"):
+        HolderBackend(holder, trainer, name="remote_api", work_dir=Path("unused"))  # type: ignore[arg-type]

@@ -170,3 +170,16 @@ def test_lora_targets_reach_the_service(keyed_base_url: str, tmp_path: Path, fla
         holder.close()
     targets = set(json.loads((directory / "adapter" / "adapter_config.json").read_text())["target_modules"])
     assert adapted <= targets and not untouched & targets, targets
+
+
+def test_gradient_checkpointing_is_refused_before_step_1_by_name() -> None:
+    """The Weaver API has no activation-checkpointing setting: refused by key where the
+    remote_api backend checks the holder."""
+    from nexrl_core.config import ConfigError, load_config
+    from nexrl_core.holder_backend import HolderBackend
+
+    config = load_config(None, ["model.name=nexrl-tiny", "model.gradient_checkpointing=true"])
+    holder = WeaverServiceHolder(WeaverHolderConfig(model=config.model))
+    trainer = type("T", (), {"train_step": LOSS_OPTION_CASES[0].step("token-sum")})()
+    with pytest.raises(ConfigError, match="model.gradient_checkpointing: backend 'remote_api' cannot honour it: the Weaver API has no activation-checkpointing"):
+        HolderBackend(holder, trainer, name="remote_api", work_dir=Path("unused"))  # type: ignore[arg-type]

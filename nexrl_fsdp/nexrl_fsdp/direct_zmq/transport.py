@@ -113,11 +113,16 @@ class DirectZmqTransport:
         self.socket.connect(info["endpoints"]["0"])
         return info
 
-    def init_model(self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None) -> dict[str, Any]:
+    def init_model(
+        self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None, gradient_checkpointing: bool = False
+    ) -> dict[str, Any]:
         """Load (and shard) the model on every rank, training every weight or the LoRA
-        adapters ``lora`` asks for; returns its vocab size, pad id, the dtype the weights
+        adapters ``lora`` asks for, checkpointing activations in updates when
+        ``gradient_checkpointing``; returns its vocab size, pad id, the dtype the weights
         were loaded in and the ranks' device type."""
         options = {"model": model, "dtype": dtype, "seed": seed, "lora": (lora or LoraSettings()).to_json()}
+        if gradient_checkpointing:
+            options["gradient_checkpointing"] = True
         return self._call("init_model", options).header
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:

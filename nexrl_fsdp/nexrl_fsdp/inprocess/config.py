@@ -80,4 +80,5 @@ class EngineHolderConfig(HolderTarget):
             device=self.engine.device,
             max_tokens_per_microbatch=self.engine.max_tokens_per_microbatch,
             share_prefixes=self.engine.share_prefixes,
+            gradient_checkpointing=self.model.gradient_checkpointing,
         )

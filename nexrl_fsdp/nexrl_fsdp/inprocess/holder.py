@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from nexrl_core.chat_model import SamplingOptions
@@ -74,7 +75,7 @@ class EngineHolder:
         engine_config = config.engine_config()
         self.engine = Engine(engine_config)
         """What trains, and what checkpoints hold."""
-        self.sampler = Engine(engine_config)
+        self.sampler = Engine(attrs.evolve(engine_config, gradient_checkpointing=False))
         """What rollouts sample from: the weights of the last `update_sampling_weights`."""
         self._reference: Engine | None = None
         trained = dict(self.engine.model.named_parameters())

@@ -288,7 +288,13 @@ def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[Dir
 def _init_workers(setup: BackendSetup, trainer: SelfHostedTrainer, transport: DirectZmqTransport) -> Mapping[str, Any]:
     """Load the recipe's model on the group's ranks and bind the trainer to them."""
     engine = _engine_config(setup)
-    info = transport.init_model(engine.model, dtype=engine.dtype, seed=setup.recipe.seed, lora=setup.recipe.model.lora)
+    info = transport.init_model(
+        engine.model,
+        dtype=engine.dtype,
+        seed=setup.recipe.seed,
+        lora=setup.recipe.model.lora,
+        gradient_checkpointing=setup.recipe.model.gradient_checkpointing,
+    )
     trainer.bind(transport, world_size=setup.options.world_size, pad_token_id=int(info["pad_token_id"]))
     return info
 

@@ -38,6 +38,7 @@ from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_fsdp.engine import _MetricSum
 from nexrl_fsdp.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
+from nexrl_fsdp.checkpointing import enable_checkpointing, is_checkpointing, training_pass
 from nexrl_fsdp.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
 from nexrl_fsdp.loss_fns import (
     ADDITIVE_METRICS,
@@ -86,6 +87,9 @@ class ModelOptions:
     """Seeds the rank's RNG and the LoRA adapters' initialisation (as the engine's seed does)."""
     lora: LoraSettings = attrs.field(factory=LoraSettings, converter=_lora_settings)
     """Full fine-tuning (rank 0) or LoRA adapters: the engine's record, applied before sharding."""
+    gradient_checkpointing: bool = False
+    """Checkpoint each decoder layer in the update's training passes (enabled before
+    sharding; ``model.gradient_checkpointing``)."""
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> ModelOptions:
@@ -184,6 +188,8 @@ class FsdpActor:
         base = load_model(self.model_dir, torch_dtype(self.options.dtype), device="cpu")
         model, peft = apply_training_mode(base, self.options.lora, self.options.seed)
         adapted = copy.deepcopy(peft) if peft is not None and dist.get_rank() == 0 else None
+        if self.options.gradient_checkpointing:
+            enable_checkpointing(model)
         model.to(self.device)
         _shard(model, self.mesh)
         return model, adapted
@@ -242,21 +248,26 @@ class FsdpActor:
                 for start in range(0, len(mini), options.micro_batch_rows):
                     chunk = mini[start : start + options.micro_batch_rows]
                     batch = collate(chunk, self.pad_id, self.device)
-                    logprobs, entropy = self.chunk_logprobs(self.model, chunk, batch, loss.needs_entropy)
+                    logprobs, entropy = self.chunk_logprobs(self.model, chunk, batch, loss.needs_entropy, backward=True)
                     result = loss.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                     (result.loss * self.world_size).backward()
                     metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))
                 step = self.optimizer.step(options.optimizer)
-                steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped)})
+                steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped), "lr": step.learning_rate})
         return self._reduced(metrics, steps, options)
 
     def chunk_logprobs(
-        self, model: torch.nn.Module, chunk: list[CheckedDatum], batch: PaddedBatch, with_entropy: bool = False
+        self, model: torch.nn.Module, chunk: list[CheckedDatum], batch: PaddedBatch, with_entropy: bool = False, backward: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`shared_prefix.chunk_logprobs` on this rank's chunk of a pass, sharing prefixes
         only when every rank's chunk does: a shared pass runs the model twice (prefix, then
         suffixes) where a plain one runs it once, and the FSDP all-gathers inside each
-        forward meet only if every rank runs as many forwards as the others."""
+        forward meet only if every rank runs as many forwards as the others. A pass that
+        back-propagates checkpoints its layers with ``ModelOptions.gradient_checkpointing``
+        and then shares no prefix on any rank (the options are every rank's)."""
+        if backward and self.options.gradient_checkpointing:
+            with training_pass(model, True):
+                return chunk_logprobs(model, chunk, batch, self.pad_id, with_entropy, share=False)
         return chunk_logprobs(model, chunk, batch, self.pad_id, with_entropy, share=self.all_ranks_share(chunk))
 
     def all_ranks_share(self, chunk: list[CheckedDatum]) -> bool:
@@ -303,7 +314,9 @@ class FsdpActor:
         out["actor/grad_norm"] = steps[-1]["grad_norm"]
         out["actor/skipped_steps"] = sum(s["skipped"] for s in steps)
         out["actor/clipped_steps"] = sum(s["clipped"] for s in steps)
-        out["actor/lr"] = float(options.optimizer.learning_rate)
+        out["actor/lr"] = float(steps[-1]["lr"])  # the rate the optimizer applied: the step's scheduled one
+        if self.options.gradient_checkpointing:  # whether the model's layers checkpoint (transformers' flag)
+            out["actor/gradient_checkpointing"] = float(is_checkpointing(self.model))
         return out
 
     @contextlib.contextmanager
