@@ -23,5 +23,7 @@ if [[ $what == tests || $what == all ]]; then
   grep -E "^=== |passed|failed|exit [0-9]" "$OUT/gpu_tests.log"
 fi
 if [[ $what == bench || $what == all ]]; then
+  # default: the sides a GPU user compares, few steps, a reward random weights can move
+  [[ $# -gt 0 ]] || set -- --only inprocess remote_api weaver trl --steps 3 --reward length
   timeout 400 python3 benchmarks/scaling.py --device cuda "$@" 2>&1 | tee "$OUT/scaling_cuda.log" | tail -40
 fi
