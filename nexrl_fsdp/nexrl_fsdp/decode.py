@@ -87,7 +87,7 @@ class RowResult:
 
 def choose_tokens(logits: torch.Tensor, params: Any, uniforms: torch.Tensor | None) -> torch.Tensor:
     """Draw one token per row from the temperature/top-k/top-p distribution by inverse
-    CDF with the row's own uniform; temperature 0 is argmax. No host sync."""
+    CDF with the row's own uniform; temperature 0 is argmax. No host sync on CUDA."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)
     assert uniforms is not None
@@ -107,6 +107,8 @@ def choose_tokens(logits: torch.Tensor, params: Any, uniforms: torch.Tensor | No
     chosen = torch.searchsorted(cdf, targets, right=True)[:, 0]
     # Rounding can put the target at the very end of the cdf; fall back to the mode.
     bad = (chosen >= vocab) | (probs.gather(-1, chosen.clamp(max=vocab - 1)[:, None])[:, 0] <= 0)
+    if bad.device.type != "cuda" and not bool(bad.any()):
+        return chosen  # on the host a check is cheaper than the argmax (it never syncs a GPU)
     return torch.where(bad, probs.argmax(dim=-1), chosen)
 
 
