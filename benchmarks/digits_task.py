@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nexrl_fsdp.tiny.addition import AdditionProblem, parse_answer
+from nexrl_engine.tiny.addition import AdditionProblem, parse_answer
 
 
 def digit_fraction(response_text: str) -> float:

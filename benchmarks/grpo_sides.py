@@ -38,7 +38,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TINKER_API_KEY", "tml-benchmark")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-import nexrl_fsdp  # noqa: E402, F401
+import nexrl_engine  # noqa: E402, F401
 
 STEP_PARTS = ("rollout", "train", "sync")
 """NexRL's step phases, each logged as ``time/<part>_s`` in ``metrics.jsonl``."""
@@ -89,7 +89,7 @@ def check_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:N")
     if args.device == "cpu":
         return
-    from nexrl_fsdp.recipe_checks import device_problem
+    from nexrl_engine.recipe_checks import device_problem
 
     problem = device_problem(args.device)
     if problem is not None:
@@ -218,7 +218,7 @@ def nexrl_final_checkpoint(out_dir: Path, steps: int) -> str | None:
     """The engine checkpoint (nexrl-fsdp format) a run's backend, or its embedded service,
     wrote for step ``steps``: a directory under ``<out_dir>/backend`` whose name starts
     with ``step_<steps>``; None when there is none."""
-    from nexrl_fsdp.checkpoint import MANIFEST_NAME
+    from nexrl_engine.checkpoint import MANIFEST_NAME
 
     wanted = f"step_{steps:06d}"
     manifests = [
@@ -408,11 +408,11 @@ def evaluate_policy(
 ) -> tuple[float, float, int, tuple[int, ...]]:
     """Mean reward of one model on ``conversations``: ``samples`` completions each at
     temperature 1 with a fixed seed (common random numbers across models), in fp32 on
-    `nexrl_fsdp.Engine` on ``device``, scored by ``score(index, raw_text)``. Returns (mean,
+    `nexrl_engine.Engine` on ``device``, scored by ``score(index, raw_text)``. Returns (mean,
     standard error, number of samples, stop ids); pass the stop ids of the first model to
     the others so every model stops alike."""
     from nexrl_core.chat import render_chat
-    from nexrl_fsdp import Engine, SamplingParams
+    from nexrl_engine import Engine, SamplingParams
 
     engine = Engine(model=weights_dir, seed=seed, device=device)
     if checkpoint is not None:
@@ -512,7 +512,7 @@ def gpu_throughput(result: dict[str, Any], params: int, prompt_tokens: float, pe
     NexRL skips the rows of a group whose rewards are all equal (nothing to learn) and logs
     only their completion tokens, so its training tokens count ``prompt_tokens`` (the mean
     prompt length) per trained row; TRL trains every row. NexRL runs a group's shared prompt
-    once per pass (`nexrl_fsdp.shared_prefix`), so it does fewer FLOPs than this counts. On
+    once per pass (`nexrl_engine.shared_prefix`), so it does fewer FLOPs than this counts. On
     a service backend, a step's queued training can show up in the next step's rollout wait.
     """
 
@@ -541,7 +541,7 @@ def gpu_throughput(result: dict[str, Any], params: int, prompt_tokens: float, pe
 def mean_prompt_tokens(model: str, conversations: Sequence[list[dict[str, str]]]) -> float:
     """The mean length in tokens of the rendered prompts (what a row's prompt costs to train)."""
     from nexrl_core.chat import render_chat
-    from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
+    from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(model))
     return statistics.fmean(len(render_chat(tokenizer, messages, tokenize=True)) for messages in conversations)

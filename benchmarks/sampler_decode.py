@@ -1,4 +1,4 @@
-"""Time `nexrl_fsdp.sampling.sample_batch` per decoded token.
+"""Time `nexrl_engine.sampling.sample_batch` per decoded token.
 
 A rollout's sampling step in isolation: ``--prompts`` chat-formatted addition prompts x
 ``--samples`` samples, ``--tokens`` new tokens, at T=1 with a fixed seed, on the shipped
@@ -14,7 +14,7 @@ steps; ``--stop ids`` stops rows at a few token ids the random models emit now a
 strings; ``--stop eos`` is the engine's default.
 
 ``--baseline FILE`` also times the ``sample_batch`` of another implementation (a copy
-of an older ``sampling.py``, e.g. ``git show REV:nexrl_fsdp/nexrl_fsdp/sampling.py >
+of an older ``sampling.py``, e.g. ``git show REV:plugins/nexrl_engine/nexrl_engine/sampling.py >
 /tmp/old.py``), interleaved with the current one in the same process, and checks that
 both return the same tokens.
 
@@ -43,7 +43,7 @@ INHERITED_CONFIG = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"
 
 def build_model(size: str, dtype: Any, device: str, seed: int) -> Any:
     import torch
-    from nexrl_fsdp.loading import load_model, resolve_model_dir
+    from nexrl_engine.loading import load_model, resolve_model_dir
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     shipped = resolve_model_dir("nexrl-tiny")
@@ -71,7 +71,7 @@ def load_sampler(path: str) -> Any:
 
 
 def prompts(tokenizer: Any, count: int) -> list[list[int]]:
-    from nexrl_fsdp.tiny.addition import heldout_problems
+    from nexrl_engine.tiny.addition import heldout_problems
 
     return [
         list(tokenizer.apply_chat_template(p.messages(), add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nexrl_fsdp"))
     import attrs
     import torch
-    from nexrl_fsdp.decode import COUNTERS, default_policy
-    from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
-    from nexrl_fsdp.sampling import make_stop_rule, sample_batch
-    from nexrl_fsdp.types import SamplingParams
+    from nexrl_engine.decode import COUNTERS, default_policy
+    from nexrl_engine.loading import load_tokenizer, resolve_model_dir
+    from nexrl_engine.sampling import make_stop_rule, sample_batch
+    from nexrl_engine.types import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -144,7 +144,7 @@ def build_model(size: str, work: Path, seed: int, device: str = "cpu") -> tuple[
     """The model directory (or shipped name) for ``size`` and its parameter count; built
     sizes are random Qwen2 models saved once per work dir with the shipped tokenizer."""
     import torch
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     shipped = resolve_model_dir(SHIPPED)
@@ -177,7 +177,7 @@ def build_model(size: str, work: Path, seed: int, device: str = "cpu") -> tuple[
 
 def write_prompts(work: Path, count: int, val_size: int) -> tuple[Path, Path]:
     """Training and held-out addition prompts as JSONL (``{"a": .., "b": ..}`` per line)."""
-    from nexrl_fsdp.tiny.addition import heldout_problems, train_problems
+    from nexrl_engine.tiny.addition import heldout_problems, train_problems
 
     paths = work / "prompts_train.jsonl", work / "prompts_val.jsonl"
     for path, problems in zip(paths, (train_problems()[:count], heldout_problems(val_size))):
@@ -248,7 +248,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     work = Path(args.work_dir)
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     source = resolve_model_dir(args.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -275,7 +275,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
 def evaluate(
     weights_dir: str, checkpoint: str | None, args: argparse.Namespace, stop: tuple[int, ...] | None = None
 ) -> tuple:
-    from nexrl_fsdp.tiny.addition import heldout_problems
+    from nexrl_engine.tiny.addition import heldout_problems
 
     conversations = [problem.messages() for problem in heldout_problems(args.val_size)]
     score = REWARDS[args.reward][0]

@@ -2,7 +2,7 @@
 ``nexrl serve`` in its own process, paired timing, and the table they print.
 
 Each benchmark times the same engine work twice, through its SDK against the local
-service and as direct `nexrl_fsdp.Engine` calls, and prints one row per operation and
+service and as direct `nexrl_engine.Engine` calls, and prints one row per operation and
 shape: both medians, their ratio and the milliseconds the service adds per call.
 """
 

@@ -2,7 +2,7 @@
 
 Compares, side by side, the real ``tinker`` SDK talking to NexRL's local
 Tinker-compatible service (``nexrl serve tinker`` in its own process on 127.0.0.1) with
-the same `nexrl_fsdp.Engine` calls made in-process:
+the same `nexrl_engine.Engine` calls made in-process:
 
 * ``forward_backward`` + ``optim_step`` (cross-entropy, LoRA) on B datums of T tokens;
 * ``sample`` of N samples of exactly T new tokens (``stop=[]``) from one prompt;
@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The same OpenMP wait policy in every process of both sides: importing nexrl_fsdp (light,
 # no torch) sets its default in os.environ before anything loads torch, and child
 # processes inherit it.
-import nexrl_fsdp  # noqa: E402, F401
+import nexrl_engine  # noqa: E402, F401
 from service_overhead import Row, print_table, serve, timed_pair  # noqa: E402 - after the environment is set
 
 
@@ -50,9 +50,9 @@ def main() -> None:
 
     import tinker
     import torch
-    from nexrl_fsdp.engine import Engine
+    from nexrl_engine.engine import Engine
     from nexrl_core.config.adamw import AdamWSettings
-    from nexrl_fsdp.types import Datum, SamplingParams
+    from nexrl_engine.types import Datum, SamplingParams
     from tinker import types
 
     shapes = [(1, 16), (32, 64)]

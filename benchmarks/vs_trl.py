@@ -31,7 +31,7 @@ Measured:
   logging).
 * reward: ONE evaluation function for every model (the untrained start, NexRL's final
   weights, TRL's final weights): the first ``--val-size`` held-out problems, sampled with
-  `nexrl_fsdp.Engine` at temperature 1 with the same seed (common random numbers), the
+  `nexrl_engine.Engine` at temperature 1 with the same seed (common random numbers), the
   same stop tokens and ``--max-tokens``, ``--eval-samples`` samples per problem, exact
   match, mean. NexRL's final weights are the run's ``final_model`` (a plain HF directory),
   loaded into a fresh engine. NexRL's own in-loop ``val/reward/mean`` (one sample
@@ -94,7 +94,7 @@ SPEED_TARGET = 1.0
 
 
 def model_dir() -> Path:
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     return resolve_model_dir(MODEL_NAME)
 
@@ -170,7 +170,7 @@ def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, A
 def run_trl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
     from datasets import Dataset
-    from nexrl_fsdp.tiny.addition import AdditionProblem
+    from nexrl_engine.tiny.addition import AdditionProblem
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     recipe = quickstart_config(args, work / "unused").algorithm
@@ -203,7 +203,7 @@ def evaluate(
 ) -> tuple[float, float, int, tuple[int, ...]]:
     """Mean exact-match reward of the first ``val_size`` held-out problems, sampled at
     temperature 1 with a fixed seed; returns (mean, standard error, samples, stop ids)."""
-    from nexrl_fsdp.tiny.addition import heldout_problems
+    from nexrl_engine.tiny.addition import heldout_problems
 
     problems = heldout_problems(args.val_size)
     return evaluate_policy(
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
 def gpu_report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
     """Per side on the GPU: s/step, rollout and training tokens/s, rows trained per step,
     peak GPU memory and MFU (`grpo_sides.gpu_throughput`)."""
-    from nexrl_fsdp.tiny.addition import AdditionProblem
+    from nexrl_engine.tiny.addition import AdditionProblem
     from transformers import AutoConfig
 
     card, peak_flops = shared.card(args.device, args.peak_tflops)

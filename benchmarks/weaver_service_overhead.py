@@ -2,7 +2,7 @@
 
 Compares, side by side, the real ``nex-weaver`` SDK talking to NexRL's local
 Weaver-compatible service (``nexrl serve weaver`` in its own process on 127.0.0.1)
-with the same `nexrl_fsdp.Engine` calls made in-process:
+with the same `nexrl_engine.Engine` calls made in-process:
 
 * ``forward_backward`` + ``optim_step`` (cross-entropy, LoRA) on B datums of T tokens;
 * ``sample`` of N samples of exactly T new tokens from one prompt (a stop string that
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-import nexrl_fsdp  # noqa: E402, F401 - the same OpenMP wait policy in every process
+import nexrl_engine  # noqa: E402, F401 - the same OpenMP wait policy in every process
 from service_overhead import Row, print_table, serve, timed_pair  # noqa: E402 - after the environment is set
 
 
@@ -37,8 +37,8 @@ def main() -> None:
 
     import torch
     import weaver
-    from nexrl_fsdp.engine import Engine
-    from nexrl_fsdp.types import Datum, SamplingParams
+    from nexrl_engine.engine import Engine
+    from nexrl_engine.types import Datum, SamplingParams
     from weaver import types
 
     shapes = [(1, 16), (32, 64)]

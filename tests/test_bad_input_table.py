@@ -66,7 +66,7 @@ CASES: list[tuple[str, list[str], str]] = [
 @pytest.fixture(scope="module")
 def untemplated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped tiny model with its chat template removed."""
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     directory = tmp_path_factory.mktemp("untemplated") / "model"
     shutil.copytree(resolve_model_dir("nexrl-tiny"), directory)

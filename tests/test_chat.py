@@ -9,7 +9,7 @@ import pytest
 
 from nexrl_core.chat import RenderCache, end_of_turn_marker, render_chat, stop_token_ids
 
-loading = pytest.importorskip("nexrl_fsdp.loading")
+loading = pytest.importorskip("nexrl_engine.loading")
 
 
 class CountingTokenizer:

@@ -6,8 +6,11 @@
 distribution, reads every import of every module of that package (``ast``: imports at the
 top and inside functions, and ``"package.module:attr"`` strings, the lazy factories specs
 name), and fails on an import the table does not allow. A distribution is a backend when
-one of its ``nexrl.plugins`` entry-point modules implements ``nexrl_backends``; no backend
-imports another backend, whatever the table says. Everything a backend needs to build and
+one of its ``nexrl.plugins`` entry-point modules implements ``nexrl_backends``, and its
+backend modules are where the factories of the backends it registers live (the factory
+module's package, e.g. ``nexrl_engine.inprocess``). No distribution imports another's
+backend modules, whatever the table says; a backend imports another backend distribution
+only when that one is also an engine (`nexrl-fsdp` shards `nexrl-engine`'s engine). Everything a backend needs to build and
 drive a trainer (`nexrl_core.trainer.build_trainer`, `nexrl_core.holder_backend`,
 `nexrl_core.holder_trainer`, `nexrl_core.self_hosted`) is in the core.
 
@@ -31,6 +34,8 @@ PAGE = ROOT / "docs" / "architecture.md"
 ENTRY_POINT_GROUP = "nexrl.plugins"
 BACKEND_HOOK = "nexrl_backends"
 SKIPPED_DIRS = {"build", "dist", "node_modules", "__pycache__", "tests"}
+FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""A spec's lazy factory: ``package.module:name``."""
 
 
 @attrs.frozen
@@ -44,7 +49,7 @@ class Row:
 
 
 CORE = "nexrl"
-SERVICE_LIBRARIES = ("nexrl", "nexrl-service", "nexrl-fsdp")
+SERVICE_LIBRARIES = ("nexrl", "nexrl-service", "nexrl-engine", "nexrl-fsdp")
 # fmt: off
 ALLOWED: dict[str, Row] = {
     "nexrl": Row(
@@ -60,13 +65,17 @@ ALLOWED: dict[str, Row] = {
         "plugins/nexrl_remote_api", "nexrl_remote_api", "backend", (CORE,),
         "the `remote_api` backend: a registered service holder on a URL or on a local service it starts",
     ),
+    "nexrl-engine": Row(
+        "plugins/nexrl_engine", "nexrl_engine", "engine, backend", (CORE,),
+        "the single-device engine (sampler, losses, optimizer, LoRA, checkpoints) every local path trains on, the "
+        "`inprocess` backend, and the tiny model with its `addition` task",
+    ),
     "nexrl-fsdp": Row(
-        "nexrl_fsdp", "nexrl_fsdp", "backend, engine", (CORE,),
-        "the `inprocess` and `self-hosted` backends, the `direct-zmq` transport, FSDP ranks and worker groups, and the "
-        "single-device engine (sampler, losses, optimizer, LoRA, checkpoints, the tiny model) the services train on",
+        "nexrl_fsdp", "nexrl_fsdp", "backend", (CORE, "nexrl-engine"),
+        "FSDP ranks and worker groups, the `direct-zmq` transport and workers' API, the `self-hosted` backend",
     ),
     "nexrl-service": Row(
-        "plugins/nexrl_service", "nexrl_service", "service runtime", (CORE, "nexrl-fsdp"),
+        "plugins/nexrl_service", "nexrl_service", "service runtime", (CORE, "nexrl-engine", "nexrl-fsdp"),
         "the local services' runtime: SQL store, futures, scheduler, sessions, auth, the engine pool",
     ),
     "nexrl-tinker": Row(
@@ -100,6 +109,9 @@ class Distribution:
     packages: tuple[str, ...]
     hooks: frozenset[str]
     """The ``nexrl_*`` hooks its entry-point modules implement."""
+    backend_modules: tuple[str, ...]
+    """Where the factories of the backends it registers live: each factory module's package,
+    or the module itself when it sits at the top of the distribution's package."""
     requires: tuple[str, ...]
     """Its dependencies and those of its extras other than ``test``, as written."""
 
@@ -111,10 +123,20 @@ def _pyprojects() -> Iterator[Path]:
             yield Path(folder) / "pyproject.toml"
 
 
-def _hooks(folder: Path, module: str) -> set[str]:
+def _hook_functions(folder: Path, module: str) -> dict[str, ast.FunctionDef]:
     path = folder / Path(*module.split(".")).with_suffix(".py")
     tree = ast.parse(path.read_text())
-    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("nexrl_")}
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("nexrl_")}
+
+
+def _backend_modules(hook: ast.FunctionDef) -> set[str]:
+    """The backend modules named by the ``"package.module:factory"`` strings of ``hook``."""
+    modules = set()
+    for node in ast.walk(hook):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and FACTORY.fullmatch(node.value):
+            parts = node.value.split(":")[0].split(".")
+            modules.add(".".join(parts[:-1] if len(parts) > 2 else parts))
+    return modules
 
 
 def find_distributions() -> dict[str, Distribution]:
@@ -124,19 +146,26 @@ def find_distributions() -> dict[str, Distribution]:
         project = data["project"]
         folder = pyproject.parent
         entry_points = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
-        hooks = set()
+        hooks: set[str] = set()
+        backend_modules: set[str] = set()
         for target in entry_points.values():
-            hooks |= _hooks(folder, target.split(":")[0])
+            functions = _hook_functions(folder, target.split(":")[0])
+            hooks |= set(functions)
+            if BACKEND_HOOK in functions:
+                backend_modules |= _backend_modules(functions[BACKEND_HOOK])
         extras = project.get("optional-dependencies", {})
         requires = tuple(project.get("dependencies", [])) + tuple(req for extra, reqs in extras.items() if extra != "test" for req in reqs)
         packages = tuple(data["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"])
-        found[project["name"]] = Distribution(project["name"], folder, packages, frozenset(hooks), requires)
+        found[project["name"]] = Distribution(
+            project["name"], folder, packages, frozenset(hooks), tuple(sorted(backend_modules)), requires
+        )
     return found
 
 
 DISTRIBUTIONS = find_distributions()
 OWNER = {package: distribution.name for distribution in DISTRIBUTIONS.values() for package in distribution.packages}
 BACKENDS = sorted(name for name, distribution in DISTRIBUTIONS.items() if BACKEND_HOOK in distribution.hooks)
+ENGINES = sorted(name for name, row in ALLOWED.items() if "engine" in row.kind.split(", "))
 REFERENCE = re.compile(r"(?P<top>[A-Za-z_]\w*)(\.[A-Za-z_]\w*)*(:[A-Za-z_][\w.]*)?")
 
 
@@ -223,20 +252,33 @@ def test_the_table_names_every_distribution_and_its_package() -> None:
 
 
 def test_the_backends_are_the_distributions_registering_backends() -> None:
-    assert BACKENDS == ["nexrl-fsdp", "nexrl-remote-api"]
+    assert BACKENDS == ["nexrl-engine", "nexrl-fsdp", "nexrl-remote-api"]
     assert sorted(name for name, row in ALLOWED.items() if "backend" in row.kind.split(", ")) == BACKENDS
+    assert {name: DISTRIBUTIONS[name].backend_modules for name in BACKENDS} == {
+        "nexrl-engine": ("nexrl_engine.inprocess",),
+        "nexrl-fsdp": ("nexrl_fsdp.selfhosted",),
+        "nexrl-remote-api": ("nexrl_remote_api.remote_backend",),
+    }
 
 
-def test_the_table_lets_no_backend_import_another_and_the_core_import_no_plugin() -> None:
+def test_the_table_lets_a_backend_import_no_other_backend_but_an_engine_and_the_core_no_plugin() -> None:
     for backend in BACKENDS:
-        assert not set(ALLOWED[backend].may_import) & set(BACKENDS), backend
+        assert set(ALLOWED[backend].may_import) & set(BACKENDS) <= set(ENGINES) - {backend}, backend
     assert ALLOWED[CORE].may_import == ()
 
 
-@pytest.mark.parametrize("name", BACKENDS)
-def test_no_backend_imports_another_backend(name: str) -> None:
-    crossing = {other: places for other, places in foreign_imports(name).items() if other in BACKENDS}
-    assert crossing == {}, f"backend {name} imports another backend's modules (they meet in nexrl_core): {crossing}"
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
+def test_no_distribution_imports_another_ones_backend_modules(name: str) -> None:
+    crossing = {
+        other: [place for place in places if any(_within(place.split()[-1], module) for module in DISTRIBUTIONS[other].backend_modules)]
+        for other, places in foreign_imports(name).items()
+    }
+    crossing = {other: places for other, places in crossing.items() if places}
+    assert crossing == {}, f"{name} imports another backend's modules (backends meet in nexrl_core): {crossing}"
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
@@ -259,15 +301,15 @@ def test_the_architecture_page_shows_this_table() -> None:
 def test_the_reader_sees_imports_lazy_factories_and_skips_docstrings(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
-        '"""Mentions "nexrl_fsdp.engine:Engine" in a docstring."""\n'
+        '"""Mentions "nexrl_engine.engine:Engine" in a docstring."""\n'
         "import nexrl_core.types\n"
         "from . import sibling\n"
         "def f():\n"
         "    from nexrl_remote_api.remote_backend import open_remote_api\n"
-        '    return "nexrl_fsdp.inprocess.backend:open_inprocess", "nexrl_fsdp is a word"\n'
+        '    return "nexrl_engine.inprocess.backend:open_inprocess", "nexrl_fsdp is a word"\n'
     )
     assert sorted(references(module)) == [
         (2, "nexrl_core.types"),
         (5, "nexrl_remote_api.remote_backend"),
-        (6, "nexrl_fsdp.inprocess.backend"),
+        (6, "nexrl_engine.inprocess.backend"),
     ]

@@ -54,7 +54,7 @@ def test_shortened_weaver_quickstart_leaves_the_final_model(tmp_path: Path) -> N
     """The run ends by exporting through the Weaver API (``export_weights`` +
     ``download_weights``): a trained model plain transformers loads, and ``nexrl export``
     of the last checkpoint writes the same files."""
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 

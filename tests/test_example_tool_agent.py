@@ -32,8 +32,8 @@ def calculator() -> object:
 def taught_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The tiny model in-process, taught the conformance kit's tool-use reply (same prompt
     and tool as the example's for 12+7)."""
-    from nexrl_fsdp.inprocess.config import EngineHolderConfig
-    from nexrl_fsdp.inprocess.holder import EngineHolder
+    from nexrl_engine.inprocess.config import EngineHolderConfig
+    from nexrl_engine.inprocess.holder import EngineHolder
 
     holder = EngineHolder(EngineHolderConfig(model=ModelConfig(name="nexrl-tiny")), tmp_path_factory.mktemp("taught"))
     try:

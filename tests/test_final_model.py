@@ -140,7 +140,7 @@ def test_final_model_scores_like_the_backends_final_weights(run: Run, reopened: 
 
 
 def test_final_model_is_trained_not_the_base(run: Run) -> None:
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     final, tokenizer = load_exported(run.out_dir / "final_model")
     base, _ = load_exported(resolve_model_dir("nexrl-tiny"))

@@ -24,8 +24,8 @@ CASES = loss_aggregation_cases()
 
 @pytest.fixture(scope="module")
 def holders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServiceHolder]]:
-    from nexrl_fsdp.inprocess.config import EngineHolderConfig, EngineOptions
-    from nexrl_fsdp.inprocess.holder import EngineHolder
+    from nexrl_engine.inprocess.config import EngineHolderConfig, EngineOptions
+    from nexrl_engine.inprocess.holder import EngineHolder
     from nexrl_tinker.holder import TinkerServiceHolder
     from nexrl_tinker.holder_config import TinkerHolderConfig
     from nexrl_tinker.testing import start_service as start_tinker

@@ -27,7 +27,7 @@ def section() -> str:
 
 
 def test_the_snippet_loads_an_export_with_plain_transformers(tmp_path: Path) -> None:
-    from nexrl_fsdp.engine import Engine
+    from nexrl_engine.engine import Engine
 
     (snippet,) = [body for kind, body in BLOCK.findall(section()) if kind == "python"]
     assert snippet.startswith("# use_model.py")

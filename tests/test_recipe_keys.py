@@ -83,7 +83,7 @@ SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
 RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
 DATA = "tests/test_data_formats.py"
-INPROCESS = "nexrl_fsdp/tests/test_inprocess_backend.py"
+INPROCESS = "plugins/nexrl_engine/tests/test_inprocess_backend.py"
 INPROCESS_BAD_SETTINGS = f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
 SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
@@ -92,13 +92,13 @@ WORKERS = "nexrl_fsdp/tests/test_workers.py"
 HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_remote_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
 ADAMW = per_backend(
     remote_api=f"{LOOP}::test_train_step_config_carries_every_adam_parameter",
-    inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_adamw_field_reaches_the_optimizer",
+    inprocess="plugins/nexrl_engine/tests/test_inprocess_holder.py::test_every_adamw_field_reaches_the_optimizer",
     self_hosted=(
         "plugins/nexrl_grpo/tests/test_trainers.py::test_config_from_the_recipe",
         f"{WORKERS}::test_update_actor_gives_the_engines_loss_and_weights",
     ),
 )
-SCHEDULE_AND_CHECKPOINTING = "nexrl_fsdp/tests/test_lr_schedule_and_checkpointing.py::test_recipe_schedule_and_checkpointing_reach_the_engine"
+SCHEDULE_AND_CHECKPOINTING = "plugins/nexrl_engine/tests/test_lr_schedule_and_checkpointing.py::test_recipe_schedule_and_checkpointing_reach_the_engine"
 WORKERS_SCHEDULE_AND_CHECKPOINTING = (
     "nexrl_fsdp/tests/test_workers_lr_schedule_and_checkpointing.py::test_the_workers_apply_each_steps_scheduled_rate_with_checkpointed_layers"
 )
@@ -118,7 +118,7 @@ KL_ADAPTIVE = everywhere(
 )
 SELF_HOSTED_LORA = f"{SELF_HOSTED}::test_quickstart_fsdp_trains_lora_adapters_end_to_end"
 LORA_TARGETS = per_backend(
-    inprocess=(f"{INPROCESS}::test_lora_settings_reach_the_engine", "nexrl_fsdp/tests/test_lora.py::test_target_flags"),
+    inprocess=(f"{INPROCESS}::test_lora_settings_reach_the_engine", "plugins/nexrl_engine/tests/test_lora.py::test_target_flags"),
     remote_api=(
         "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
         "nexrl_weaver/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
@@ -189,7 +189,7 @@ CORE: dict[str, Entry] = {
     "algorithm.loss.name": per_backend(
         remote_api=("tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
                     "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions"),  # fmt: skip
-        inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
+        inprocess="plugins/nexrl_engine/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
         self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
     ),
     "algorithm.kl.coef": KL_REWARD,
@@ -227,7 +227,7 @@ CORE: dict[str, Entry] = {
 LOSS_OPTION_TESTS = per_backend(
     remote_api=("nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
                 "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolderLossOptions"),  # fmt: skip
-    inprocess="nexrl_fsdp/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
+    inprocess="plugins/nexrl_engine/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
     self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
 )
 
@@ -268,7 +268,7 @@ COMPONENTS: dict[str, Entry] = {
     # backend: inprocess
     "backend.options.sample_linger_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
     "backend.options.sample_linger_max_s [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
-    # What the engine does with these is tested on the engine itself (test_inprocess_compute,
+    # What the engine does with these is tested on the engine itself (test_compute,
     # test_training, test_shared_prefix); these tests show the recipe's values reaching it.
     "backend.options.max_batch_rows [inprocess]": per_backend(inprocess=f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
     "backend.options.device [inprocess]": per_backend(inprocess=INPROCESS_BAD_SETTINGS),  # CI has no other device than the default

@@ -15,6 +15,7 @@ DISTRIBUTIONS = [
     ROOT,
     ROOT / "plugins" / "nexrl_grpo",
     ROOT / "plugins" / "nexrl_remote_api",
+    ROOT / "plugins" / "nexrl_engine",
     ROOT / "nexrl_fsdp",
     ROOT / "plugins" / "nexrl_service",
     ROOT / "nexrl_tinker",
@@ -41,6 +42,7 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
         run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheelhouse, distribution)
     assert sorted(wheel.name.split("-")[0] for wheel in wheelhouse.glob("*.whl")) == [
         "nexrl",
+        "nexrl_engine",
         "nexrl_episodes",
         "nexrl_fsdp",
         "nexrl_grpo",
@@ -67,13 +69,21 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
     code = "import nexrl_core, nexrl_grpo; print(nexrl_core.__file__)"
     assert str(venv) in run(venv / "bin" / "python", "-c", code, cwd=tmp_path)
 
+    run(*install, "nexrl[inprocess]==0.1.0", cwd=tmp_path)
+    rows = plugin_rows(venv, tmp_path)
+    assert rows["engine"]["registers"] == {"backends": ["inprocess"], "tasks": ["addition"]}
+    assert "fsdp" not in rows, "the in-process backend installs the engine, not the FSDP side"
+    code = "import importlib.util; print(importlib.util.find_spec('nexrl_fsdp'), importlib.util.find_spec('zmq'))"
+    assert run(venv / "bin" / "python", "-c", code, cwd=tmp_path).split() == ["None", "None"]
+
     run(*install, "nexrl[tinker]==0.1.0", cwd=tmp_path)
     rows = plugin_rows(venv, tmp_path)
     assert rows["tinker"]["registers"]["service_holders"] == ["tinker"]
     assert rows["tinker"]["registers"]["services"] == ["tinker"]
-    assert rows["fsdp"]["registers"]["tasks"] == ["addition"]
+    assert rows["engine"]["registers"]["tasks"] == ["addition"]
+    assert rows["fsdp"]["registers"]["backends"] == ["self-hosted"]
     assert all(row["error"] is None for row in rows.values())
-    code = "from nexrl_fsdp.loading import resolve_model_dir; print(resolve_model_dir('nexrl-tiny'))"
+    code = "from nexrl_engine.loading import resolve_model_dir; print(resolve_model_dir('nexrl-tiny'))"
     model_dir = Path(run(venv / "bin" / "python", "-c", code, cwd=tmp_path).strip())
     assert str(venv) in str(model_dir)
     assert (model_dir / "model.safetensors").stat().st_size > 1_000_000

@@ -160,7 +160,7 @@ class ModelConfig:
     """The policy being trained."""
 
     name: str | None = attrs.field(default=None, validator=optional_non_empty)
-    """Model name or path as the backend knows it (``nexrl-tiny``, the model nexrl-fsdp
+    """Model name or path as the backend knows it (``nexrl-tiny``, the model nexrl-engine
     ships, or a local Hugging Face directory)."""
     lora: LoraSettings = attrs.field(factory=LoraSettings)
     """Which weights train: every one (``rank`` 0, the default) or LoRA adapters."""

@@ -1,41 +1,23 @@
-"""Entry-point module of nexrl-fsdp: registers the tiny model's demo task, the ``inprocess``
-and ``self-hosted`` backends, the ``direct-zmq`` transport and the workers' API server (``nexrl serve workers``).
+"""Entry-point module of nexrl-fsdp: registers the ``self-hosted`` backend, the
+``direct-zmq`` transport and the workers' API server (``nexrl serve workers``).
 
-Imports nothing heavy: the task and the backend are named by strings and loaded when
-chosen; the backend's config class is torch-free.
+Imports nothing heavy: the backend is named by a string and loaded when chosen; its config
+class is torch-free.
 """
 
 from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import BackendSpec, ServiceSpec, TaskSpec, TransportSpec
+from nexrl_core.specs import BackendSpec, ServiceSpec, TransportSpec
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
-from nexrl_fsdp.inprocess.config import InProcessBackendConfig
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 
 
 @hookimpl
-def nexrl_tasks() -> list[TaskSpec]:
-    return [
-        TaskSpec(
-            name="addition",
-            factory="nexrl_fsdp.tiny.task:AdditionTask",
-            description="two-digit addition, exact-match reward (the shipped nexrl-tiny model's demo task)",
-        )
-    ]
-
-
-@hookimpl
 def nexrl_backends() -> list[BackendSpec]:
-    """The engine inside the training process (no service, no HTTP), and self-hosted FSDP workers."""
+    """Self-hosted FSDP workers and their sampler process."""
     return [
-        BackendSpec(
-            name="inprocess",
-            factory="nexrl_fsdp.inprocess.backend:open_inprocess",
-            config_class=InProcessBackendConfig,
-            description="The nexrl-fsdp engine in the training process (no service): fastest on one machine",
-        ),
         BackendSpec(
             name="self-hosted",
             factory="nexrl_fsdp.selfhosted.backend:open_self_hosted",

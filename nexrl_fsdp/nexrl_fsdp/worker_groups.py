@@ -45,16 +45,16 @@ from typing import Any, TypeVar
 import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_fsdp import checkpoint as ckpt
+from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.transport import OpRefused, WorkerGroupError, WorkerGroupLost
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
-from nexrl_fsdp.engine import Engine, adam_settings
+from nexrl_engine.engine import Engine, adam_settings
 from nexrl_fsdp.group_journal import GroupJournal, ReplayCall
-from nexrl_fsdp.loss_fns import LossFn, build_loss_fn, check_datums
-from nexrl_fsdp.config import TrainingSpec
-from nexrl_fsdp.types import Datum, DatumOutput, ForwardResult, OptimStepResult
+from nexrl_engine.loss_fns import LossFn, build_loss_fn, check_datums
+from nexrl_engine.config import TrainingSpec
+from nexrl_engine.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 
 __all__ = ["GroupHooks", "GroupRestart", "GroupSettings", "WorkerGroupEngine"]
 

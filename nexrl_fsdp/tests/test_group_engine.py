@@ -16,12 +16,12 @@ from safetensors.torch import load_file
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_fsdp import Datum, Engine
-from nexrl_fsdp import checkpoint as ckpt
+from nexrl_engine import Datum, Engine
+from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors, tensor_datums
-from nexrl_fsdp.lora import merged_copy
-from nexrl_fsdp.loss_fns import build_loss_fn, check_datums
-from nexrl_fsdp.config import TrainingSpec
+from nexrl_engine.lora import merged_copy
+from nexrl_engine.loss_fns import build_loss_fn, check_datums
+from nexrl_engine.config import TrainingSpec
 from nexrl_fsdp.worker_groups import GroupSettings, WorkerGroupEngine
 from nexrl_fsdp.worker.datum_ops import rank_shares
 

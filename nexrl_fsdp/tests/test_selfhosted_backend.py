@@ -27,7 +27,7 @@ from nexrl_core.testing import BackendContract
 from nexrl_core.testing.hf_model import load_exported
 from nexrl_core.testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
 from nexrl_core.testing.rollouts import sampled_group
-from nexrl_fsdp.loading import load_model, resolve_model_dir
+from nexrl_engine.loading import load_model, resolve_model_dir
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_grpo.config import SelfHostedGrpoConfig

@@ -29,17 +29,17 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_core.types import Trajectory
-from nexrl_fsdp import Datum, Engine
+from nexrl_engine import Datum, Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.processes import process_tree, tcp_listeners
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
-from nexrl_fsdp.config import EngineConfig
-from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
-from nexrl_fsdp.loading import load_model, resolve_model_dir
-from nexrl_fsdp.lora import ATTN_MODULES, merged_copy
+from nexrl_engine.config import EngineConfig
+from nexrl_engine.batching import BatchedSamplingOptions
+from nexrl_engine.loading import load_model, resolve_model_dir
+from nexrl_engine.lora import ATTN_MODULES, merged_copy
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
@@ -350,7 +350,7 @@ def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: Loc
     """Rows of one group run their shared prompt once on each rank (`chunk_logprobs`, the
     engine's prefix sharing, inside FSDP): logprobs, loss and gradient norm equal a
     plain pass of the engine (which shares nothing) on the same weights."""
-    from nexrl_fsdp.shared_prefix import plan_prefix_sharing
+    from nexrl_engine.shared_prefix import plan_prefix_sharing
 
     group_size = 3
     tokens = [run.tokens for run in _trajectories(group_size)]

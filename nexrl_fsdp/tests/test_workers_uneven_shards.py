@@ -21,11 +21,11 @@ import torch
 from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.types import Trajectory
-from nexrl_fsdp import Datum, Engine
+from nexrl_engine import Datum, Engine
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
-from nexrl_fsdp.loss_fns import build_loss_fn, check_datums
-from nexrl_fsdp.shared_prefix import plan_prefix_sharing
+from nexrl_engine.loss_fns import build_loss_fn, check_datums
+from nexrl_engine.shared_prefix import plan_prefix_sharing
 
 pytestmark = pytest.mark.slow
 

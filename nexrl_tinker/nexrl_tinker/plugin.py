@@ -15,13 +15,13 @@ from nexrl_tinker.holder_config import TinkerHolderConfig
 
 @hookimpl
 def nexrl_services() -> list[ServiceSpec]:
-    """The local Tinker-compatible service (TinkerCloud) on the nexrl-fsdp engine."""
+    """The local Tinker-compatible service (TinkerCloud) on the nexrl-engine engine."""
     return [
         ServiceSpec(
             name="tinker",
             factory="nexrl_tinker.server.service:TinkerService",
             config_class=ServeOptions,
-            description="Local Tinker-compatible service (SDK 0.38 wire protocol) on the nexrl-fsdp engine",
+            description="Local Tinker-compatible service (SDK 0.38 wire protocol) on the nexrl-engine engine",
             capabilities=frozenset({"tinker-sdk-0.38", "training", "sampling", "lora", "full-finetune"}),
         )
     ]

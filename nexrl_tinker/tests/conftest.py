@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from collections.abc import Iterator
 
-import nexrl_fsdp  # noqa: F401 - its OpenMP wait policy, before anything loads torch
+import nexrl_engine  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
 import pytest
 from nexrl_tinker.testing import TEST_API_KEY, start_service

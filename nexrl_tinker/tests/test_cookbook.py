@@ -29,7 +29,7 @@ RENDERER = "qwen3_instruct"
 
 
 def _tiny_tokenizer():
-    from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
+    from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 
     return load_tokenizer(resolve_model_dir(BASE_MODEL))
 

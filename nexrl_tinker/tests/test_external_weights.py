@@ -90,7 +90,7 @@ def test_the_adapter_in_peft_layout_gives_the_merged_model(trained, export_path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     _, tokenizer, _ = trained
     download(rest.get_external_weights_urls(export_path).result().urls, tmp_path)

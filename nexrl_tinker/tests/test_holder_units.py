@@ -82,7 +82,7 @@ def test_transient_errors_are_retried_then_reported(monkeypatch: pytest.MonkeyPa
 def test_tokenizer_path_and_renderer_name_make_the_prompt() -> None:
     """``tokenizer_path`` is read without asking the service (none listens on port 9), and
     ``renderer_name`` replaces the tokenizer's chat template with a tinker-cookbook renderer."""
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     directory = str(resolve_model_dir("nexrl-tiny"))
     messages = [{"role": "user", "content": "1+2="}]

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from nexrl_fsdp.engine import Engine
+from nexrl_engine.engine import Engine
 from nexrl_tinker.testing import BASE_MODEL
 from tinker import types
 

@@ -21,7 +21,7 @@ from nexrl_core.config import ModelConfig
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.loss_option_contract import FROZEN, gradient_norm, probe_datums
-from nexrl_fsdp.loading import resolve_model_dir
+from nexrl_engine.loading import resolve_model_dir
 from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
 from safetensors.torch import load_file
 from tinker import types

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tinker
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_fsdp import Datum, Engine
+from nexrl_engine import Datum, Engine
 from nexrl_tinker.testing import BASE_MODEL, start_service
 from tinker import types
 

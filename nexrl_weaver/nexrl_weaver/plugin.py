@@ -15,13 +15,13 @@ from nexrl_weaver.holder_config import WeaverHolderConfig
 
 @hookimpl
 def nexrl_services() -> list[ServiceSpec]:
-    """The local Weaver-compatible service on the nexrl-fsdp engine."""
+    """The local Weaver-compatible service on the nexrl-engine engine."""
     return [
         ServiceSpec(
             name="weaver",
             factory="nexrl_weaver.server.service:WeaverService",
             config_class=ServeOptions,
-            description="Local Weaver-compatible service (nex-weaver 1.19 wire protocol) on the nexrl-fsdp engine",
+            description="Local Weaver-compatible service (nex-weaver 1.19 wire protocol) on the nexrl-engine engine",
             capabilities=frozenset({"weaver-sdk-1.19", "training", "sampling", "lora", "full-finetune"}),
         )
     ]

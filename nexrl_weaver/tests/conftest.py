@@ -21,7 +21,7 @@ for _name in ("WEAVER_API_KEY", "WEAVER_BASE_URL", "WEAVER_TENSOR_TRANSPORT"):
 
 from collections.abc import Iterator
 
-import nexrl_fsdp  # noqa: F401 - its OpenMP wait policy, before anything loads torch
+import nexrl_engine  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
 import pytest
 from nexrl_weaver.testing import TEST_API_KEY, start_service

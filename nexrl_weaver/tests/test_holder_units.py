@@ -58,7 +58,7 @@ def test_an_operation_is_given_up_after_operation_timeout_s() -> None:
 
 
 def test_tokenizer_path_is_read_without_the_service() -> None:
-    from nexrl_fsdp.loading import resolve_model_dir
+    from nexrl_engine.loading import resolve_model_dir
 
     config = WeaverHolderConfig(model=TINY, base_url=NOWHERE, tokenizer_path=str(resolve_model_dir("nexrl-tiny")))
     prompt: Any = WeaverServiceHolder(config).apply_chat_template([{"role": "user", "content": "1+2="}])

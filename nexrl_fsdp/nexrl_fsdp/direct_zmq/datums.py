@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from nexrl_fsdp.loss_fns import DATUM_KEYS, CheckedDatum
-from nexrl_fsdp.types import Datum
+from nexrl_engine.loss_fns import DATUM_KEYS, CheckedDatum
+from nexrl_engine.types import Datum
 
 __all__ = ["datum_tensors", "tensor_datums"]
 

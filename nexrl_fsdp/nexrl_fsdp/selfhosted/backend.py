@@ -33,14 +33,14 @@ from nexrl_core.model_export import ModelExportError
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
 from nexrl_core.trainer import build_trainer
 from nexrl_core.types import Trajectory
-from nexrl_fsdp.config import EngineConfig
+from nexrl_engine.config import EngineConfig
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, OpRefused, WorkerGroupError
-from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
-from nexrl_fsdp.loading import load_tokenizer, resolve_model_dir
-from nexrl_fsdp.loss_fns import build_loss_fn
-from nexrl_fsdp.recipe_checks import check_device, check_model_name
+from nexrl_engine.batching import BatchedSamplingOptions
+from nexrl_engine.loading import load_tokenizer, resolve_model_dir
+from nexrl_engine.loss_fns import build_loss_fn
+from nexrl_engine.recipe_checks import check_device, check_model_name
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
@@ -232,7 +232,7 @@ def sampler_threads(options: SelfHostedBackendConfig) -> str:
     """The sampler process's ``OMP_NUM_THREADS``: the user's, else the cores this process
     may use less one per local worker rank and one for the driver's own Python (at
     least 1). More threads than free cores make every torch op of the sampler wait on
-    a thread that is not running (see ``nexrl_fsdp/__init__.py``): on two cores beside
+    a thread that is not running (see ``nexrl_engine/__init__.py``): on two cores beside
     two ranks, two sampler threads took the quickstart's rollouts from 0.10 to 0.25 s."""
     if os.environ.get("OMP_NUM_THREADS"):
         return os.environ["OMP_NUM_THREADS"]

@@ -6,7 +6,7 @@ import attrs
 
 from nexrl_core.config.checks import non_empty, optional_non_empty, positive
 from nexrl_core.self_hosted import UpdateSettings
-from nexrl_fsdp.inprocess.config import BatchedSamplingOptions, positive_int
+from nexrl_engine.batching import BatchedSamplingOptions, positive_int
 
 __all__ = ["SamplerOptions", "SelfHostedBackendConfig"]
 

@@ -17,7 +17,7 @@ from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.types import SampleResult
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
-from nexrl_fsdp.types import SamplingParams
+from nexrl_engine.types import SamplingParams
 
 __all__ = ["SamplerChat"]
 

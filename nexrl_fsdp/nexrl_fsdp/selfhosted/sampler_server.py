@@ -42,17 +42,17 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before torch loads
+import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads
 import torch
 import zmq
 
-from nexrl_fsdp.config import EngineConfig
+from nexrl_engine.config import EngineConfig
 from nexrl_fsdp.direct_zmq import wire
-from nexrl_fsdp.engine import Engine
-from nexrl_fsdp.inprocess.chat import EngineChat
-from nexrl_fsdp.inprocess.config import BatchedSamplingOptions
-from nexrl_fsdp.lora import load_in_place
-from nexrl_fsdp.types import SampledSequence, SamplingParams
+from nexrl_engine.engine import Engine
+from nexrl_engine.chat import EngineChat
+from nexrl_engine.batching import BatchedSamplingOptions
+from nexrl_engine.lora import load_in_place
+from nexrl_engine.types import SampledSequence, SamplingParams
 
 __all__ = ["SamplerSettings", "SamplerServer", "main"]
 

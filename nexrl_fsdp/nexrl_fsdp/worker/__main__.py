@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before torch loads
+import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads
 
 
 def main() -> None:

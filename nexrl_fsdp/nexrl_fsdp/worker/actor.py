@@ -9,7 +9,7 @@ longest row), so the passes of all ranks add up to the loss one process computes
 whole mini-batch, in every aggregation mode. FSDP averages gradients over ranks; the loss
 is multiplied by the world size to undo it.
 
-LoRA is the engine's too: `nexrl_fsdp.lora.apply_training_mode` injects the adapters the
+LoRA is the engine's too: `nexrl_engine.lora.apply_training_mode` injects the adapters the
 `LoraSettings` record asks for into the model on the CPU (same seed, same adapters as
 the engine) before FSDP2 shards it, so frozen base weights and trainable adapters share
 each layer's unit and only the adapters get gradients and optimizer state. Rank 0 keeps
@@ -36,11 +36,11 @@ from nexrl_core.algorithms import StepTotals
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
-from nexrl_fsdp.engine import _MetricSum
-from nexrl_fsdp.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
-from nexrl_fsdp.checkpointing import enable_checkpointing, is_checkpointing, training_pass
-from nexrl_fsdp.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
-from nexrl_fsdp.loss_fns import (
+from nexrl_engine.engine import _MetricSum
+from nexrl_engine.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
+from nexrl_engine.checkpointing import enable_checkpointing, is_checkpointing, training_pass
+from nexrl_engine.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
+from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
     LossFn,
@@ -51,8 +51,8 @@ from nexrl_fsdp.loss_fns import (
     policy_loss_inputs,
     step_totals,
 )
-from nexrl_fsdp.optim import AdamW
-from nexrl_fsdp.shared_prefix import chunk_logprobs, plan_prefix_sharing
+from nexrl_engine.optim import AdamW
+from nexrl_engine.shared_prefix import chunk_logprobs, plan_prefix_sharing
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
 
 __all__ = ["HF_EXPORT_DIR", "ActorOptions", "FsdpActor", "ModelOptions"]

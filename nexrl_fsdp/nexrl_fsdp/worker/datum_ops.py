@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_fsdp import checkpoint as ckpt
+from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import tensor_datums
-from nexrl_fsdp.engine import _MetricSum
-from nexrl_fsdp.loading import SHIPPED_MODELS
-from nexrl_fsdp.loss_fns import (
+from nexrl_engine.engine import _MetricSum
+from nexrl_engine.loading import SHIPPED_MODELS
+from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
     LossFn,

@@ -1,6 +1,6 @@
 """A batch's rows as the engine's datums, and the checks a batch passes before any rank sees it.
 
-The workers reuse the engine's loss path (`nexrl_fsdp.loss_fns`: collate, target
+The workers reuse the engine's loss path (`nexrl_engine.loss_fns`: collate, target
 logprobs, the registered losses): each row of a `nexrl_core.batch.Batch` layout (prompt
 left-padded, response right-padded, real tokens contiguous) becomes one datum whose
 input is its real tokens but the last and whose targets are its real tokens but the
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
-from nexrl_fsdp.loss_fns import CheckedDatum
+from nexrl_engine.loss_fns import CheckedDatum
 
 __all__ = ["BatchError", "check_batch", "row_datums", "scatter_back"]
 

@@ -79,7 +79,7 @@ class SamplingService:
     # --- asample --------------------------------------------------------------------------------
 
     def _task(self, body: SampleBody) -> SampleTask:
-        from nexrl_fsdp.types import SamplingParams
+        from nexrl_engine.types import SamplingParams
 
         tokens: list[int] = []
         for index, chunk in enumerate(body.prompt.chunks):

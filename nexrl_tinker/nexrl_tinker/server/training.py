@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 from nexrl_core.config.lora import LoraSettings
 
-from nexrl_fsdp.config import TrainingSpec
+from nexrl_engine.config import TrainingSpec
 from nexrl_service.errors import BadRequest
 from nexrl_service.futures import Outcome
 from nexrl_service.state import ServiceState
@@ -76,7 +76,7 @@ def prepare_datums(request: FwdBwdRequest) -> PreparedBatch:
     case) with ``cross_entropy`` is the sum of K ordinary cross-entropy terms, so it
     runs as K datums with the same input; the logprobs come back as [T, K].
     """
-    from nexrl_fsdp.types import Datum
+    from nexrl_engine.types import Datum
 
     if not request.data:
         raise ValueError("forward_backward needs at least one datum")

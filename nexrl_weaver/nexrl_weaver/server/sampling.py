@@ -119,7 +119,7 @@ class WeaverSampling:
         return sampler, self.ops.sampler_weights(sampler)
 
     def sample(self, owner: str, sampler_id: str, body: dict[str, Any]) -> str:
-        from nexrl_fsdp.types import SamplingParams
+        from nexrl_engine.types import SamplingParams
 
         sampler, ref = self._weights(owner, sampler_id)
         num_samples = optional_int(body, "num_samples", minimum=1) or 1
@@ -172,7 +172,7 @@ class WeaverSampling:
         return row.request_id
 
     def logprobs(self, owner: str, sampler_id: str, body: dict[str, Any]) -> str:
-        from nexrl_fsdp.types import SamplingParams
+        from nexrl_engine.types import SamplingParams
 
         sampler, ref = self._weights(owner, sampler_id)
         tokens = self._prompt(body, 1)

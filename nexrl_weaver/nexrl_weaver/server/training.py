@@ -30,7 +30,7 @@ import numpy as np
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_fsdp.config import TrainingSpec
+from nexrl_engine.config import TrainingSpec
 from nexrl_service.errors import BadRequest, Gone
 from nexrl_service.futures import Outcome
 from nexrl_service.state import ServiceState
@@ -91,7 +91,7 @@ class ForwardRequest:
 
 def decode_forward(payload: dict[str, Any], pack: TensorPack | None, backward: bool) -> ForwardRequest:
     """The SDK's ``{"payload": {...}}`` forward(-backward) body as engine datums."""
-    from nexrl_fsdp.types import Datum
+    from nexrl_engine.types import Datum
 
     key = "forward_backward_input" if backward else "forward_input"
     section = obj(payload.get(key), f"payload.{key}")

@@ -22,8 +22,8 @@ DEFAULTS = SamplingDefaults(max_tokens=8, temperature=1.0, top_p=1.0)
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The real nexrl-tiny engine as the backend's ChatModel (what the inprocess backend hands rollouts)."""
-    from nexrl_fsdp.inprocess.config import EngineHolderConfig
-    from nexrl_fsdp.inprocess.holder import EngineHolder
+    from nexrl_engine.inprocess.config import EngineHolderConfig
+    from nexrl_engine.inprocess.holder import EngineHolder
 
     holder = EngineHolder(EngineHolderConfig(model=ModelConfig(name="nexrl-tiny")), tmp_path_factory.mktemp("engine"))
     # Warm up: the first sample pays one-off costs that would otherwise eat a test's short claim timeout.

@@ -12,7 +12,7 @@ its wire: routes, codec and id formats. Everything else is here, one job per mod
   answered, resolved from worker threads, awaited by long-polls on the event loop.
 * `scheduler`: `Scheduler` and `Job`, ordered training lanes (by ``seq_id``, skipping a
   number missing past the gap timeout) and FIFO sampling lanes that batch.
-* `engines`: `EnginePool`, which `nexrl_fsdp.Engine` serves which model or weights.
+* `engines`: `EnginePool`, which `nexrl_engine.Engine` serves which model or weights.
 * `files`: `CheckpointFiles`, the checkpoint directories under the data directory.
 * `downloads`: `SignedDownloads`, expiring signed URLs for a checkpoint's files and the
   route that serves them without an API key.
@@ -39,7 +39,7 @@ Building a service on it::
             return build_my_fastapi_app(state)  # routes: decode, call the ops, encode
 
 The routes authenticate with an `Authenticator`, answer `ApiError` as 4xx, decode
-bodies into engine records (`nexrl_fsdp.types`), call `TrainingOps` / `SamplingOps`
+bodies into engine records (`nexrl_engine.types`), call `TrainingOps` / `SamplingOps`
 / `Sessions` with an ``answer`` callback that encodes the result as an `Outcome`,
 and serve the outcome when the client polls (`FutureBook.wait`). The runtime needs
 the ``service`` extra (fastapi, uvicorn, sqlalchemy); importing this package alone

@@ -1,4 +1,4 @@
-"""Which `nexrl_fsdp.Engine` serves which model or sampler, built lazily.
+"""Which `nexrl_engine.Engine` serves which model or sampler, built lazily.
 
 * One engine per training model (full fine-tuning or LoRA, as its creation
   asked). It is built on first use: when the model is created, or after a restart from
@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_fsdp.config import TrainingSpec
+from nexrl_engine.config import TrainingSpec
 
 from nexrl_service.errors import RequestFailed, TooManyRequests
 from nexrl_service.group_starts import GroupStarts
@@ -41,7 +41,7 @@ log = logging.getLogger("nexrl_service")
 def _new_engine(*args: Any, **kwargs: Any) -> Any:
     # `Engine` serialises model loading itself (transformers' from_pretrained is not
     # thread-safe), so compute threads may build engines for different weights at once.
-    from nexrl_fsdp.engine import Engine
+    from nexrl_engine.engine import Engine
 
     return Engine(*args, **kwargs)
 
@@ -66,7 +66,7 @@ class BaseModelInfo:
 
     @classmethod
     def load(cls, model: str) -> BaseModelInfo:
-        from nexrl_fsdp.loading import resolve_model_dir
+        from nexrl_engine.loading import resolve_model_dir
 
         directory = resolve_model_dir(model)
         config = json.loads((directory / "config.json").read_text())

@@ -40,7 +40,7 @@ class SampleTask:
 
     prompt: list[int]
     params: Any
-    """`nexrl_fsdp.types.SamplingParams`; its seed is this request's own."""
+    """`nexrl_engine.types.SamplingParams`; its seed is this request's own."""
     num_samples: int
     prompt_logprobs: bool
     answer: Callable[[Any], Outcome] = attrs.field(eq=False)

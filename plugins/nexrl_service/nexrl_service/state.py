@@ -35,8 +35,8 @@ def warm_up_imports() -> None:
     two engines built at once on cold imports can fail with ``cannot import name
     'AutoTokenizer'``. Importing here also takes the import time off the first request.
     """
-    import nexrl_fsdp.engine
-    import nexrl_fsdp.loss_fns  # noqa: F401
+    import nexrl_engine.engine
+    import nexrl_engine.loss_fns  # noqa: F401
     import peft  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 from nexrl_core.config.lora import LoraSettings
 
-from nexrl_fsdp.config import TrainingSpec
+from nexrl_engine.config import TrainingSpec
 from nexrl_service.engines import WeightsRef
 from nexrl_service.errors import ApiError, BadRequest, RequestFailed, TooManyRequests
 from nexrl_service.futures import Outcome
@@ -89,7 +89,7 @@ class TrainingOps:
     def _loss(self, name: str, config: Mapping[str, Any]) -> Any:
         """The built loss for submission checks, cached per (name, config): building one
         walks the plugin registry."""
-        from nexrl_fsdp.loss_fns import build_loss_fn
+        from nexrl_engine.loss_fns import build_loss_fn
 
         key = (name, tuple(sorted((k, str(v)) for k, v in config.items())))
         with self._lock:
@@ -104,7 +104,7 @@ class TrainingOps:
 
     def check_datums(self, datums: Sequence[Any], loss_fn: str, loss_fn_config: Mapping[str, Any]) -> None:
         """Raise ValueError unless the loss exists and the datums fit it and the vocabulary."""
-        from nexrl_fsdp.loss_fns import check_datums
+        from nexrl_engine.loss_fns import check_datums
 
         check_datums(datums, self._loss(loss_fn, loss_fn_config), self.state.base.vocab_size)
 

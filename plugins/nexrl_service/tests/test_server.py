@@ -63,10 +63,10 @@ def test_busy_port_fails_in_start(tmp_path: Path) -> None:
 
 
 class _RecordedEngine:
-    """Stands in for `nexrl_fsdp.Engine`: remembers the config it was built with."""
+    """Stands in for `nexrl_engine.Engine`: remembers the config it was built with."""
 
     def __init__(self, config: Any = None, **fields: Any) -> None:
-        from nexrl_fsdp.config import EngineConfig
+        from nexrl_engine.config import EngineConfig
 
         self.config = config if config is not None else EngineConfig(**fields)
         self.loaded: list[str] = []
@@ -80,7 +80,7 @@ def test_the_device_option_reaches_every_engine_the_service_builds(tmp_path: Pat
     engines and of every kind of sampler: the base model's, an exported model's and one
     on a saved training state. Engines are recorded, not built, so any device name works
     on a machine without it."""
-    from nexrl_fsdp.config import TrainingSpec
+    from nexrl_engine.config import TrainingSpec
 
     from nexrl_core.config.lora import LoraSettings
     from nexrl_service import engines as engines_module

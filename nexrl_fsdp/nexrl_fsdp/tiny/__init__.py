@@ -1,4 +1,0 @@
-"""The shipped tiny model ``nexrl-tiny``: its tokenizer, its demo task and its build.
-
-Rebuild it with ``python -m nexrl_fsdp.tiny.build`` (see that module).
-"""

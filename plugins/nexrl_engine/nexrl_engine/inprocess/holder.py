@@ -1,0 +1,204 @@
+"""`EngineHolder`: a `nexrl_core.holders.ServiceHolder` on an `Engine` in this process.
+
+No service and no HTTP: the fastest path on one machine, and the baseline that the
+service backends' overhead is measured against. Three engines at most share the
+process, each with its own weights:
+
+* the training engine, which ``train`` steps and checkpoints save and load;
+* the sampler, a second engine that sampling uses. ``update_sampling_weights`` copies
+  the trained weights into it in memory, so rollouts keep sampling from the weights
+  they were given while the next step trains (bounded staleness needs exactly that);
+  ``export_model`` writes its weights;
+* the reference for a KL penalty: for LoRA the training engine with its adapters
+  switched off, for full fine-tuning a frozen engine of the base weights, loaded from
+  the model directory on first use (so it is right after a resume too).
+
+Every torch call runs on one `ComputeThread`, which batches the rollouts' concurrent
+sample requests into few engine calls; the chat half (`EngineChat`: templates, stops,
+replies from `TemplateChat`) is shared with the self-hosted backend's sampler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.holders import TrainStepConfig
+from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_engine.engine import Engine
+from nexrl_engine.chat import EngineChat
+from nexrl_engine.inprocess.config import EngineHolderConfig
+from nexrl_engine.lora import adapters_disabled
+from nexrl_engine.loss_fns import build_loss_fn
+from nexrl_engine.types import Datum
+
+__all__ = ["EngineHolder", "engine_datum"]
+
+logger = logging.getLogger(__name__)
+
+DATUM_INPUTS = frozenset({"old_logprobs", "advantages"})
+"""What a loss may need from a `RemoteDatum` beyond the target tokens and the loss mask."""
+
+
+def engine_datum(datum: RemoteDatum) -> Datum:
+    """The engine's datum: the loss mask as ``weights`` (the mask of every loss, and
+    cross-entropy's per-token weight), the sampler's logprobs and the advantages."""
+    return Datum(
+        input_tokens=datum.input_tokens,
+        loss_fn_inputs={
+            "target_tokens": datum.target_tokens,
+            "weights": datum.loss_mask,
+            "logprobs": datum.sampling_logprobs,
+            "advantages": datum.advantages,
+        },
+    )
+
+
+class EngineHolder:
+    """Samples and trains an in-process `Engine`; checkpoints go under ``checkpoint_dir``.
+
+    It cannot be pickled: the model lives in this process, so rollouts must run here
+    too (use a service backend for rollouts elsewhere).
+
+    :raises ValueError: for a model that cannot be found or loaded, or bad engine options.
+    """
+
+    def __init__(self, config: EngineHolderConfig, checkpoint_dir: Path) -> None:
+        self.config = config
+        self.checkpoint_dir = Path(checkpoint_dir)
+        engine_config = config.engine_config()
+        self.engine = Engine(engine_config)
+        """What trains, and what checkpoints hold."""
+        self.sampler = Engine(attrs.evolve(engine_config, gradient_checkpointing=False))
+        """What rollouts sample from: the weights of the last `update_sampling_weights`."""
+        self._reference: Engine | None = None
+        trained = dict(self.engine.model.named_parameters())
+        published = set(self.engine.trainable_parameter_names())
+        self._published = [
+            (parameter, trained[name]) for name, parameter in self.sampler.model.named_parameters() if name in published
+        ]
+        """(sampler parameter, training parameter) pairs that publishing copies: every
+        weight for full fine-tuning, the adapters for LoRA (the base is the same)."""
+        self._version = 0
+        self._sampling = EngineChat(self.sampler, config.engine)
+        self.compute = self._sampling.compute
+        """The one thread every torch call of this holder runs on."""
+
+    def __getstate__(self) -> Any:
+        raise TypeError(
+            "EngineHolder holds its model in this process and cannot be pickled; run rollouts in the training "
+            "process, or use a backend with a service (remote_api) for rollouts elsewhere"
+        )
+
+    # --- chat and sampling ---------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+    ) -> str | list[int]:
+        return self._sampling.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
+
+    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
+        return self._sampling.sample_from_prompt(prompt_tokens, options)
+
+    def sample_from_messages(
+        self,
+        messages: Sequence[dict[str, Any]],
+        options: SamplingOptions,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> SampleResult:
+        return self._sampling.sample_from_messages(messages, options, tools)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def run_info(self) -> dict[str, str]:
+        """The dtype the engine's weights are held in and its device, read from the engine."""
+        return {"dtype": self.engine.trained_dtype(), "device": str(self.engine.device)}
+
+    def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
+        """Every registered loss with every option, every AdamW field and both dtypes run
+        here; refused is only a loss that needs inputs a datum does not carry."""
+        try:
+            loss = build_loss_fn(config.loss_fn, config.loss_fn_config)
+        except ValueError as error:
+            return {"loss_fn": str(error)}
+        missing = sorted(loss.requires - DATUM_INPUTS - {"entropy"})
+        if missing:
+            return {"loss_fn": f"loss {config.loss_fn!r} needs {', '.join(missing)}, which a remote datum does not carry"}
+        return {}
+
+    def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
+        if not datums:
+            raise ValueError("train needs at least one datum")
+        data = [engine_datum(datum) for datum in datums]
+
+        def step() -> dict[str, float]:
+            try:
+                backward = self.engine.forward_backward(data, config.loss_fn, dict(config.loss_fn_config))
+            except BaseException:
+                self.engine.zero_grad()  # a failed pass may have left part of its gradients
+                raise
+            optimizer = self.engine.optim_step(config.optimizer)
+            return {**backward.metrics, **optimizer.metrics}
+
+        return {key: float(value) for key, value in self.compute.call(step).items()}
+
+    def update_sampling_weights(self, weight_path: str | None = None) -> str:
+        """Copy the trained weights into the sampler, or load ``weight_path`` (a
+        `save_checkpoint` path) into it; returns what sampling now uses."""
+        if weight_path is not None:
+            self.compute.call(lambda: self.sampler.load_state(weight_path, load_optimizer=False))
+            return weight_path
+        return self.compute.call(self._publish)
+
+    def _publish(self) -> str:
+        with torch.no_grad():
+            for target, source in self._published:
+                target.copy_(source)
+        self._version += 1
+        return f"inprocess://sampler/{self._version:06d}"
+
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        if not sequences:
+            return []
+        rows = self.compute.call(lambda: self._reference_logprobs([list(tokens) for tokens in sequences]))
+        return [[0.0 if value is None else float(value) for value in row] for row in rows]
+
+    def _reference_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
+        if self.engine.is_lora:
+            with adapters_disabled(self.engine.model):
+                return self.engine.compute_logprobs(sequences)
+        if self._reference is None:
+            logger.info("loading a frozen copy of %s as the KL reference", self.config.model.name)
+            self._reference = Engine(self.engine.config)
+            self._reference.model.requires_grad_(False)
+        return self._reference.compute_logprobs(sequences)
+
+    # --- checkpoints and shutdown --------------------------------------------------------------
+
+    def save_checkpoint(self, name: str) -> str:
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            raise ValueError(f"a checkpoint name must be a plain file name, got {name!r}")
+        path = self.checkpoint_dir / name
+        self.compute.call(lambda: self.engine.save_state(path))
+        return str(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.compute.call(lambda: self.engine.load_state(path))
+
+    def export_model(self, directory: Path) -> Path:
+        """The sampler's weights (those of the last `update_sampling_weights`) as an HF
+        directory: `Engine.export_hf`, LoRA merged and the adapter beside."""
+        return self.compute.call(lambda: self.sampler.export_hf(directory))
+
+    def close(self) -> None:
+        self.compute.close()

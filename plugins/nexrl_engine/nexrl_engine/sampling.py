@@ -1,0 +1,255 @@
+"""Batched sampling with a KV cache, returning the raw model's logprobs.
+
+Why a hand-written loop instead of ``generate``: the logprobs an RL loss divides by
+must be those of the unprocessed model distribution (``generate``'s scores are
+renormalised after top-k/top-p and min-length processing), each sample needs its own
+random stream so that batching does not change results, and stop strings, stop token
+ids and "no stop at all" are Tinker semantics that ``generate`` does not all have.
+
+Layout: prompts are left-padded into one batch and prefilled once; the cache is then
+repeated ``num_samples`` times per prompt; each decode step feeds one token per row
+with explicit ``position_ids`` (pads do not count). Every row's random numbers are
+drawn up front on the CPU, from its own generator, and moved to the device once. The
+decode loop itself (`nexrl_engine.decode`) keeps tokens, logprobs, stop-token checks and
+finished flags on the device and looks at them from the host only every few tokens; on
+CUDA it runs on a preallocated cache with the step captured as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+
+from nexrl_engine.decode import DecodePolicy, StringStops, _cache_keyword, _output_cache, decode_rows, default_policy
+from nexrl_engine.types import SampledSequence, PromptSamples, SamplingParams
+
+__all__ = ["StopRule", "derive_seed", "make_stop_rule", "sample_batch"]
+
+
+@attrs.frozen
+class StopRule:
+    """When a row stops: after a token in ``token_ids``, or once the decoded text of the
+    last ``window`` tokens contains one of ``strings``."""
+
+    token_ids: frozenset[int]
+    strings: tuple[str, ...]
+    window: int
+
+    def hit(self, tokens: list[int], decode: Callable[[list[int]], str]) -> bool:
+        if tokens[-1] in self.token_ids:
+            return True
+        if self.strings:
+            text = decode(tokens[-self.window :])
+            return any(stop in text for stop in self.strings)
+        return False
+
+
+def make_stop_rule(stop: tuple[str, ...] | tuple[int, ...] | None, eos_token_ids: Sequence[int], vocab_size: int) -> StopRule:
+    """Turn ``SamplingParams.stop`` into a rule (see `SamplingParams` for the semantics)."""
+    if stop is None:
+        return StopRule(frozenset(eos_token_ids), (), 0)
+    if all(isinstance(item, str) for item in stop) and stop:
+        # A stop string completed by the newest token ends inside that token and starts
+        # at most len(bytes) - 1 bytes earlier; every token has at least one byte, so
+        # decoding the last len(bytes) + 1 tokens always sees the whole occurrence.
+        window = max(len(item.encode("utf-8")) for item in stop) + 1  # type: ignore[union-attr]
+        return StopRule(frozenset(), tuple(stop), window)  # type: ignore[arg-type]
+    bad = [item for item in stop if not 0 <= int(item) < vocab_size]
+    if bad:
+        raise ValueError(f"stop token ids {bad} are outside the vocabulary [0, {vocab_size})")
+    return StopRule(frozenset(int(item) for item in stop), (), 0)
+
+
+def derive_seed(seed: int, prompt_index: int) -> int:
+    """A 63-bit generator seed for one sample, stable across runs, platforms and batch
+    layouts.
+
+    Sample j of prompt i in a call seeded ``s`` uses ``derive_seed(s + j, i)``: sample j
+    of a seed-``s`` request draws exactly what the only sample of a seed-``s + j``
+    request draws. A client may therefore merge single-sample requests for one prompt
+    with consecutive seeds into one ``num_samples`` request without changing any sample.
+    """
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _draw_uniforms(seeds: Sequence[int], count: int) -> torch.Tensor:
+    """[rows, count] uniforms in [0, 1), each row from its own generator."""
+    rows = []
+    generator = torch.Generator(device="cpu")
+    for seed in seeds:
+        generator.manual_seed(seed)
+        rows.append(torch.rand(count, generator=generator, dtype=torch.float64))
+    return torch.stack(rows) if rows else torch.empty(0, count, dtype=torch.float64)
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: 0 at each row's first real token."""
+    return (mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+@torch.inference_mode()
+def sample_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    num_samples: int | Sequence[int],
+    stop_rule: StopRule,
+    pad_id: int,
+    max_positions: int,
+    decode: Callable[[list[int]], str],
+    base_seed: int,
+    prompt_seeds: Sequence[int | None] | None = None,
+    include_prompt_logprobs: bool = False,
+    policy: DecodePolicy | None = None,
+) -> list[PromptSamples]:
+    """Sample ``num_samples`` continuations of every prompt (one count for all, or one per
+    prompt); one `PromptSamples` per prompt.
+
+    Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i] + j,
+    0)`` when the prompt has its own seed, else from ``derive_seed(base_seed + j, i)``. A
+    prompt with its own seed thus draws exactly the numbers it would draw alone in a
+    call with ``base_seed`` = that seed, whatever else shares the batch: it gets the same
+    tokens, and logprobs equal up to float rounding (~1e-5 at most; CPU matrix kernels
+    round a row differently depending on the batch size and the row's place in it, and
+    a left-padded row attends over more key slots).
+
+    ``policy`` says how the decode loop runs (`nexrl_engine.decode.default_policy` for the
+    model's device when None); it changes speed, never results. Should a static cache or
+    CUDA graph path fail, the call is redone on the plain path (with a warning).
+
+    Inputs are assumed validated (non-empty prompts of in-vocabulary ids).
+    """
+    device = next(model.parameters()).device
+    if policy is None:
+        policy = default_policy(device)
+    try:
+        return _sample_batch(
+            model, prompts, params, num_samples, stop_rule, pad_id, max_positions, decode, base_seed, prompt_seeds,
+            include_prompt_logprobs, policy,
+        )  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - retried on the plain path, which raises for real
+        if not (policy.static_cache or policy.cuda_graphs):
+            raise
+        plain = attrs.evolve(policy, static_cache=False, cuda_graphs=False)
+        _warn_fallback(error)
+        return _sample_batch(
+            model, prompts, params, num_samples, stop_rule, pad_id, max_positions, decode, base_seed, prompt_seeds,
+            include_prompt_logprobs, plain,
+        )  # fmt: skip
+
+
+def _warn_fallback(error: Exception) -> None:
+    import warnings
+
+    warnings.warn(
+        f"static-cache sampling failed ({type(error).__name__}: {error}); sampled on the dynamic cache instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _sample_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    num_samples: int | Sequence[int],
+    stop_rule: StopRule,
+    pad_id: int,
+    max_positions: int,
+    decode: Callable[[list[int]], str],
+    base_seed: int,
+    prompt_seeds: Sequence[int | None] | None,
+    include_prompt_logprobs: bool,
+    policy: DecodePolicy,
+) -> list[PromptSamples]:
+    device = next(model.parameters()).device
+    n_prompts = len(prompts)
+    limits = []
+    for prompt in prompts:
+        room = max_positions - len(prompt)
+        limits.append(room if params.max_tokens is None else min(params.max_tokens, room))
+    max_new = max(limits)
+
+    counts = [num_samples] * n_prompts if isinstance(num_samples, int) else list(num_samples)
+    # Row r samples prompt_of_row[r] for the (sample_of_row[r])-th time; rows of a prompt are adjacent.
+    prompt_of_row = [prompt for prompt, count in enumerate(counts) for _ in range(count)]
+    sample_of_row = [sample for count in counts for sample in range(count)]
+    seeds = []
+    for prompt_index, sample_index in zip(prompt_of_row, sample_of_row):
+        own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
+        if own is None:
+            seeds.append(derive_seed(base_seed + sample_index, prompt_index))
+        else:
+            seeds.append(derive_seed(own + sample_index, 0))
+    # Greedy decoding draws nothing; otherwise every row's numbers for every step, once.
+    uniforms = None if params.temperature == 0 else _draw_uniforms(seeds, max_new).to(device)
+
+    ids, mask = _left_pad(prompts, pad_id, device)
+    positions = positions_from_mask(mask)
+    prompt_logprobs: list[list[float | None] | None] = [None] * n_prompts
+    keyword = _cache_keyword(model)
+
+    def prefill(cache: Any | None, length: int) -> tuple[Any, torch.Tensor]:
+        extra = {} if cache is None else {keyword: cache}
+        wide = mask if length == mask.shape[1] else torch.cat([mask, mask.new_zeros((n_prompts, length - mask.shape[1]))], dim=1)
+        out = model(
+            input_ids=ids,
+            attention_mask=wide,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=0 if include_prompt_logprobs else 1,
+            **extra,
+        )
+        if include_prompt_logprobs:
+            scored = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+            width = ids.shape[1]
+            for row, prompt in enumerate(prompts):
+                start = width - len(prompt)
+                prompt_logprobs[row] = [None] + scored[row, start:].tolist()
+        return (cache if cache is not None else _output_cache(out)), out.logits[:, -1].float()
+
+    expand = None
+    if counts != [1] * n_prompts:
+        expand = torch.tensor(prompt_of_row, dtype=torch.long, device=device)
+    rows = decode_rows(
+        model,
+        prefill=prefill,
+        expand=expand,
+        last_position=positions[:, -1:],
+        mask=mask,
+        uniforms=uniforms,
+        limits=[limits[prompt_index] for prompt_index in prompt_of_row],
+        params=params,
+        stop_ids=sorted(stop_rule.token_ids),
+        strings=StringStops(stop_rule.strings, stop_rule.window, decode) if stop_rule.strings else None,
+        policy=policy,
+    )
+
+    results = []
+    first_row = 0
+    for prompt_index, count in enumerate(counts):
+        chunk = rows[first_row : first_row + count]
+        first_row += count
+        results.append(
+            PromptSamples(
+                sequences=[SampledSequence(row.tokens, row.logprobs, row.stop_reason) for row in chunk],  # type: ignore[arg-type]
+                prompt_logprobs=prompt_logprobs[prompt_index],
+            )
+        )
+    return results
