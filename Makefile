@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so pip takes the CPU build instead of several GB of CUDA packages.
 PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
 DISTRIBUTIONS := -e '.[test,tensorboard,postgres,data]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'plugins/nexrl_engine[test]' -e 'nexrl_fsdp[test]' -e 'plugins/nexrl_service[test]' -e 'nexrl_tinker[server,test]' \
-	-e 'nexrl_weaver[server,test]' -e 'plugins/nexrl_episodes[test]' -e 'plugins/nexrl_math[test]' -e 'plugins/nexrl_sinks[test]' \
+	-e 'nexrl_weaver[server,test]' -e 'plugins/nexrl_episodes[test]' -e 'plugins/nexrl_math[test]' -e 'plugins/nexrl_sinks[test]' -e 'plugins/nexrl_testing[test,fuzz,postgres]' \
 	-e 'examples/nexrl-example-plugin[test]'
 # tinker-cookbook cannot be installed with its declared dependencies from PyPI (it wants
 # tml-renderers>=0.4.1, which is not published there): install it without them, plus the
@@ -15,8 +15,8 @@ COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqd
 
 # Each distribution's tests run on their own, from its own folder, as a publisher would run them.
 # The core's run last: its recipe-key walk reads what every earlier run recorded (see
-# nexrl_core/testing/recipe_key_records.py) into one folder per `make test`.
-TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo plugins/nexrl_engine nexrl_fsdp plugins/nexrl_service nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math plugins/nexrl_sinks examples/nexrl-example-plugin .
+# plugins/nexrl_testing/nexrl_testing/recipe_key_records.py) into one folder per `make test`.
+TEST_DIRS := plugins/nexrl_remote_api plugins/nexrl_grpo plugins/nexrl_engine nexrl_fsdp plugins/nexrl_service nexrl_tinker nexrl_weaver plugins/nexrl_episodes plugins/nexrl_math plugins/nexrl_sinks plugins/nexrl_testing examples/nexrl-example-plugin .
 # pytest's verdict is its exit code once the session is over: the process then ends with os._exit,
 # skipping the interpreter's teardown, where the native threads third-party clients leave behind
 # (the tinker SDK's event loop and HTTP runtime, pyarrow's allocator) once aborted a fully green run

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.testing.processes import processes_with
+from nexrl_testing.processes import processes_with
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 

@@ -92,6 +92,11 @@ ALLOWED: dict[str, Row] = {
     ),
     "nexrl-sinks": Row("plugins/nexrl_sinks", "nexrl_sinks", "metrics sinks", (CORE,), "TensorBoard, W&B, MLflow and Trackio sinks"),
     "nexrl-math": Row("plugins/nexrl_math", "nexrl_math", "library", (), "verified math rewards an agent may call"),
+    "nexrl-testing": Row(
+        "plugins/nexrl_testing", "nexrl_testing", "test machinery", (CORE,),
+        "this repository's own test machinery (recipe-key recording, throwaway PostgreSQL, process checks, fuzzing), "
+        "never installed with `nexrl`",
+    ),
     "nexrl-example-plugin": Row(
         "examples/nexrl-example-plugin", "nexrl_example_plugin", "example", (CORE,),
         "the plugin guide's example advantage estimator",

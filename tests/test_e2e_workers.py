@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.testing.processes import ListenerWatch
+from nexrl_testing.processes import ListenerWatch
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 SHORT = ["schedule.steps=2", "schedule.validate_every=0", "schedule.checkpoint_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4"]
@@ -69,7 +69,7 @@ def test_worker_groups_that_cannot_start_stop_the_run_in_one_line(tmp_path: Path
     import time
     import uuid
 
-    from nexrl_core.testing.processes import processes_with
+    from nexrl_testing.processes import processes_with
 
     marker = uuid.uuid4().hex
     out = tmp_path / "run"

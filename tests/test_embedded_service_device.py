@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.testing.devices import absent_device
+from nexrl_testing.devices import absent_device
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

@@ -13,7 +13,7 @@ A new key with no entry fails `test_every_recipe_key_has_an_entry`, saying what 
 add; a dummy key shows that it does (`test_a_key_without_an_entry_fails_the_walk`).
 
 A name proves nothing by itself: `test_each_named_test_sets_its_key` checks, from what
-the tests recorded while they ran (`nexrl_core.testing.recipe_key_records`), that every
+the tests recorded while they ran (`nexrl_testing.recipe_key_records`), that every
 test an entry names ran with that key set to a value other than its default, through a
 recipe or the component's options object. Under ``make test`` it reads the records of
 the whole run (it runs last); run alone, it runs the named tests itself first.
@@ -35,7 +35,7 @@ from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.schema import REGISTRY_KIND, ModelConfig, TrainConfig
 from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.registry import get_registry
-from nexrl_core.testing.recipe_key_records import HOLDER_OPTIONS, KeyNaming, TestRecord, option_prefixes
+from nexrl_testing.recipe_key_records import HOLDER_OPTIONS, KeyNaming, TestRecord, option_prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERY_BACKEND = "*"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.testing.processes import processes_with
+from nexrl_testing.processes import processes_with
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_sigterm_ends_a_service_holding_a_worker_group(tmp_path: Path) -> None:
     service, the group's ranks and their watchdogs within the limit."""
     import tinker
 
-    from nexrl_core.testing.served_runs import serving
+    from nexrl_testing.served_runs import serving
     from nexrl_tinker.testing import sft_data
 
     marker = uuid.uuid4().hex

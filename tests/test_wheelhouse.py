@@ -1,11 +1,14 @@
 """`pip install nexrl`, `pip install nexrl[tinker]` and `pip install nexrl[weaver]` work from wheels built out of this
-repo, not only from an editable checkout."""
+repo, not only from an editable checkout; the `nexrl` wheel ships the conformance kit and none of this
+repository's own test machinery (`nexrl-testing`)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,36 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
     assert rows["episodes"]["registers"]["rollout_sources"] == ["episodes"]
     assert rows["episodes"]["error"] is None
     run(venv / "bin" / "python", "-c", "from nexrl_episodes import EpisodeClient", cwd=tmp_path)
+
+
+KIT = {
+    "__init__.py", "advantage_contract.py", "aggregation_cases.py", "backend_contract.py", "hf_model.py", "holder_contract.py",
+    "loss_contract.py", "loss_option_contract.py", "pytest_plugin.py", "rollouts.py", "toolcall_contract.py", "transport_contract.py",
+}  # fmt: skip
+"""What ``nexrl_core/testing/`` of the published wheel holds: the conformance kit plugin
+authors subclass, the records its contracts use, and the pytest plugin with the
+``register_nexrl_plugin`` fixture docs/plugins.md shows."""
+
+
+def _decorated_as_fixture(node: ast.FunctionDef) -> bool:
+    return any("fixture" in ast.unparse(decorator) for decorator in node.decorator_list)
+
+
+def test_the_nexrl_wheel_holds_the_conformance_kit_and_none_of_the_repositorys_test_machinery(tmp_path: Path) -> None:
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", tmp_path, ROOT)
+    (wheel,) = tmp_path.glob("nexrl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        testing = {name.removeprefix("nexrl_core/testing/") for name in names if name.startswith("nexrl_core/testing/")}
+        assert testing == KIT
+        assert not [name for name in names if "sitecustomize" in name or "postgres" in name]
+        (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+        pytest_plugins = archive.read(entry_points).decode().partition("[pytest11]")[2].split("[")[0].split()
+        assert pytest_plugins == ["nexrl", "=", "nexrl_core.testing.pytest_plugin"]
+        (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+        requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist: nexrl-testing")]
+        assert requires and all("extra == 'test'" in line or 'extra == "test"' in line for line in requires)
+        plugin = ast.parse(archive.read("nexrl_core/testing/pytest_plugin.py").decode())
+    functions = [node for node in plugin.body if isinstance(node, ast.FunctionDef)]
+    assert [node.name for node in functions if _decorated_as_fixture(node)] == ["register_nexrl_plugin"]
+    assert [node.name for node in functions if node.name.startswith("pytest_")] == ["pytest_configure"]

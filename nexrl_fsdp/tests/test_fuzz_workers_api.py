@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from nexrl_core.serving import ServeOptions
-from nexrl_core.testing.fuzz import fuzz_app
+from nexrl_testing.fuzz import fuzz_app
 from nexrl_fsdp.direct_zmq.api_server import MAX_WORLD_SIZE, WorkersApiServer, create_app
 
 MAX_EXAMPLES = 40

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.testing.served_runs import held_out_rewards, train
+from nexrl_testing.served_runs import held_out_rewards, train
 
 pytestmark = pytest.mark.gpu
 

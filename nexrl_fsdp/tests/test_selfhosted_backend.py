@@ -25,7 +25,7 @@ from nexrl_core.registry import find_spec
 from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.hf_model import load_exported
-from nexrl_core.testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
+from nexrl_testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_engine.loading import load_model, resolve_model_dir
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads

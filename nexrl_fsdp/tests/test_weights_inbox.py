@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import zmq
 
-from nexrl_core.testing.processes import tcp_listeners
+from nexrl_testing.processes import tcp_listeners
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_fsdp.worker.weights_push import push_weights
 

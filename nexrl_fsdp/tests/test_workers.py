@@ -34,7 +34,7 @@ from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
-from nexrl_core.testing.processes import process_tree, tcp_listeners
+from nexrl_testing.processes import process_tree, tcp_listeners
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.batching import BatchedSamplingOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from nexrl_tinker.testing import TEST_API_KEY
 
-from nexrl_core.testing.served_runs import held_out_rewards, serving, train
+from nexrl_testing.served_runs import held_out_rewards, serving, train
 
 pytestmark = pytest.mark.gpu
 

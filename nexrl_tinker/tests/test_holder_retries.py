@@ -19,7 +19,7 @@ from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.retries import RetriesExhausted
-from nexrl_core.testing.dropping_proxy import DroppingProxy, Exchange
+from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_core.types import RemoteDatum
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig

@@ -12,7 +12,7 @@ import pytest
 import torch
 from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, sft_data, start_service
 
-from nexrl_core.testing.devices import absent_device
+from nexrl_testing.devices import absent_device
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import weaver
 from nexrl_core.serving import ServeOptions
-from nexrl_core.testing.fuzz import fuzz_app, undescribed_objects
+from nexrl_testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.state import ServiceState
 from nexrl_weaver.server.service import WeaverService

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from nexrl_weaver.testing import TEST_API_KEY, start_service
 
-from nexrl_core.testing.devices import absent_device
+from nexrl_testing.devices import absent_device
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.testing.processes import ListenerWatch
+from nexrl_testing.processes import ListenerWatch
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "recipes" / "quickstart_episodes.yaml"

@@ -105,7 +105,7 @@ def test_the_device_option_reaches_every_engine_the_service_builds(tmp_path: Pat
 
 
 def test_a_device_this_machine_lacks_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from nexrl_core.testing.devices import absent_device
+    from nexrl_testing.devices import absent_device
 
     device = absent_device()
     for separate_process in (False, True):

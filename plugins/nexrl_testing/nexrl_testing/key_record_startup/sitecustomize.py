@@ -1,6 +1,6 @@
 """Turns recipe-key recording on in every Python process a test starts.
 
-While recording (`nexrl_core.testing.recipe_key_records`), the pytest plugin puts this
+While recording (`nexrl_testing.recipe_key_records`), the pytest plugin puts this
 folder first on ``PYTHONPATH``, so Python runs this file at the start of each process a
 test starts. It imports nothing of NexRL itself: it waits for the process to import each
 module recording hooks into, and hands it to ``instrument`` once it has run. Any other
@@ -18,7 +18,7 @@ from typing import Any
 
 _RECORDS_ENV = "NEXRL_RECIPE_KEY_RECORDS"
 _WATCHED = {"nexrl_core.config.converter", "nexrl_core.config.schema", "nexrl_core.holders", "nexrl_core.registry"}
-"""`nexrl_core.testing.recipe_key_records.INSTRUMENTED_MODULES`, spelled out so that
+"""`nexrl_testing.recipe_key_records.INSTRUMENTED_MODULES`, spelled out so that
 nothing is imported before the process asks for it."""
 
 
@@ -44,7 +44,7 @@ class _InstrumentOnceImported(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run_module(module)
-            from nexrl_core.testing import recipe_key_records
+            from nexrl_testing import recipe_key_records
 
             recipe_key_records.start_recording(os.environ[_RECORDS_ENV])
             recipe_key_records.instrument(module)

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from nexrl_core.testing.processes import ListenerWatch, processes_with
+from nexrl_testing.processes import ListenerWatch, processes_with
 
 LISTEN_BRIEFLY = """
 import socket, subprocess, sys, time
@@ -81,7 +81,7 @@ def test_a_run_past_its_timeout_is_stopped_with_its_processes() -> None:
 def test_both_ways_of_reading_the_listening_sockets_agree(through: str) -> None:
     """The kernel's sock_diag answer and ``/proc/<pid>/net/tcp[6]`` (the fallback) give the
     same inode, address and port, IPv4 and IPv6."""
-    from nexrl_core.testing import processes
+    from nexrl_testing import processes
 
     with socket.socket() as v4, socket.socket(socket.AF_INET6) as v6:
         v4.bind(("127.0.0.1", 0))
