@@ -1,13 +1,25 @@
-"""What ``nexrl serve NAME`` and the embedded default of ``nexrl train`` ask of a service.
+"""What ``nexrl serve NAME`` and the embedded default of ``nexrl train`` ask of a service,
+and how NexRL's HTTP apps start.
 
 A service plugin registers a `ServiceSpec` whose factory takes `ServeOptions` and returns
 a `Service`. The core starts it in the foreground for ``nexrl serve`` or in the
 background for a training run, without knowing which web framework it uses.
+
+Every HTTP app NexRL runs itself (the local services, the episode server, the workers'
+API server) is an ASGI app on uvicorn, started the same way: `listen` binds the socket
+first, so that port 0 gives a real port to report and a busy port fails at once with the
+caller's own message instead of inside a server thread, and `UvicornServer` serves it
+quietly from a background thread or in the foreground. uvicorn is imported only when a
+server is built: it is the apps' dependency, not the core's.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import attrs
 
@@ -85,3 +97,100 @@ class Service(Protocol):
     def serve_forever(self) -> None:
         """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
         ...
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A non-blocking TCP socket listening on ``host:port`` (IPv6 when ``host`` has a ``:``).
+
+    :raises OSError: when it cannot bind (the caller names its own option and fix).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose proto
+    # is TCP, and without it every response on a kept-alive connection waits ~40 ms for the
+    # client's delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+def base_url_of(sock: socket.socket) -> str:
+    """``http://host:port`` of a listening socket, an IPv6 host in brackets."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+class UvicornServer:
+    """An ASGI app on uvicorn over a socket from `listen`, which the caller keeps and closes.
+
+    Quiet (warnings only, no access log, no lifespan events); ``options`` are further
+    ``uvicorn.Config`` fields (keep-alive and graceful-shutdown timeouts). ``on_shutdown``
+    runs as uvicorn begins its shutdown, before it waits for open requests (a service
+    answers its open long-polls there).
+    """
+
+    def __init__(
+        self, app: Any, sock: socket.socket, *, name: str, on_shutdown: Callable[[], None] | None = None, **options: Any
+    ) -> None:
+        """:param name: the server thread's name."""
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            async def shutdown(self, sockets: Any = None) -> None:
+                if on_shutdown is not None:
+                    on_shutdown()
+                await super().shutdown(sockets=sockets)
+
+        self.sock = sock
+        self.name = name
+        self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **options))
+        self._thread: threading.Thread | None = None
+
+    def start(self, what: str, timeout_s: float) -> None:
+        """Serve from a daemon thread; return once it accepts connections.
+
+        :param what: the server as messages name it (``"the episode server"``).
+        :raises RuntimeError: when the thread fails or does not start within ``timeout_s``
+            (the thread has been stopped; the socket is still the caller's to close).
+        """
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._server.run(sockets=[self.sock])
+            except BaseException as exc:  # noqa: BLE001 - reported by start()
+                errors.append(exc)
+
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if errors or not self._thread.is_alive():
+                self.stop()
+                raise RuntimeError(f"{what} failed to start: {errors[0] if errors else 'server thread exited'}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{what} did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+
+    def run(self) -> None:
+        """Serve in the calling thread until uvicorn exits (Ctrl-C, SIGTERM or `stop`)."""
+        self._server.run(sockets=[self.sock])
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Ask uvicorn to exit and wait up to ``timeout_s`` for the server thread."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def thread_died(self) -> bool:
+        """Whether `start`'s thread ended on its own (a server `stop` ended has none)."""
+        return self._thread is not None and not self._thread.is_alive()

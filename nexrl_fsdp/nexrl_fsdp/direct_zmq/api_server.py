@@ -25,7 +25,7 @@ import attrs
 import zmq
 from pydantic import BaseModel, ConfigDict, Field
 
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
 from nexrl_fsdp.direct_zmq.protocol import OPS
 
 __all__ = ["GroupRegistry", "WorkersApiServer"]
@@ -310,47 +310,32 @@ class WorkersApiServer:
         self.dead_after_s = dead_after_s
         self.registry: GroupRegistry | None = None
         self.base_url: str | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: UvicornServer | None = None
         self._socket: socket.socket | None = None
 
-    def _prepare(self) -> Any:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    def _prepare(self) -> UvicornServer:
         try:
-            sock.bind((self.options.host, self.options.port))
+            self._socket = listen(self.options.host, self.options.port)
         except OSError as error:
-            sock.close()
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from error
-        sock.listen(256)
-        self._socket = sock
-        self.base_url = f"http://{self.options.host}:{sock.getsockname()[1]}"
+        self.base_url = base_url_of(self._socket)
         self.registry = GroupRegistry(self.options.host, self.dead_after_s)
-        config = uvicorn.Config(create_app(self.registry), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
+        self._server = UvicornServer(create_app(self.registry), self._socket, name="nexrl-workers-api")
         return self._server
 
     def start(self) -> str:
         server = self._prepare()
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [self._socket]}, name="nexrl-workers-api", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the workers API server did not start")
-            time.sleep(0.01)
+        try:
+            server.start("the workers API server", timeout_s=30)
+        except RuntimeError:
+            self.stop()
+            raise
         assert self.base_url is not None
         return self.base_url
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+            self._server.stop(timeout_s=10)
         if self._socket is not None:
             self._socket.close()
             self._socket = None
@@ -359,7 +344,7 @@ class WorkersApiServer:
             self.registry = None
 
     def failure(self) -> str | None:
-        if self._thread is not None and not self._thread.is_alive():
+        if self._server is not None and self._server.thread_died():
             return f"the workers API server at {self.base_url} stopped: its thread exited"
         return None
 
@@ -367,7 +352,7 @@ class WorkersApiServer:
         server = self._prepare()
         print(f"NexRL workers API serving at {self.base_url}", file=sys.stderr, flush=True)
         try:
-            server.run(sockets=[self._socket])
+            server.run()
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:

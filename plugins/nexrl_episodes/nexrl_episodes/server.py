@@ -1,7 +1,8 @@
 """`EpisodeServer`: the episode routes on uvicorn in a background thread, plus the stale-claim janitor.
 
-The listening socket is bound before uvicorn starts, so port 0 yields a real port to
-report and a busy port fails in `start` with a clear error. The server runs in the
+The listening socket is bound before uvicorn starts (`nexrl_core.serving.listen`), so
+port 0 yields a real port to report and a busy port fails in `start` with a clear
+error. The server runs in the
 training process because its OpenAI endpoints call the backend's `ChatModel`, which
 may live in this process (the ``inprocess`` backend).
 """
@@ -12,10 +13,10 @@ import concurrent.futures
 import logging
 import socket
 import threading
-import time
 from typing import Any
 
 from nexrl_core.chat_model import ChatModel
+from nexrl_core.serving import UvicornServer, base_url_of, listen
 from nexrl_episodes.app import create_app
 from nexrl_episodes.book import EpisodeBook
 from nexrl_episodes.openai_api import OpenAIEndpoints
@@ -54,57 +55,29 @@ class EpisodeServer:
             api_key=api_key,
             train_config=train_config or {},
         )
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: UvicornServer | None = None
         self._janitor: threading.Thread | None = None
         self._stopping = threading.Event()
         self._socket: socket.socket | None = None
 
-    def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted sockets (no 40 ms Nagle waits).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    def start(self) -> str:
+        """Serve in the background; returns the base URL."""
         try:
-            sock.bind((self.host, self.port))
+            self._socket = listen(self.host, self.port)
         except OSError as error:
-            sock.close()
             raise RuntimeError(
                 f"the episode server cannot listen on {self.host}:{self.port}: {error}; "
                 "choose another rollout.source.options.port (0 picks a free one)"
             ) from None
-        sock.listen(2048)
-        sock.setblocking(False)
-        return sock
-
-    def start(self) -> str:
-        """Serve in the background; returns the base URL."""
-        import uvicorn
-
-        self._socket = self._bind()
-        host, port = self._socket.getsockname()[:2]
-        self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-        config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=75,
-            timeout_graceful_shutdown=2,
+        self.base_url = base_url_of(self._socket)
+        self._server = UvicornServer(
+            self.app, self._socket, name="nexrl-episode-server", timeout_keep_alive=75, timeout_graceful_shutdown=2
         )
-        self._server = uvicorn.Server(config)
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self._server.run(sockets=[self._socket])
-            except BaseException as error:  # noqa: BLE001 - reported by start()
-                errors.append(error)
-
-        self._thread = threading.Thread(target=run, name="nexrl-episode-server", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if errors or not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the episode server failed to start: {errors[0] if errors else 'no answer in 30 s'}")
-            time.sleep(0.01)
+        try:
+            self._server.start("the episode server", timeout_s=30)
+        except RuntimeError:
+            self.stop()
+            raise
         self._janitor = threading.Thread(target=self._sweep, name="nexrl-episode-janitor", daemon=True)
         self._janitor.start()
         log.info("episode server at %s", self.base_url)
@@ -121,10 +94,7 @@ class EpisodeServer:
         """Stop serving; every thread it started has ended when this returns."""
         self._stopping.set()
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+            self._server.stop(timeout_s=30)
         if self._janitor is not None:
             self._janitor.join(timeout=5)
             self._janitor = None

@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 import attrs
-import nexrl_fsdp  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
+import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
 
 from nexrl_core.longlived import freeze_long_lived_objects
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
 from nexrl_service.settings import ServerSettings
 from nexrl_service.tombstone import Tombstone
 
@@ -89,8 +89,7 @@ class LocalService:
         """`start()` serves from a child process instead of a thread."""
         self.state: Any = None
         """The in-process `ServiceState` (None while serving from a child process)."""
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: UvicornServer | None = None
         self._socket: socket.socket | None = None
         self._listen_fd: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -122,27 +121,15 @@ class LocalService:
         return self._bind()
 
     def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose
-        # proto is TCP, and without it every response on a kept-alive connection waits
-        # ~40 ms for the client's delayed ACK (Nagle).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self.settings.host, self.settings.port))
+            return listen(self.settings.host, self.settings.port)
         except OSError as exc:
-            sock.close()
             raise ServiceStartError(
                 f"--port/--host: cannot listen on {self.settings.host}:{self.settings.port} ({exc.strerror or exc}); "
                 "choose a free port, or 0 for any free one"
             ) from None
-        sock.listen(2048)
-        sock.setblocking(False)
-        return sock
 
-    def _prepare(self) -> Any:
-        import uvicorn
-
+    def _prepare(self) -> UvicornServer:
         from nexrl_service.state import ServiceState
 
         self._check_device()
@@ -160,28 +147,20 @@ class LocalService:
                 self.state.close()
                 self.state = None
             raise
-        self._set_base_url(self._socket)
-        config = uvicorn.Config(
+        self.base_url = base_url_of(self._socket)
+        self._server = UvicornServer(
             app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
+            self._socket,
+            name=f"{self.name}-uvicorn",
+            # Answer open long-polls ("not yet") at once, not after the grace period.
+            on_shutdown=self.state.book.close,
             timeout_keep_alive=75,
             timeout_graceful_shutdown=5,
         )
-        book = self.state.book
-
-        class _Server(uvicorn.Server):
-            async def shutdown(self, sockets: Any = None) -> None:
-                # Answer open long-polls ("not yet") now, not after the grace period.
-                book.close()
-                await super().shutdown(sockets=sockets)
-
-        self._server = _Server(config)
         return self._server
 
     def _check_model(self) -> None:
-        from nexrl_fsdp.loading import check_chat_model_dir, resolve_model_dir
+        from nexrl_engine.loading import check_chat_model_dir, resolve_model_dir
 
         try:
             check_chat_model_dir(resolve_model_dir(self.settings.model))
@@ -193,14 +172,14 @@ class LocalService:
 
         :raises ServiceStartError: naming ``--device`` (``option="device"``) and what to do.
         """
-        from nexrl_fsdp.recipe_checks import device_problem
+        from nexrl_engine.recipe_checks import device_problem
 
         problem = device_problem(self.settings.device)
         if problem is not None:
             raise ServiceStartError(f"--device: {problem}", option="device", reason=problem)
 
     def start(self) -> str:
-        if self._thread is not None or self._process is not None:
+        if self._server is not None or self._process is not None:
             raise RuntimeError(f"{type(self).__name__} is already running")
         if self.separate_process:
             # here, so a bad model or device is a clear error and not a dead child's log
@@ -208,40 +187,20 @@ class LocalService:
             self._check_model()
             return self._start_child()
         server = self._prepare()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                server.run(sockets=[self._socket])
-            except BaseException as exc:  # noqa: BLE001 - reported by start()
-                errors.append(exc)
-
-        self._thread = threading.Thread(target=run, name=f"{self.name}-uvicorn", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            if errors or not self._thread.is_alive():
-                self.stop()
-                raise RuntimeError(f"{self.title} failed to start: {errors[0] if errors else 'server thread exited'}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.title} did not start within 60 s")
-            time.sleep(0.01)
+        try:
+            server.start(self.title, timeout_s=60)
+        except RuntimeError:
+            self.stop()
+            raise
         log.info("%s serving %s at %s", self.title, self.settings.model, self.base_url)
         assert self.base_url is not None
-        return self.base_url
-
-    def _set_base_url(self, sock: socket.socket) -> str:
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        self.base_url = f"http://{shown}:{port}"
         return self.base_url
 
     def _start_child(self) -> str:
         """Serve from ``python -m nexrl_service.server`` on a socket bound here."""
         sock = self._bind()
         try:
-            base_url = self._set_base_url(sock)
+            base_url = self.base_url = base_url_of(sock)
             values = attrs.asdict(self.settings)
             values["data_dir"] = str(self.settings.data_dir)
             values["port"] = sock.getsockname()[1]
@@ -367,17 +326,14 @@ class LocalService:
                     f"{self.title} (pid {self._process.pid}) died (exit status {code}; "
                     f"its output: {self.settings.data_dir / _CHILD_LOG})"
                 )
-        elif self._thread is not None and not self._thread.is_alive():
+        elif self._server is not None and self._server.thread_died():
             return f"{self.title} stopped serving: its server thread exited"
         return None
 
     def stop(self) -> None:
         self._stop_child()
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+            self._server.stop(timeout_s=30)
         self._server = None
         if self._socket is not None:
             self._socket.close()
@@ -399,7 +355,7 @@ class LocalService:
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _ignore_replayed_sigterm)
         try:
-            server.run(sockets=[self._socket])
+            server.run()
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
