@@ -7,9 +7,9 @@ store is tested on both. The PostgreSQL variant skips, with the reason, only whe
 server binaries or psycopg are missing.
 
 While ``NEXRL_RECIPE_KEY_RECORDS`` names a directory (``make test`` sets it), every test's
-recipe keys are recorded there (`nexrl_testing.recipe_key_records`), and a test that
-asks for ``recipe_key_records`` runs after every other test of its session, so it reads
-what they set.
+recipe keys and outcome are recorded there (`nexrl_testing.recipe_key_records`), and a test
+that asks for ``recipe_key_records`` or ``passed_in_this_run`` runs after every other test
+of its session, so it reads what they set and how they went.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from nexrl_core.registry import get_registry
 from nexrl_testing import recipe_key_records as key_records
 
 RECORDS_FIXTURE = "recipe_key_records"
+PASSED_FIXTURE = "passed_in_this_run"
+READING_FIXTURES = (RECORDS_FIXTURE, PASSED_FIXTURE)
+"""Fixtures that read what the session's other tests recorded: their tests run last."""
 GPU_MARK = "gpu"
 """Marks a test that needs a CUDA GPU (`pytest_collection_modifyitems` skips it elsewhere)."""
 
@@ -102,14 +105,20 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     test = key_records.running_now() if _recording() else None
-    if report.skipped and test is not None:
+    if test is None:
+        return
+    if report.skipped:
         key_records.record_test(test, "skipped")
+    elif report.failed:
+        key_records.record_test(test, "failed")
+    elif report.when == "call":
+        key_records.record_test(test, "passed")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that read the key records run last, after the tests whose keys they read;
     tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA GPU."""
-    items.sort(key=lambda item: RECORDS_FIXTURE in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: any(name in getattr(item, "fixturenames", ()) for name in READING_FIXTURES))
     gpu_items = [item for item in items if item.get_closest_marker(GPU_MARK) is not None]
     if gpu_items:
         from nexrl_testing.devices import NO_CUDA_REASON, cuda_available
@@ -136,6 +145,20 @@ def recipe_key_records(tmp_path: Path) -> Callable[[Iterable[str], Path], dict[s
         return {test: key_records.record_of(test, root, found) for test in named}
 
     return records_of
+
+
+@pytest.fixture
+def passed_in_this_run() -> Callable[[Iterable[str], Path], set[str]]:
+    """Which of the named tests (``path::name``, path from a root) passed in this run's
+    records (``make test``: every distribution's tests before this one); none when
+    nothing is recorded."""
+
+    def passed(named: Iterable[str], root: Path) -> set[str]:
+        directory = os.environ.get(key_records.RECORDS_ENV)
+        found = key_records.read_records(Path(directory)) if directory else {}
+        return {test for test in named if (record := key_records.record_of(test, root, found)) is not None and record.passed}
+
+    return passed
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

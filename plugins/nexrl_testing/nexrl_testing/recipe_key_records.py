@@ -381,8 +381,9 @@ def set_running_now(what: str | None) -> None:
 
 
 def record_test(test: str, event: str, uses: Iterable[str] = ()) -> None:
-    """Note that ``test`` ran (``"ran"``, with the shared fixtures it ``uses``) or was
-    skipped (``"skipped"``) in this process."""
+    """Note that ``test`` ran (``"ran"``, with the shared fixtures it ``uses``), was
+    skipped (``"skipped"``), passed its call (``"passed"``) or failed a phase (``"failed"``)
+    in this process."""
     if _recorder is not None:
         _recorder.write({"test": test, "event": event, "uses": sorted(uses)})
 
@@ -405,6 +406,8 @@ class TestRecord:
     ran: bool = False
     skipped: bool = False
     """Every run of it was skipped."""
+    passed: bool = False
+    """It passed or was skipped, every run of it: what pytest's exit status 0 says."""
     errors: frozenset[str] = frozenset()
     """Why recording failed while it ran, if it did (a bug of the recorder)."""
 
@@ -431,6 +434,7 @@ def read_records(directory: Path) -> dict[str, TestRecord]:
             keys=frozenset(keys[test].union(*(keys.get(fixture, ()) for fixture in uses[test]))),
             ran="ran" in seen,
             skipped=seen == {"ran", "skipped"},
+            passed="ran" in seen and "failed" not in seen and bool(seen & {"passed", "skipped"}),
             errors=frozenset(errors[test].union(*(errors.get(fixture, ()) for fixture in uses[test]))),
         )
         for test, seen in events.items()
@@ -449,6 +453,7 @@ def record_of(named: str, root: Path, records: Mapping[str, TestRecord]) -> Test
         keys=frozenset().union(*(record.keys for record in matching)),
         ran=True,
         skipped=all(record.skipped for record in matching if record.ran),
+        passed=all(record.passed for record in matching if record.ran),
         errors=frozenset().union(*(record.errors for record in matching)),
     )
 

@@ -1,0 +1,141 @@
+"""`make test`: every distribution's tests, each from its own folder as a publisher runs
+them, as many suites at once as there are CPUs.
+
+Most of a suite's time is spent waiting on the processes its tests start (services,
+torchrun ranks, `nexrl train`), so one suite leaves a core idle about half the time; two
+at once keep both busy. Suites start longest first, and each one's output is printed
+whole when it ends, so the log reads suite by suite.
+
+Every suite records into one folder (``NEXRL_RECIPE_KEY_RECORDS``) which recipe keys each
+test sets and how it went. The readers of those records run last, on their own, once
+every other test has run: the recipe-key walk (`tests/test_recipe_keys.py`) and the
+mutation list (`tests/test_mutations.py::test_every_mutation_is_caught`), which takes a
+named test that passed in this run as its baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+RUN_PYTEST = "import os, sys, pytest; code = pytest.main(); sys.stdout.flush(); sys.stderr.flush(); os._exit(int(code))"
+"""pytest's verdict is its exit code once the session is over: the process then ends with
+os._exit, skipping the interpreter's teardown, where the native threads third-party
+clients leave behind (the tinker SDK's event loop and HTTP runtime, pyarrow's allocator)
+once aborted a fully green run with "double free or corruption" after pytest had printed
+its summary."""
+READERS = ("tests/test_recipe_keys.py", "tests/test_mutations.py::test_every_mutation_is_caught")
+"""The tests that read what every other test recorded."""
+ROOT_E2E = (
+    "tests/test_resume_real.py", "tests/test_signals_real.py", "tests/test_e2e_workers.py", "tests/test_e2e_weaver.py",
+    "tests/test_eval.py", "tests/test_kl_end_to_end.py", "tests/test_wheelhouse.py",
+)  # fmt: skip
+"""The core's end-to-end files, a suite of their own so that the core's tests split over
+two CPUs like the rest."""
+
+
+@attrs.frozen
+class Suite:
+    name: str
+    folder: str
+    """From the repository root."""
+    args: tuple[str, ...] = ()
+
+
+SUITES = (
+    Suite("tests (end to end)", ".", ROOT_E2E),
+    Suite("tests", ".", ("tests", *(f"--ignore={path}" for path in ROOT_E2E), *(f"--deselect={test}" for test in READERS))),
+    Suite("nexrl_weaver", "nexrl_weaver"),
+    Suite("nexrl_tinker", "nexrl_tinker"),
+    Suite("nexrl_fsdp", "nexrl_fsdp"),
+    Suite("nexrl_episodes", "plugins/nexrl_episodes"),
+    Suite("nexrl_engine", "plugins/nexrl_engine"),
+    Suite("nexrl_sinks", "plugins/nexrl_sinks"),
+    Suite("nexrl_grpo", "plugins/nexrl_grpo"),
+    Suite("nexrl_service", "plugins/nexrl_service"),
+    Suite("nexrl_testing", "plugins/nexrl_testing"),
+    Suite("nexrl_remote_api", "plugins/nexrl_remote_api"),
+    Suite("nexrl_math", "plugins/nexrl_math"),
+    Suite("nexrl-example-plugin", "examples/nexrl-example-plugin"),
+)
+"""Longest first (from a CI run's timings), so that the short ones fill the gaps at the end."""
+LAST = Suite("tests (records)", ".", READERS)
+GPU_SUITES = (
+    Suite("nexrl_engine", "plugins/nexrl_engine", ("-m", "gpu", "-rs")),
+    Suite("nexrl_fsdp", "nexrl_fsdp", ("-m", "gpu", "-rs")),
+    Suite("nexrl_tinker", "nexrl_tinker", ("-m", "gpu", "-rs")),
+    Suite("nexrl_weaver", "nexrl_weaver", ("-m", "gpu", "-rs")),
+    Suite("tests", ".", ("-m", "gpu", "-rs")),
+)
+"""`make test-gpu`: the tests marked gpu (files test_gpu_*.py), every path trained on CUDA
+and driven as a user does. They run all at once: each trains the tiny model, which leaves
+the GPU mostly idle, so the suite takes as long as the slowest. Without a GPU every test
+is collected and skipped."""
+NO_TESTS = 5
+"""pytest's exit status when it collected nothing (a GPU run of a suite without GPU tests)."""
+
+
+def command(suite: Suite) -> list[str]:
+    return [PYTHON, "-c", RUN_PYTEST, "--durations=15", *suite.args]
+
+
+def run_suite(suite: Suite, records: Path, logs: Path, printing: threading.Lock) -> tuple[int, float]:
+    """Run ``suite`` with its output in a log, then print that log whole."""
+    log = logs / f"{suite.name.replace(' ', '_').replace('(', '').replace(')', '')}.log"
+    began = time.monotonic()
+    with log.open("wb") as out:
+        code = subprocess.run(command(suite), cwd=ROOT / suite.folder, env=environment(records), stdout=out, stderr=subprocess.STDOUT).returncode
+    seconds = time.monotonic() - began
+    with printing:
+        print(f"=== pytest {suite.name} ({suite.folder}): exit {code} in {seconds:.0f} s", flush=True)
+        sys.stdout.buffer.write(log.read_bytes())
+        sys.stdout.flush()
+    return code, seconds
+
+
+def environment(records: Path) -> dict[str, str]:
+    return {**os.environ, "NEXRL_RECIPE_KEY_RECORDS": str(records)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="suites at once (default: one per CPU)")
+    parser.add_argument("--gpu", action="store_true", help="run the GPU suite (tests marked gpu), every distribution at once")
+    args = parser.parse_args(argv)
+    suites, jobs = (GPU_SUITES, len(GPU_SUITES)) if args.gpu else (SUITES, max(1, args.jobs))
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="nexrl-records-") as folder:
+        records, logs = Path(folder) / "records", Path(folder) / "logs"
+        records.mkdir()
+        logs.mkdir()
+        printing = threading.Lock()
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing) for suite in suites}
+            results = {name: future.result() for name, future in futures.items()}
+        if not args.gpu:
+            print(f"=== pytest {LAST.name} ({LAST.folder})", flush=True)
+            last_began = time.monotonic()
+            code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records)).returncode
+            results[LAST.name] = (code, time.monotonic() - last_began)
+    print(f"=== {len(results)} suites in {time.monotonic() - began:.0f} s, {jobs} at once")
+    for name, (code, seconds) in sorted(results.items(), key=lambda item: -item[1][1]):
+        print(f"{seconds:8.0f} s  {'ok    ' if code == 0 else f'exit {code}'}  {name}")
+    failed = [name for name, (code, _) in results.items() if code not in ((0, NO_TESTS) if args.gpu else (0,))]
+    if failed:
+        print(f"tests failed in: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
