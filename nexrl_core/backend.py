@@ -30,7 +30,7 @@ from nexrl_core.types import Trajectory
 
 CONTEXT_KEY = "max_context_length"
 """`Backend.run_info` key of the model's context in tokens, where the backend knows it; the
-loop refuses a ``rollout.max_tokens`` that does not fit."""
+loop refuses a ``rollout.max_tokens`` (with ``rollout.max_prompt_tokens``) that does not fit."""
 
 if TYPE_CHECKING:
     from nexrl_core.config.schema import TrainConfig

@@ -16,6 +16,7 @@ from nexrl_core.specs import RolloutSourceSpec
 def open_thread_runner(setup: RolloutSetup) -> object:
     """The ``threads`` rollout source: ``rollout.concurrency`` agent runs at once in this process."""
     from nexrl_core.rollout import RolloutRunner, SamplingDefaults
+    from nexrl_core.rollout_limits import TurnLimits
 
     rollout = setup.recipe.rollout
     if setup.agent is None:
@@ -27,6 +28,7 @@ def open_thread_runner(setup: RolloutSetup) -> object:
         defaults=SamplingDefaults(max_tokens=rollout.max_tokens, temperature=rollout.temperature, top_p=rollout.top_p),
         model=setup.recipe.model.name or "nexrl-policy",
         backend_lost=setup.backend_lost,
+        limits=TurnLimits.of(rollout),
     )
 
 

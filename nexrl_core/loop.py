@@ -71,6 +71,7 @@ from nexrl_core.rollout import (
     RolloutBatch,
     check_error_budget,
 )
+from nexrl_core.rollout_limits import context_problems
 from nexrl_core.run_state import (
     RUN_STATE_FILE,
     RunState,
@@ -189,21 +190,18 @@ def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, tas
 
 
 def check_context(config: TrainConfig, backend: Backend) -> None:
-    """``rollout.max_tokens`` fits the context the backend reports for its model (a
-    remote service's model is known only once it answers; local models are checked
-    before they load).
+    """``rollout.max_tokens``, and ``rollout.max_prompt_tokens`` with it, fit the context
+    the backend reports for its model (a remote service's model is known only once it
+    answers; local models are checked before they load), by
+    `nexrl_core.rollout_limits.context_problems`.
 
-    :raises ConfigError: naming ``rollout.max_tokens`` when it does not fit.
+    :raises ConfigError: naming the key that does not fit.
     """
     context = backend.run_info().get(CONTEXT_KEY)
-    if context is not None and config.rollout.max_tokens >= int(context):
-        raise ConfigError(
-            [
-                f"rollout.max_tokens: {config.rollout.max_tokens} does not fit the context of model "
-                f"{config.model.name!r} ({context} tokens, as the backend reports), which must also hold the prompt; "
-                f"use at most {int(context) - 1}, well below for long prompts"
-            ]
-        )
+    if context is not None:
+        problems = context_problems(config.rollout, config.model.name, int(context), "as the backend reports")
+        if problems:
+            raise ConfigError(problems)
 
 
 def _remove_run_files(out_dir: Path) -> None:

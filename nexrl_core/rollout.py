@@ -19,6 +19,11 @@ The `RolloutRunner` runs many agents at once on a thread pool bounded by
 ``call_seed(group seed, n, r)``), so results do not depend on which thread ran what. An
 agent that raises fails only its own run; the loop counts failures against the error
 budget.
+
+Every call renders its prompt with the model's chat template and samples within the
+recipe's `TurnLimits` (``rollout.max_prompt_tokens``, ``rollout.prompt_overflow``,
+``rollout.max_response_tokens``; `nexrl_core.rollout_limits`): an over-long prompt
+stops training, is cut to its tail, or drops the run, as the recipe says.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any, Protocol, Union
 import attrs
 
 from nexrl_core.chat_model import ChatModel, SamplingOptions
+from nexrl_core.rollout_limits import PromptTooLong, ResponseBudget, TurnLimits, continues, spent_turn
 from nexrl_core.seeding import call_seed
 from nexrl_core.types import SampleResult, Trajectory
 
@@ -212,6 +218,12 @@ class LLMClient:
 
     Every call's `SampleResult` is kept in `calls`, in call order. Calls are safe from
     several threads, but their order (and so their seeds) then follows the threads.
+
+    Each call is sampled within ``limits``: a prompt over ``max_prompt_tokens`` is cut
+    (``truncate_left``) or raises `PromptTooLong` into the agent, also kept in
+    `overflow` so that an agent catching it cannot hide it; a call whose trajectory has
+    spent ``max_response_tokens`` is answered with no tokens, finish reason ``length``,
+    and not kept in `calls` (nothing was sampled).
     """
 
     def __init__(
@@ -222,10 +234,15 @@ class LLMClient:
         run_id: int = 0,
         model: str = "nexrl-policy",
         stop_event: threading.Event | None = None,
+        limits: TurnLimits = TurnLimits(),
     ) -> None:
         self.chat = _Chat(self)
         self.calls: list[SampleResult] = []
+        self.overflow: PromptTooLong | None = None
+        """The first call refused for its prompt's length; the run ends with it."""
         self._chat_model = chat_model
+        self._limits = limits
+        self._budget = ResponseBudget()
         self._defaults = defaults
         self._seed = seed
         self._run_id = run_id
@@ -273,17 +290,31 @@ class LLMClient:
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop is not None else None),
             seed=seed_of_call,
         )
-        sample = self._chat_model.sample_from_messages(
+        prompt = self._chat_model.apply_chat_template(
             [_as_dict(message, "messages") for message in messages],
-            options,
             tools=[_as_dict(tool, "tools") for tool in tools] if tools else None,
+            add_generation_prompt=True,
+            tokenize=True,
         )
-        if not isinstance(sample, SampleResult):
-            raise TypeError(
-                f"the chat model's sample_from_messages returned {type(sample).__name__}, not a SampleResult"
-            )
+        if isinstance(prompt, str):
+            raise TypeError("the chat model's apply_chat_template(tokenize=True) returned text, not token ids")
         with self._lock:
-            self.calls.append(sample)
+            try:
+                plan = self._limits.plan(prompt, options, budget=self._budget, call=index)
+            except PromptTooLong as overflow:
+                self.overflow = self.overflow or overflow
+                raise
+        if plan.spent:
+            sample = spent_turn(plan.prompt)
+        else:
+            sample = self._chat_model.sample_from_prompt(plan.prompt, plan.options)
+            if not isinstance(sample, SampleResult):
+                raise TypeError(
+                    f"the chat model's sample_from_prompt returned {type(sample).__name__}, not a SampleResult"
+                )
+            with self._lock:
+                self.calls.append(sample)
+                self._budget.add(sample)
         return completion_from_sample(sample, completion_id=f"chatcmpl-{seed_of_call:08x}", model=model or self._model)
 
 
@@ -326,6 +357,11 @@ class RunRequest:
     ``call_seed(seed, n, r)``."""
     is_val: bool = False
 
+    def describe(self) -> str:
+        """The run in words, for messages: its task item, step and run."""
+        when = f"validation after step {self.step}" if self.is_val else f"step {self.step}"
+        return f"task {self.task_id!r} ({when}, run {self.run_id})"
+
 
 # --- trajectories ------------------------------------------------------------------------------------
 
@@ -344,7 +380,7 @@ def build_trajectories(
     pieces: list[tuple[list[int], list[int], list[float], list[int]]] = []
     for index, call in enumerate(calls):
         prompt = list(call.prompt_tokens)
-        if pieces and len(prompt) >= len(pieces[-1][0]) and prompt[: len(pieces[-1][0])] == pieces[-1][0]:
+        if continues(pieces[-1][0] if pieces else None, prompt):
             tokens, mask, logprobs, members = pieces[-1]
             gap = prompt[len(tokens) :]
             tokens.extend(gap)
@@ -397,10 +433,19 @@ class RunResult:
     """Calls cut by ``max_tokens`` (finish reason ``length``)."""
     error: str | None = None
     """``ExceptionType: message`` when the agent (or a call it made) raised."""
+    skipped: str | None = None
+    """Why the run was dropped (a prompt over ``rollout.max_prompt_tokens`` with
+    ``rollout.prompt_overflow: skip``): it has no reward and no trajectories, and is
+    not a failure, so it does not count against the error budget."""
 
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+    @property
+    def finished(self) -> bool:
+        """Neither failed nor skipped: the run has a reward."""
+        return self.error is None and self.skipped is None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the run-state file (pending batches of a one-step-off run)."""
@@ -454,11 +499,12 @@ class RolloutBatch:
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
         """Reward and rollout statistics; ``prefix`` is ``val/`` for validation."""
-        ok = [run for run in self.runs if not run.failed]
+        ok = [run for run in self.runs if run.finished]
         rewards = [run.reward for run in ok if run.reward is not None]
         metrics: dict[str, float] = {
             f"{prefix}rollout/runs": float(len(self.runs)),
-            f"{prefix}rollout/agent_errors": float(len(self.runs) - len(ok)),
+            f"{prefix}rollout/agent_errors": float(len(self.errors)),
+            f"{prefix}rollout/skipped_runs": float(sum(run.skipped is not None for run in self.runs)),
         }
         if rewards:
             mean = math.fsum(rewards) / len(rewards)
@@ -552,19 +598,23 @@ class RolloutRunner:
         defaults: SamplingDefaults,
         model: str = "nexrl-policy",
         backend_lost: Callable[[], str | None] = lambda: None,
+        limits: TurnLimits = TurnLimits(),
     ) -> None:
         """:param backend_lost: why a part of the backend died, if one did; runs failing
-            meanwhile are logged in one line each (the failure is not the agent's)."""
+            meanwhile are logged in one line each (the failure is not the agent's).
+        :param limits: the recipe's prompt and response limits, applied to every call."""
         self._chat_model = chat_model
         self._backend_lost = backend_lost
         self._agent = agent
         self._defaults = defaults
+        self._limits = limits
         self._model = model
         self._stop = threading.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=concurrency, thread_name_prefix="nexrl-rollout"
         )
         self._failures = 0
+        self._skips = 0
         self._failures_lock = threading.Lock()
 
     def submit(self, step: int, requests: Sequence[RunRequest], temperature: float | None = None) -> PendingBatch:
@@ -574,8 +624,16 @@ class RolloutRunner:
         return PendingBatch(step, futures)
 
     def _run(self, request: RunRequest, defaults: SamplingDefaults) -> RunResult:
+        """One agent run; a prompt over ``rollout.max_prompt_tokens`` drops it (``skip``)
+        or raises `RolloutError`, which stops the step and so the training run (``error``)."""
         client = LLMClient(
-            self._chat_model, defaults, request.seed, run_id=request.run_id, model=self._model, stop_event=self._stop
+            self._chat_model,
+            defaults,
+            request.seed,
+            run_id=request.run_id,
+            model=self._model,
+            stop_event=self._stop,
+            limits=self._limits,
         )
         base = dict(
             step=request.step,
@@ -585,20 +643,33 @@ class RolloutRunner:
             task_id=request.task_id,
             is_val=request.is_val,
         )
+        failure: Exception | None = None
+        outcome: Any = None
         try:
-            reward, extras = parse_outcome(self._agent(request.item, client))
-            trajectories = build_trajectories(
-                client.calls,
-                reward=reward,
-                group_id=request.group_id,
-                run_id=request.run_id,
-                task_id=request.task_id,
-                is_val=request.is_val,
-                extra={"step": request.step},
-            )
+            outcome = self._agent(request.item, client)
+        except PromptTooLong:
+            pass  # kept in client.overflow, like one the agent swallowed
         except Exception as error:  # an agent's bug fails its own run only
-            self._log_failure(request, error)
-            return RunResult(**base, reward=None, num_calls=len(client.calls), error=f"{type(error).__name__}: {error}")
+            failure = error
+        if client.overflow is not None:  # whatever the agent made of it, the refusal decides
+            return self._overflowed(request, client.overflow, base, len(client.calls))
+        if failure is None:
+            try:
+                reward, extras = parse_outcome(outcome)
+                trajectories = build_trajectories(
+                    client.calls,
+                    reward=reward,
+                    group_id=request.group_id,
+                    run_id=request.run_id,
+                    task_id=request.task_id,
+                    is_val=request.is_val,
+                    extra={"step": request.step},
+                )
+            except Exception as error:  # a bad reward fails its own run only
+                failure = error
+        if failure is not None:
+            self._log_failure(request, failure)
+            return RunResult(**base, reward=None, num_calls=len(client.calls), error=f"{type(failure).__name__}: {failure}")
         return RunResult(
             **base,
             reward=reward,
@@ -608,6 +679,21 @@ class RolloutRunner:
             response_tokens=sum(len(call.response_tokens) for call in client.calls),
             truncated_calls=sum(call.finish_reason == "length" for call in client.calls),
         )
+
+    def _overflowed(self, request: RunRequest, overflow: PromptTooLong, base: dict[str, Any], calls: int) -> RunResult:
+        """The run of a refused prompt: dropped (``skip``, the first logged as a warning) or,
+        for ``error``, a `RolloutError` that ends the step's wait and so the training run."""
+        line = overflow.line(request.describe())
+        if not overflow.skip:
+            raise RolloutError(line)
+        with self._failures_lock:
+            self._skips += 1
+            first = self._skips == 1
+        if first:
+            logger.warning("%s; later skips are counted in rollout/skipped_runs", line)
+        else:
+            logger.debug("%s", line)
+        return RunResult(**base, reward=None, num_calls=calls, skipped=line)
 
     def _log_failure(self, request: RunRequest, error: Exception) -> None:
         with self._failures_lock:

@@ -166,6 +166,14 @@ def test_unknown_key_suggests_the_closest_valid_key_with_its_full_path() -> None
         ("rollout.top_p=0", "rollout.top_p: must be in (0, 1], got 0.0"),
         ("backend.base_url=x", "backend.base_url: unknown key; valid keys: name, options"),
         ("task.agent=my_agent", "task.agent: must be null or look like 'package.module:function', got 'my_agent'"),
+        ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens: must be null or an integer > 0, got 0"),
+        ("rollout.max_response_tokens=-8", "rollout.max_response_tokens: must be null or an integer > 0, got -8"),
+        ("rollout.prompt_overflow=drop", "rollout.prompt_overflow: 'drop' is not one of: error, skip, truncate_left"),
+        (
+            "rollout.prompt_overflow=truncate_left",
+            "rollout: prompt_overflow: truncate_left has no effect while max_prompt_tokens is null (no limit); "
+            "set rollout.max_prompt_tokens or remove it",
+        ),
     ],
 )
 def test_each_kind_of_problem_names_the_path_the_value_and_what_is_valid(override: str, problem: str) -> None:

@@ -53,6 +53,9 @@ class EchoHolder:
         return [ord(char) for char in text] if tokenize else text
 
     def sample_from_messages(self, messages, options, tools=None):  # noqa: ANN001
+        return self.sample_from_prompt(self.apply_chat_template(messages, tokenize=True), options)
+
+    def sample_from_prompt(self, prompt, options):  # noqa: ANN001
         with self._lock:
             self.options.append(options)
             self.active += 1
@@ -63,7 +66,7 @@ class EchoHolder:
         reply = f"ok{options.seed % 97}"
         tokens = [ord(char) for char in reply + "</assistant>"]
         return SampleResult(
-            prompt_tokens=self.apply_chat_template(messages, tokenize=True),
+            prompt_tokens=list(prompt),
             response_tokens=tokens,
             response_logprobs=[-0.5] * len(tokens),
             response_text=reply,

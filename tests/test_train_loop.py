@@ -97,8 +97,11 @@ class SkillHolder:
         return [ord(char) for char in text] if tokenize else text
 
     def sample_from_messages(self, messages, options: SamplingOptions, tools=None) -> SampleResult:  # noqa: ANN001
-        prompt = self.apply_chat_template(messages, tokenize=True)
-        match = PROMPT.findall(render(messages))[-1]
+        return self.sample_from_prompt(self.apply_chat_template(messages, tokenize=True), options)
+
+    def sample_from_prompt(self, prompt, options: SamplingOptions) -> SampleResult:  # noqa: ANN001
+        prompt = list(prompt)
+        match = PROMPT.findall("".join(map(chr, prompt)))[-1]
         position, a, b = int(match[0]), int(match[1]), int(match[2])
         with self._lock:
             p = sigmoid(self.sampling_skill)
@@ -117,9 +120,6 @@ class SkillHolder:
             response_text=answer,
             finish_reason="stop" if len(tokens) == len(answer) + len(END) else "length",
         )
-
-    def sample_from_prompt(self, prompt_tokens, options):  # noqa: ANN001
-        raise NotImplementedError
 
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
         return {f"loss_fn_config.{key}": "the fake has no such option" for key in config.loss_fn_config if key == "refused_by_fake"}

@@ -75,6 +75,28 @@ class KLPenalty(str, enum.Enum):
     """``exp(ref - logp) - (ref - logp) - 1`` (k3): non-negative, low variance."""
 
 
+class PromptOverflow(str, enum.Enum):
+    """What a model call whose prompt is longer than ``rollout.max_prompt_tokens`` gets."""
+
+    ERROR = "error"
+    """The training run (or evaluation) stops at once with one line naming the key, the
+    limit, the prompt's length and the task item: a prompt that long is a mistake in
+    the data or the agent, and training on less than it says would hide it."""
+    TRUNCATE_LEFT = "truncate_left"
+    """The call is sampled after the prompt's last ``max_prompt_tokens`` tokens, so the
+    generation prompt (the template's opening of the assistant turn) survives and the
+    start of the conversation (system prompt, first turns) is dropped. The trajectory
+    holds exactly the tokens the model saw; a multi-turn agent's truncated turn no
+    longer continues the previous turn's tokens, so it starts a trajectory of its own
+    (trained on its truncated prompt, with the run's reward and a fresh
+    ``max_response_tokens`` budget)."""
+    SKIP = "skip"
+    """The agent run ends at that call and is dropped: nothing of it is trained on, it is
+    counted in ``rollout/skipped_runs`` (``val/rollout/skipped_runs`` in validation) and
+    not against ``rollout.error_budget`` or ``max_agent_errors``, the recipe having
+    chosen to drop over-long items. Its group trains on the runs that remain."""
+
+
 @attrs.frozen(kw_only=True)
 class ComponentChoice:
     """A registered component picked by name, with options for its own config class."""
@@ -173,6 +195,16 @@ class ModelConfig:
     (the Tinker and Weaver APIs have no such setting)."""
 
 
+def _read_only_with_a_prompt_limit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """``prompt_overflow`` says what happens past ``max_prompt_tokens``; with no limit
+    nothing would read it, so a value other than the default is refused."""
+    if value != attribute.default and instance.max_prompt_tokens is None:
+        raise ValueError(
+            f"{attribute.name}: {PromptOverflow(value).value} has no effect while max_prompt_tokens is null (no limit); "
+            "set rollout.max_prompt_tokens or remove it"
+        )
+
+
 def _read_only_with_kl_on(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A KL setting other than its default must be one the run reads: none is read while
     ``coef`` is 0, and ``target``/``horizon`` only by the adaptive controller."""
@@ -234,7 +266,28 @@ class RolloutConfig:
     group_size: int = attrs.field(default=8, validator=positive)
     """Runs per prompt; group-relative estimators compare the runs of one prompt."""
     max_tokens: int = attrs.field(default=8, validator=positive)
-    """Most tokens sampled per model turn."""
+    """Most tokens sampled per model turn (an agent's own ``max_tokens`` replaces it for
+    its call); ``max_response_tokens`` may cap it further."""
+    max_prompt_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
+    """Most tokens a model turn's prompt may have: the chat-templated conversation so far
+    (tools included), or a raw prompt's token ids. ``prompt_overflow`` says what happens
+    to a longer one; null sets no limit. Every rollout source enforces it on every
+    backend (`nexrl_core.rollout_limits`), in validation and ``nexrl eval`` too; with
+    ``max_tokens`` it must fit the model's context where the backend knows it."""
+    prompt_overflow: PromptOverflow = attrs.field(default=PromptOverflow.ERROR, validator=_read_only_with_a_prompt_limit)
+    """What a prompt over ``max_prompt_tokens`` gets: ``error`` (the run stops, naming the
+    key, the limit, the prompt's length and the task item), ``truncate_left`` (the last
+    ``max_prompt_tokens`` tokens are kept, so the generation prompt survives) or
+    ``skip`` (the agent run is dropped, not counted against ``error_budget``). Set it
+    only with ``max_prompt_tokens``."""
+    max_response_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
+    """Most tokens the policy generates in one trajectory, all its model turns together
+    (a turn continuing the previous turn's tokens is the same trajectory, as
+    `nexrl_core.rollout.build_trajectories` builds them). Each turn's ``max_tokens`` is
+    capped by what remains; the turn that uses the last of it ends with finish reason
+    ``length``, as a turn cut by ``max_tokens`` does, and a later turn of the same
+    trajectory is answered at once with no tokens and finish reason ``length``. Null
+    sets no limit."""
     temperature: float = attrs.field(default=1.0, validator=positive)
     """Sampling temperature."""
     top_p: float = attrs.field(default=1.0, validator=positive_fraction)

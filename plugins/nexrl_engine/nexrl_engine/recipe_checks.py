@@ -1,6 +1,6 @@
 """Checks a recipe passes before a backend on the engine loads anything: the model exists,
-has a tokenizer with a chat template and room for ``rollout.max_tokens``, the device is
-there. Each failure is a `ConfigError` naming the recipe key."""
+has a tokenizer with a chat template and room for ``rollout.max_tokens`` (and
+``rollout.max_prompt_tokens`` with it), the device is there. Each failure is a `ConfigError` naming the recipe key."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
+from nexrl_core.rollout_limits import context_problems
 from nexrl_engine.loading import check_chat_model_dir, context_length, resolve_model_dir
 
 __all__ = ["check_device", "check_model_name", "device_problem"]
@@ -15,8 +16,9 @@ __all__ = ["check_device", "check_model_name", "device_problem"]
 
 def check_model_name(recipe: TrainConfig) -> str:
     """``model.name``, once it names a shipped model or a local Hugging Face directory
-    whose tokenizer has a chat template and whose context is longer than
-    ``rollout.max_tokens``."""
+    whose tokenizer has a chat template and whose context holds a turn of
+    ``rollout.max_tokens`` after a prompt of ``rollout.max_prompt_tokens``
+    (`nexrl_core.rollout_limits.context_problems`)."""
     name = recipe.model.name
     if name is None:
         raise ConfigError(["model.name: not set; name the model to train (nexrl-tiny, or a local Hugging Face directory)"])
@@ -26,14 +28,10 @@ def check_model_name(recipe: TrainConfig) -> str:
     except ValueError as error:
         raise ConfigError([f"model.name: {error}"]) from None
     context = context_length(directory)
-    max_tokens = recipe.rollout.max_tokens
-    if context is not None and max_tokens >= context:
-        raise ConfigError(
-            [
-                f"rollout.max_tokens: {max_tokens} does not fit model {name!r}, whose context is {context} tokens "
-                f"(config.json) and must also hold the prompt; use at most {context - 1}, well below for long prompts"
-            ]
-        )
+    if context is not None:
+        problems = context_problems(recipe.rollout, name, context, "in its config.json")
+        if problems:
+            raise ConfigError(problems)
     return name
 
 

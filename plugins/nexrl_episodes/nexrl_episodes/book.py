@@ -12,6 +12,13 @@ model call, ``can_continue``) for ``claim_timeout_s``, loses the claim: the epis
 goes back to the queue with a new attempt number, what it recorded is discarded, and
 the old key is refused from then on. After ``max_attempts`` claims the run fails
 instead, so a step never waits forever on an episode that crashes every client.
+
+Model calls are planned here (`plan_call`), under the lock that orders the episode's
+recorded calls, with the core's `nexrl_core.rollout_limits.TurnLimits` and one
+`ResponseBudget` per attempt: the limits act exactly as in the ``threads`` source. A
+prompt over ``rollout.max_prompt_tokens`` ends the episode there: ``skip`` drops its run
+(status ``skipped``), ``error`` fails the step's wait with a `RolloutError`, which stops
+training with the refusal's line.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.rollout import RunRequest, RunResult, SamplingDefaults, build_trajectories, parse_outcome
+from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.rollout import RolloutError, RunRequest, RunResult, SamplingDefaults, build_trajectories, parse_outcome
+from nexrl_core.rollout_limits import PromptTooLong, ResponseBudget, TurnLimits, TurnPlan
 from nexrl_core.types import SampleResult
 from nexrl_episodes.store import EpisodeStore, NewEpisode
 from nexrl_episodes.tokens import EpisodeTokens, InvalidToken, TokenClaim
@@ -69,6 +78,8 @@ class LiveEpisode:
     """Index of the next model call of this attempt (seeds the call)."""
     in_flight: int = 0
     """Model calls the server is answering for it: a claim is never stale while one runs."""
+    budget: ResponseBudget = attrs.field(factory=ResponseBudget)
+    """Response tokens of this attempt's trajectories (``rollout.max_response_tokens``)."""
     future: concurrent.futures.Future[RunResult] = attrs.field(factory=concurrent.futures.Future)
 
 
@@ -115,6 +126,20 @@ def _failed_result(request: RunRequest, error: str, calls: int = 0) -> RunResult
     )
 
 
+def _skipped_result(request: RunRequest, why: str, calls: int) -> RunResult:
+    return RunResult(
+        step=request.step,
+        item_index=request.item_index,
+        run_id=request.run_id,
+        group_id=request.group_id,
+        task_id=request.task_id,
+        is_val=request.is_val,
+        reward=None,
+        num_calls=calls,
+        skipped=why,
+    )
+
+
 def parse_reward(reward: Any, metadata: Any) -> tuple[float, dict[str, float]]:
     """The reward and numeric metrics of an ``end_episode`` body, or a 422 naming what is wrong."""
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
@@ -135,8 +160,11 @@ class EpisodeBook:
         max_attempts: int,
         max_staleness: int = 0,
         model: str = "nexrl-policy",
+        limits: TurnLimits = TurnLimits(),
     ) -> None:
         self.store = store
+        self.limits = limits
+        """The recipe's prompt and response limits, applied to every model call."""
         self.tokens = EpisodeTokens(store.secret(uuid.uuid4().bytes + uuid.uuid4().bytes))
         self.claim_timeout_s = claim_timeout_s
         self.max_attempts = max_attempts
@@ -338,6 +366,33 @@ class EpisodeBook:
             episode.next_call += count
             return first
 
+    def plan_call(
+        self, episode: LiveEpisode, attempt: int, prompt: Sequence[int], options: SamplingOptions, call: int
+    ) -> TurnPlan:
+        """What model call ``call`` of the episode samples within the run's limits. A
+        prompt over ``rollout.max_prompt_tokens`` (``error`` or ``skip``) ends the episode
+        and is answered with the refusal's line: 409 when skipped (claim another), 400
+        when it stops the training run."""
+        with self._lock:
+            if episode.attempt != attempt or episode.status != "claimed":
+                raise EpisodeError(409, f"episode {episode.episode_id} lost its claim before its model call; claim a new episode")
+            try:
+                return self.limits.plan(prompt, options, budget=episode.budget, call=call)
+            except PromptTooLong as overflow:
+                line = overflow.line(f"{episode.request.describe()}, episode {episode.episode_id}")
+                calls = len(episode.calls)
+                episode.calls = []
+                self._outstanding -= 1
+                if overflow.skip:
+                    episode.status = "skipped"
+                    self.store.finish(episode.episode_id, "skipped", line)
+                    episode.future.set_result(_skipped_result(episode.request, line, calls))
+                    raise EpisodeError(409, f"{line}; claim a new episode") from None
+                episode.status = "failed"
+                self.store.finish(episode.episode_id, "failed", line)
+                episode.future.set_exception(RolloutError(line))
+                raise EpisodeError(400, line) from None
+
     def record_calls(self, episode: LiveEpisode, attempt: int, samples: Sequence[SampleResult]) -> None:
         """Keep a finished call's samples for the episode's trajectory (refused if the claim was lost meanwhile)."""
         with self._lock:
@@ -346,6 +401,8 @@ class EpisodeBook:
                     409, f"episode {episode.episode_id} lost its claim while the model was answering; claim a new episode"
                 )
             episode.calls.extend(samples)
+            for sample in samples:
+                episode.budget.add(sample)
             episode.last_activity = time.monotonic()
 
     def end(self, token: str | None, episode_id: str, reward: Any, metadata: Any) -> bool:
@@ -427,6 +484,7 @@ class EpisodeBook:
     def _release(self, episode: LiveEpisode, why: str) -> None:
         episode.attempt += 1
         episode.calls = []
+        episode.budget = ResponseBudget()
         episode.next_call = 0
         episode.client_id = None
         if episode.claims >= self.max_attempts:

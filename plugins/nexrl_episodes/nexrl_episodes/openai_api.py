@@ -10,7 +10,11 @@ runner (`nexrl_core.rollout.build_trajectories`).
 Sampling follows the thread runner too: arguments left out take the run's
 ``rollout`` values (validation episodes carry the validation temperature), and call
 ``i`` of an episode is seeded ``call_seed(run seed, i, run id, user seed)``. Arguments
-the model cannot honour are refused with a 400 naming them, never ignored.
+the model cannot honour are refused with a 400 naming them, never ignored. Every call's
+prompt, rendered here with the model's chat template (or given as token ids), is
+planned by the episode book within the recipe's ``rollout.max_prompt_tokens`` and
+``rollout.max_response_tokens`` (`EpisodeBook.plan_call`), as the thread runner plans
+its calls.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import concurrent.futures
 import math
 import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -28,6 +32,7 @@ from fastapi import FastAPI, Request
 
 from nexrl_core.chat_model import ChatModel, SamplingOptions
 from nexrl_core.rollout import completion_from_sample
+from nexrl_core.rollout_limits import spent_turn
 from nexrl_core.seeding import call_seed
 from nexrl_core.types import SampleResult
 from nexrl_episodes.book import EpisodeBook, EpisodeError, LiveEpisode
@@ -190,9 +195,14 @@ class OpenAIEndpoints:
         n: int,
         seed: int | None,
         options: SamplingOptions,
-        draw: Callable[[SamplingOptions], SampleResult],
+        prompt: list[int],
     ) -> list[SampleResult]:
-        """``n`` samples with the episode's call seeds, recorded into the episode."""
+        """``n`` samples of ``prompt`` with the episode's call seeds, within the run's
+        limits, recorded into the episode (a turn whose trajectory has no response
+        tokens left is answered empty, with finish reason ``length``, and not recorded)."""
+        plan = self.book.plan_call(episode, attempt, prompt, options, first)
+        if plan.spent:
+            return [spent_turn(plan.prompt)] * n
         indices = [first]
         if n > 1:
             start = self.book.reserve_calls(episode, attempt, n - 1)
@@ -201,7 +211,10 @@ class OpenAIEndpoints:
         loop = asyncio.get_running_loop()
         jobs = [
             loop.run_in_executor(
-                self.executor, draw, attrs.evolve(options, seed=call_seed(request.seed, index, request.run_id, seed))
+                self.executor,
+                self.model.sample_from_prompt,
+                plan.prompt,
+                attrs.evolve(plan.options, seed=call_seed(request.seed, index, request.run_id, seed)),
             )
             for index in indices
         ]
@@ -224,10 +237,17 @@ class OpenAIEndpoints:
         if _integer(body, "top_logprobs", 0, 0):
             raise EpisodeError(400, "top_logprobs is not supported (only 0): the sampler returns the chosen token's logprob")
         options, n, seed = self._options(episode, body)
-        samples = await self._sample(
-            episode, attempt, first, n, seed, options,
-            lambda drawn: self.model.sample_from_messages(messages, drawn, tools=tools or None),
-        )
+        try:
+            prompt = await asyncio.get_running_loop().run_in_executor(
+                self.executor, lambda: self.model.apply_chat_template(messages, tools or None, True, True)
+            )
+        except (ValueError, TypeError) as error:
+            raise EpisodeError(400, f"the model refused the request: {error}") from None
+        except Exception as error:  # noqa: BLE001 - the backend failed, not the request
+            raise EpisodeError(502, f"the policy's model failed: {type(error).__name__}: {error}") from None
+        if isinstance(prompt, str):
+            raise EpisodeError(502, "the policy's model rendered text, not token ids (apply_chat_template(tokenize=True))")
+        samples = await self._sample(episode, attempt, first, n, seed, options, list(prompt))
         model_name = body.get("model") if isinstance(body.get("model"), str) else self.book.model
         choices = []
         for index, sample in enumerate(samples):
@@ -271,9 +291,7 @@ class OpenAIEndpoints:
         want_logprobs = _integer(body, "logprobs", 0, 1)
         prompt = self._prompt_tokens(body.get("prompt"))
         options, n, seed = self._options(episode, body)
-        samples = await self._sample(
-            episode, attempt, first, n, seed, options, lambda drawn: self.model.sample_from_prompt(prompt, drawn)
-        )
+        samples = await self._sample(episode, attempt, first, n, seed, options, prompt)
         model_name = body.get("model") if isinstance(body.get("model"), str) else self.book.model
         choices = [
             {

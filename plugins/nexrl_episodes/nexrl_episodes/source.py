@@ -27,6 +27,7 @@ from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
 from nexrl_core.rollout import PendingBatch, RunRequest, SamplingDefaults
+from nexrl_core.rollout_limits import TurnLimits
 from nexrl_episodes.book import EpisodeBook
 from nexrl_episodes.plugin import EpisodesOptions
 from nexrl_episodes.server import EpisodeServer
@@ -42,13 +43,15 @@ _WORKER_STOP_TIMEOUT_S = 10.0
 
 def open_book(store: EpisodeStore, options: EpisodesOptions, recipe: TrainConfig) -> EpisodeBook:
     """A run's episode book: claims expire and episodes fail as the source's options say;
-    staleness and the model name clients use come from the recipe."""
+    staleness, the prompt and response limits and the model name clients use come from
+    the recipe."""
     return EpisodeBook(
         store,
         claim_timeout_s=options.claim_timeout_s,
         max_attempts=options.max_attempts,
         max_staleness=recipe.rollout.max_staleness,
         model=recipe.model.name or "nexrl-policy",
+        limits=TurnLimits.of(recipe.rollout),
     )
 
 
