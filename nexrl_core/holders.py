@@ -114,13 +114,17 @@ class ServiceHolder(ChatModel, Protocol):
 
 
 def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabilities | None) -> dict[str, str]:
-    """What a training API without dtype, LoRA-alpha or checkpointing settings cannot honour of ``model``,
-    as `ServiceHolder.refused_options` entries; ``api`` names it in the reasons.
+    """What a training API without dtype, mixed-precision, LoRA-alpha or checkpointing settings
+    cannot honour of ``model``, as `ServiceHolder.refused_options` entries; ``api`` names it
+    in the reasons.
 
     The precision is the service's own: a NexRL service says which it trains in
     (``service``), and ``model.dtype`` must match it; a hosted service does not say, so
-    only the default is accepted. Adapters are scaled by the default alpha. Activation
-    checkpointing is the service's business: ``model.gradient_checkpointing`` is refused.
+    only the default is accepted. Neither API can ask for fp32 master weights, and a
+    NexRL service started by hand or embedded trains in one dtype (``--dtype``), so
+    ``model.mixed_precision`` is refused. Adapters are scaled by the default alpha.
+    Activation checkpointing is the service's business: ``model.gradient_checkpointing``
+    is refused.
     """
     refused: dict[str, str] = {}
     requested = model.dtype.value
@@ -137,6 +141,11 @@ def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabil
     if model.gradient_checkpointing:
         refused["model.gradient_checkpointing"] = (
             f"the {api} API has no activation-checkpointing setting (the service decides how it keeps activations); "
+            "remove it, or use backend.name=inprocess or self-hosted"
+        )
+    if model.mixed_precision:
+        refused["model.mixed_precision"] = (
+            f"the {api} API has no mixed-precision setting (the service keeps its weights in the one dtype it trains in); "
             "remove it, or use backend.name=inprocess or self-hosted"
         )
     if model.lora.is_lora and model.lora.alpha != DEFAULT_ALPHA:

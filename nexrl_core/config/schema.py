@@ -177,6 +177,16 @@ class TaskConfig:
     """Validate on the first this many held-out items; null uses all of them."""
 
 
+def _needs_bf16(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """``mixed_precision`` mixes bf16 compute with fp32 masters; under fp32 there is no
+    bf16 to mix, and accepting it would silently change nothing."""
+    if value and instance.dtype is not DType.BF16:
+        raise ValueError(
+            f"mixed_precision: true needs dtype: bf16 (it keeps fp32 master weights under bf16 compute; with dtype: "
+            f"{instance.dtype.value} every weight is fp32 already); set model.dtype: bf16 or remove model.mixed_precision"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class ModelConfig:
     """The policy being trained."""
@@ -187,12 +197,23 @@ class ModelConfig:
     lora: LoraSettings = attrs.field(factory=LoraSettings)
     """Which weights train: every one (``rank`` 0, the default) or LoRA adapters."""
     dtype: DType = DType.FP32
-    """Precision of the trained weights."""
+    """Precision of the trained weights; with ``mixed_precision``, of the compute and the
+    sampled weights over fp32 masters."""
     gradient_checkpointing: bool = False
     """Activation checkpointing in training passes: each decoder layer's activations are
     recomputed in the backward pass instead of kept, trading compute for memory; the
     gradients are the same. Sampling is unaffected. The remote_api backend refuses it
     (the Tinker and Weaver APIs have no such setting)."""
+    mixed_precision: bool = attrs.field(default=False, validator=_needs_bf16)
+    """With ``dtype: bf16``: keep fp32 master weights and fp32 AdamW moments while the
+    forward and backward passes compute in bf16. Pure bf16 loses every update smaller
+    than half a bf16 step of the weight (0.2 to 0.4 % of it), so small learning rates
+    stop moving it; the fp32 masters keep those updates. Sampling uses the bf16 weights
+    the masters round to; checkpoints hold the fp32 masters and their optimizer state,
+    exports the bf16 weights sampling used. The in-process engine and the self-hosted
+    workers (FSDP2's ``MixedPrecisionPolicy``) honour it; the remote_api backend refuses
+    it (the Tinker and Weaver APIs have no such setting). With ``dtype: fp32`` every
+    weight is fp32 already, so it is refused there."""
 
 
 def _read_only_with_a_prompt_limit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

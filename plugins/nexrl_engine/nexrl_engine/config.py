@@ -38,6 +38,14 @@ def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must be true or false, got {value!r}")
 
 
+def _bfloat16_only(instance: Any, attribute: attrs.Attribute, value: bool) -> None:
+    if value and instance.dtype != "bfloat16":
+        raise ValueError(
+            f"{type(instance).__name__}.mixed_precision needs dtype bfloat16 (fp32 masters under bfloat16 compute), "
+            f"got dtype {instance.dtype}"
+        )
+
+
 def _lora_settings(value: Any) -> LoraSettings:
     return LoraSettings(**value) if isinstance(value, Mapping) else value
 
@@ -81,6 +89,12 @@ class EngineConfig:
     """Recompute each decoder layer's activations in the backward pass of forward_backward
     instead of keeping them (``model.gradient_checkpointing``): less memory, the same
     gradients. Those passes do not share prefixes; sampling and forward are unaffected."""
+    mixed_precision: bool = attrs.field(default=False, validator=[_bool, _bfloat16_only])
+    """With ``dtype`` ``bfloat16``: the optimizer steps fp32 master copies of the trained
+    weights (fp32 AdamW moments too) while the model computes in bfloat16
+    (``model.mixed_precision``; `nexrl_engine.mixed_precision.MasterWeights` says how).
+    Checkpoints hold the masters; sampling, scoring and exports use the bfloat16 weights
+    they round to."""
 
 
 @attrs.frozen

@@ -45,6 +45,7 @@ from nexrl_engine.loading import (
 )
 from nexrl_engine.checkpointing import enable_checkpointing, training_pass
 from nexrl_engine.lora import apply_training_mode, load_in_place, merged_copy, save_adapter
+from nexrl_engine.mixed_precision import MASTER_DTYPE, MasterWeights
 from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
@@ -166,6 +167,8 @@ class Engine:
 
     Build it with an `EngineConfig` or the same fields as keywords:
     ``Engine(model="nexrl-tiny")``, ``Engine(EngineConfig(model=path, lora=LoraSettings(rank=8)))``.
+    With ``mixed_precision`` the optimizer and checkpoints work on fp32 masters and the
+    model computes in bfloat16 (`nexrl_engine.mixed_precision`).
     """
 
     def __init__(self, config: EngineConfig | None = None, **fields: Any) -> None:
@@ -176,7 +179,9 @@ class Engine:
         model_dir = resolve_model_dir(config.model)
         with _CONSTRUCTION_LOCK:
             tokenizer = load_tokenizer(model_dir)
-            base = load_model(model_dir, torch_dtype(config.dtype), device="cpu")
+            # Mixed precision loads fp32: the checkpoint's own values become the masters.
+            loaded = MASTER_DTYPE if config.mixed_precision else torch_dtype(config.dtype)
+            base = load_model(model_dir, loaded, device="cpu")
             model, peft = apply_training_mode(base, config.lora, config.seed)
         self._setup(config, model_dir, tokenizer, model, peft)
 
@@ -192,11 +197,19 @@ class Engine:
         """How checkpoints name the base model: the shipped name, or the resolved path."""
         self.tokenizer = tokenizer
         self.model, self._peft = model, peft
+        self._master = MasterWeights(model, self.device) if config.mixed_precision else None
+        """fp32 masters of the trained weights with ``mixed_precision`` (the model is then
+        their bfloat16 compute copy); None otherwise."""
         self.model.to(self.device)
         self.model.eval()
         if config.gradient_checkpointing:
             enable_checkpointing(self.model)
-        self._trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        self._trainable = (
+            self._master.named_parameters()
+            if self._master is not None
+            else [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        )
+        """What the optimizer steps and checkpoints hold: the masters, or the model's own."""
         self._optimizer: AdamW | None = None
         self._loss_cache: dict[str, LossFn] = {}
         self._seed_stream = random.Random(config.seed)
@@ -236,9 +249,20 @@ class Engine:
         return [name for name, _ in self._trainable]
 
     def trained_dtype(self) -> str:
-        """The dtype the trained weights are held in (``float32``, ``bfloat16``), read from
-        the parameters themselves rather than the config that asked for it."""
+        """The dtype the trained weights are held in (``float32``, ``bfloat16``; the masters'
+        with mixed precision), read from the parameters themselves rather than the config
+        that asked for it."""
         return str(self._trainable[0][1].dtype).removeprefix("torch.")
+
+    def compute_dtype(self) -> str:
+        """The dtype the model computes and samples in, read from its parameters: the
+        trained dtype, or bfloat16 over fp32 masters with mixed precision."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    def trained_parameters(self) -> dict[str, torch.Tensor]:
+        """The trained weights by name as the optimizer steps them and checkpoints hold
+        them (the fp32 masters with mixed precision); the engine's own tensors."""
+        return dict(self._trainable)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         params = [p for _, p in self._trainable] if trainable_only else list(self.model.parameters())
@@ -407,6 +431,8 @@ class Engine:
                 result = fn.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                 if backward:
                     result.loss.backward()
+                    if self._master is not None:
+                        self._master.collect_grads()
                 weight = float(batch.loss_mask.sum())
                 num_tokens += weight
                 metrics.add({"loss": float(result.loss.detach()), **result.metrics}, weight)
@@ -432,40 +458,50 @@ class Engine:
         """
         settings = adam_settings(adam_params, **overrides)
         with self._lock:
-            return self._optimizer_or_new().step(settings)
+            result = self._optimizer_or_new().step(settings)
+            if self._master is not None and not result.skipped:
+                self._master.publish()
+            return result
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping."""
         with self._lock:
+            if self._master is not None:
+                self._master.zero_grad()
+                return
             for _, parameter in self._trainable:
                 parameter.grad = None
 
     # --- checkpoints ------------------------------------------------------------------------
 
     def save_state(self, path: str | Path, include_optimizer: bool = True) -> Path:
-        """Save the trainable weights (and by default the optimizer state) to a directory."""
+        """Save the trainable weights (and by default the optimizer state) to a directory:
+        with mixed precision the fp32 masters and their fp32 moments, so a resumed run
+        continues from exactly where this one was."""
         with self._lock:
             optimizer_state = None
             if include_optimizer:
                 optimizer_state = self._optimizer.state_tensors() if self._optimizer is not None else {}
             manifest = ckpt.CheckpointManifest(
                 base_model=self.base_model_id,
-                dtype=self.config.dtype,
+                dtype=self.trained_dtype(),
                 lora=self.config.lora.to_json() if self.is_lora else None,
                 step=self.step,
                 has_optimizer=include_optimizer,
                 parameters=self.trainable_parameter_names(),
             )
-            return ckpt.write_checkpoint(path, manifest, dict(self._trainable), optimizer_state)
+            return ckpt.write_checkpoint(path, manifest, self.trained_parameters(), optimizer_state)
 
     def load_state(self, path: str | Path, load_optimizer: bool = True) -> ckpt.CheckpointManifest:
         """Load weights saved by `save_state` into this engine; with ``load_optimizer``
         also the AdamW moments and step count, otherwise the optimizer starts fresh.
 
-        The checkpoint must come from the same base model and LoRA settings.
-        Accumulated gradients are dropped.
+        The checkpoint must come from the same base model and LoRA settings; its weights
+        are converted to the dtype this engine trains in (fp32 masters, which the
+        mixed-precision model then computes with rounded to bfloat16). Accumulated
+        gradients are dropped.
         """
-        own = dict(self._trainable)
+        own = self.trained_parameters()
         loaded = ckpt.read_for_loading(
             path,
             base_model=self.base_model_id,
@@ -477,6 +513,8 @@ class Engine:
         with self._lock, torch.no_grad():
             for name, tensor in weights.items():
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+            if self._master is not None:
+                self._master.publish()
             self._optimizer = AdamW(self._trainable)
             if optimizer_state is not None:
                 self._optimizer.load_state_tensors(optimizer_state, manifest.step)
@@ -486,7 +524,9 @@ class Engine:
         """Write merged weights (LoRA folded into the base), the tokenizer and its chat
         template as an HF directory, loadable by ``Engine(model=path)`` or any
         transformers code. For LoRA the adapter itself is also written, in PEFT layout,
-        to ``path / ADAPTER_DIR`` (``PeftModel.from_pretrained(base, that)``)."""
+        to ``path / ADAPTER_DIR`` (``PeftModel.from_pretrained(base, that)``). The weights
+        are the ones the model computes with: ``dtype``, with mixed precision the bfloat16
+        weights the masters round to (what sampling used; checkpoints hold the masters)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         with self._lock, quiet_progress():

@@ -50,7 +50,8 @@ class EngineHolderConfig(HolderTarget):
     engine: EngineOptions = attrs.field(factory=EngineOptions)
 
     def engine_config(self) -> EngineConfig:
-        """The engine's own config; ``model.dtype`` (``fp32``/``bf16``) becomes the parameter dtype.
+        """The engine's own config; ``model.dtype`` (``fp32``/``bf16``) becomes the parameter
+        dtype, ``model.mixed_precision`` the engine's fp32 masters under bf16 compute.
 
         :raises ValueError: when ``model.name`` is not set.
         """
@@ -65,4 +66,5 @@ class EngineHolderConfig(HolderTarget):
             max_tokens_per_microbatch=self.engine.max_tokens_per_microbatch,
             share_prefixes=self.engine.share_prefixes,
             gradient_checkpointing=self.model.gradient_checkpointing,
+            mixed_precision=self.model.mixed_precision,
         )

@@ -75,8 +75,9 @@ class EngineHolder:
         engine_config = config.engine_config()
         self.engine = Engine(engine_config)
         """What trains, and what checkpoints hold."""
-        self.sampler = Engine(attrs.evolve(engine_config, gradient_checkpointing=False))
-        """What rollouts sample from: the weights of the last `update_sampling_weights`."""
+        self.sampler = Engine(attrs.evolve(engine_config, gradient_checkpointing=False, mixed_precision=False))
+        """What rollouts sample from: the weights of the last `update_sampling_weights`
+        (with mixed precision the bfloat16 weights the masters round to; it keeps no masters)."""
         self._reference: Engine | None = None
         trained = dict(self.engine.model.named_parameters())
         published = set(self.engine.trainable_parameter_names())
@@ -84,7 +85,8 @@ class EngineHolder:
             (parameter, trained[name]) for name, parameter in self.sampler.model.named_parameters() if name in published
         ]
         """(sampler parameter, training parameter) pairs that publishing copies: every
-        weight for full fine-tuning, the adapters for LoRA (the base is the same)."""
+        weight for full fine-tuning, the adapters for LoRA (the base is the same); with
+        mixed precision the training model's bfloat16 compute copy of the masters."""
         self._version = 0
         self._sampling = EngineChat(self.sampler, config.engine)
         self.compute = self._sampling.compute
@@ -121,12 +123,16 @@ class EngineHolder:
     # --- training ------------------------------------------------------------------------------
 
     def run_info(self) -> dict[str, str]:
-        """The dtype the engine's weights are held in and its device, read from the engine."""
-        return {"dtype": self.engine.trained_dtype(), "device": str(self.engine.device)}
+        """The dtype the engine computes and samples in and its device, read from the
+        engine; with mixed precision also the dtype of its masters (``master_dtype``)."""
+        info = {"dtype": self.engine.compute_dtype(), "device": str(self.engine.device)}
+        if self.engine.config.mixed_precision:
+            info["master_dtype"] = self.engine.trained_dtype()
+        return info
 
     def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        """Every registered loss with every option, every AdamW field and both dtypes run
-        here; refused is only a loss that needs inputs a datum does not carry."""
+        """Every registered loss with every option, every AdamW field, both dtypes and mixed
+        precision run here; refused is only a loss that needs inputs a datum does not carry."""
         try:
             loss = build_loss_fn(config.loss_fn, config.loss_fn_config)
         except ValueError as error:
@@ -179,7 +185,7 @@ class EngineHolder:
                 return self.engine.compute_logprobs(sequences)
         if self._reference is None:
             logger.info("loading a frozen copy of %s as the KL reference", self.config.model.name)
-            self._reference = Engine(self.engine.config)
+            self._reference = Engine(attrs.evolve(self.engine.config, mixed_precision=False))
             self._reference.model.requires_grad_(False)
         return self._reference.compute_logprobs(sequences)
 
