@@ -58,6 +58,22 @@ CASES: list[tuple[str, list[str], str]] = [
     ("max-tokens-past-context", ["backend.name=inprocess", "rollout.max_tokens=100000"], "rollout.max_tokens: 100000 does not fit"),
     ("max-tokens-past-context-embedded-service", ["rollout.max_tokens=4096"], "rollout.max_tokens: 4096 does not fit the context"),
     ("max-tokens-past-context-self-hosted", ["backend.name=self-hosted", "rollout.max_tokens=4096"], "rollout.max_tokens: 4096"),
+    (
+        "prompt-and-response-past-context",
+        ["backend.name=inprocess", "rollout.max_prompt_tokens=2041"],
+        "rollout.max_prompt_tokens: 2041 prompt tokens and rollout.max_tokens: 8 response tokens do not fit the context of model 'nexrl-tiny' (2048 tokens, in its config.json)",
+    ),
+    (
+        "prompt-and-response-past-context-embedded-service",
+        ["rollout.max_prompt_tokens=2041"],
+        "rollout.max_prompt_tokens: 2041 prompt tokens and rollout.max_tokens: 8 response tokens do not fit the context of model 'nexrl-tiny' (2048 tokens, as the backend reports)",
+    ),
+    (
+        "prompt-and-response-past-context-self-hosted",
+        ["backend.name=self-hosted", "rollout.max_prompt_tokens=2041"],
+        "rollout.max_prompt_tokens: 2041 prompt tokens and rollout.max_tokens: 8 response tokens do not fit",
+    ),
+    ("prompt-overflow-without-a-limit", ["rollout.prompt_overflow=skip"], "prompt_overflow: skip has no effect while max_prompt_tokens is null"),
 ]
 """``{untemplated}`` stands for a copy of the shipped model whose tokenizer has no chat template
 (so the braces of a YAML mapping are doubled)."""

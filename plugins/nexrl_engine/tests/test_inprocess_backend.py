@@ -178,6 +178,37 @@ def test_per_token_advantages_reach_the_engine(tmp_path: Path, monkeypatch: pyte
     assert any(len(values) > 1 for values in per_run), "advantages vary along a run's tokens"
 
 
+@pytest.mark.parametrize("overflow", ["truncate_left", "skip"])
+def test_prompt_and_response_limits_hold_through_a_whole_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overflow: str) -> None:
+    """The addition prompts are 12 to 14 tokens; with ``rollout.max_prompt_tokens=13``
+    every prompt the engine samples after has at most 13 (``truncate_left`` cuts the
+    14-token ones, ``skip`` drops their runs, counted in training and validation and not
+    against an error budget of 0), and no run generates more than
+    ``rollout.max_response_tokens=2`` tokens (a two-digit sum needs 3 with its end marker)."""
+    from nexrl_engine.inprocess.holder import EngineHolder
+
+    sampled: list[tuple[int, int]] = []
+    sample = EngineHolder.sample_from_prompt
+    monkeypatch.setattr(
+        EngineHolder,
+        "sample_from_prompt",
+        lambda self, prompt, options: sampled.append((len(prompt), options.max_tokens)) or sample(self, prompt, options),
+    )
+    settings = ("schedule.steps=1", "schedule.validate_every=1", "task.val_size=32", "rollout.prompts_per_step=16", "rollout.group_size=2")
+    limits = ("rollout.max_prompt_tokens=13", f"rollout.prompt_overflow={overflow}", "rollout.max_response_tokens=2", "rollout.error_budget=0")
+    run_training(quickstart(tmp_path, *settings, *limits), progress_bar=False)
+    validation, step = reward_rows(tmp_path / "run")[:2]
+    assert {length for length, _ in sampled} <= {12, 13} and {cap for _, cap in sampled} == {2}
+    assert step["rollout/response_tokens"] <= 2 * (step["rollout/runs"] - step["rollout/skipped_runs"])
+    assert step["rollout/truncated_fraction"] > 0 and step["rollout/agent_errors"] == 0
+    if overflow == "skip":
+        assert 0 < step["rollout/skipped_runs"] < step["rollout/runs"] and 0 < validation["val/rollout/skipped_runs"] < 32
+        skipped = step["rollout/skipped_runs"] + validation["val/rollout/skipped_runs"] + step["val/rollout/skipped_runs"]
+        assert len(sampled) == 3 * 32 - skipped
+    else:
+        assert step["rollout/skipped_runs"] == 0 and len(sampled) == 3 * 32 and step["train/grad_norm"] > 0
+
+
 @pytest.mark.slow
 def test_the_quickstart_learns_and_leaves_nothing_running(tmp_path: Path) -> None:
     before = set(threading.enumerate())

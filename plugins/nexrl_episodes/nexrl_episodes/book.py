@@ -371,8 +371,8 @@ class EpisodeBook:
     ) -> TurnPlan:
         """What model call ``call`` of the episode samples within the run's limits. A
         prompt over ``rollout.max_prompt_tokens`` (``error`` or ``skip``) ends the episode
-        and is answered with the refusal's line: 409 when skipped (claim another), 400
-        when it stops the training run."""
+        and is answered with a 400 carrying the refusal's line (not a 409, which OpenAI
+        clients retry and would then hear only that the key no longer works)."""
         with self._lock:
             if episode.attempt != attempt or episode.status != "claimed":
                 raise EpisodeError(409, f"episode {episode.episode_id} lost its claim before its model call; claim a new episode")
@@ -387,7 +387,7 @@ class EpisodeBook:
                     episode.status = "skipped"
                     self.store.finish(episode.episode_id, "skipped", line)
                     episode.future.set_result(_skipped_result(episode.request, line, calls))
-                    raise EpisodeError(409, f"{line}; claim a new episode") from None
+                    raise EpisodeError(400, f"{line}; claim a new episode") from None
                 episode.status = "failed"
                 self.store.finish(episode.episode_id, "failed", line)
                 episode.future.set_exception(RolloutError(line))

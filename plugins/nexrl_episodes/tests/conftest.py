@@ -44,12 +44,16 @@ def requests_for(count: int, step: int = 1, is_val: bool = False) -> list[RunReq
 
 class Served:
     """A book behind a running server, with its store on disk, opened as a run opens it:
-    from the ``episodes`` source's options and the recipe's ``rollout.max_staleness``."""
+    from the ``episodes`` source's options and the recipe's ``rollout`` section
+    (``max_staleness``, and the prompt and response limits in ``rollout``)."""
 
-    def __init__(self, directory: Path, model: Any, url: str, max_staleness: int = 0, **source_options: Any) -> None:
+    def __init__(
+        self, directory: Path, model: Any, url: str, max_staleness: int = 0, rollout: RolloutConfig | None = None,
+        **source_options: Any,
+    ) -> None:
         self.directory = directory
         self.store = EpisodeStore(url)
-        recipe = TrainConfig(rollout=RolloutConfig(max_staleness=max_staleness))
+        recipe = TrainConfig(rollout=rollout or RolloutConfig(max_staleness=max_staleness))
         self.book = open_book(self.store, EpisodesOptions(**source_options), recipe)
         self.server = EpisodeServer(self.book, model)
         self.url = self.server.start()
@@ -70,9 +74,10 @@ def make_served(tmp_path: Path, chat_model: Any, sql_url: str) -> Iterator[Any]:
     restarted one); all stopped at the end."""
     made: list[Served] = []
 
-    def make(**options: Any) -> Served:
-        """``max_staleness`` as the recipe's rollout section sets it, the rest as the source's options."""
-        made.append(Served(tmp_path, chat_model, sql_url, **options))
+    def make(model: Any = None, **options: Any) -> Served:
+        """``max_staleness`` (or a whole ``rollout`` section) as the recipe sets it, the rest
+        as the source's options; ``model`` replaces the tiny engine (a wrapper around it)."""
+        made.append(Served(tmp_path, model or chat_model, sql_url, **options))
         return made[-1]
 
     yield make
