@@ -25,11 +25,18 @@ class Transport(Protocol):
         ...
 
     def init_model(
-        self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None, gradient_checkpointing: bool = False
+        self,
+        model: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        lora: LoraSettings | None = None,
+        gradient_checkpointing: bool = False,
+        mixed_precision: bool = False,
     ) -> dict[str, Any]:
         """Load the model on every worker, training every weight or the LoRA adapters
         ``lora`` asks for, with activation checkpointing in training passes when
-        ``gradient_checkpointing``; returns at least ``vocab_size`` and ``pad_token_id``."""
+        ``gradient_checkpointing``, and with ``mixed_precision`` fp32 master weights
+        under ``dtype`` (bfloat16) compute; returns at least ``vocab_size`` and ``pad_token_id``."""
         ...
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:

@@ -114,15 +114,25 @@ class DirectZmqTransport:
         return info
 
     def init_model(
-        self, model: str, dtype: str = "float32", seed: int = 0, lora: LoraSettings | None = None, gradient_checkpointing: bool = False
+        self,
+        model: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        lora: LoraSettings | None = None,
+        gradient_checkpointing: bool = False,
+        mixed_precision: bool = False,
     ) -> dict[str, Any]:
         """Load (and shard) the model on every rank, training every weight or the LoRA
         adapters ``lora`` asks for, checkpointing activations in updates when
-        ``gradient_checkpointing``; returns its vocab size, pad id, the dtype the weights
-        were loaded in and the ranks' device type."""
+        ``gradient_checkpointing``, and with ``mixed_precision`` keeping fp32 master shards
+        under ``dtype`` (bfloat16) compute; returns its vocab size, pad id, the dtype the
+        model computes in (``dtype``; with mixed precision also ``master_dtype``) and the
+        ranks' device type."""
         options = {"model": model, "dtype": dtype, "seed": seed, "lora": (lora or LoraSettings()).to_json()}
         if gradient_checkpointing:
             options["gradient_checkpointing"] = True
+        if mixed_precision:
+            options["mixed_precision"] = True
         return self._call("init_model", options).header
 
     def update_actor(self, batch: Batch, options: Mapping[str, Any]) -> dict[str, float]:

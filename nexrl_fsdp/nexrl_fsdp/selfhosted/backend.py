@@ -294,13 +294,16 @@ def _init_workers(setup: BackendSetup, trainer: SelfHostedTrainer, transport: Di
         seed=setup.recipe.seed,
         lora=setup.recipe.model.lora,
         gradient_checkpointing=setup.recipe.model.gradient_checkpointing,
+        mixed_precision=setup.recipe.model.mixed_precision,
     )
     trainer.bind(transport, world_size=setup.options.world_size, pad_token_id=int(info["pad_token_id"]))
     return info
 
 
 def _engine_config(setup: BackendSetup) -> EngineConfig:
-    """The recipe's model as the sampler's engine and the workers load it."""
+    """The recipe's model as the sampler's engine and the workers load it; with
+    ``model.mixed_precision`` the sampler is a plain bfloat16 engine (the workers push it
+    the bfloat16 weights their masters round to) and the workers get fp32 masters."""
     recipe = setup.recipe
     return EngineConfig(model=str(recipe.model.name), dtype=recipe.model.dtype.value, seed=recipe.seed, device=setup.options.sampler.device)
 
@@ -340,6 +343,8 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
+        if "master_dtype" in info:
+            run_info["master_dtype"] = str(info["master_dtype"])
         backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info, setup=setup)
         backend.publish()
         return backend

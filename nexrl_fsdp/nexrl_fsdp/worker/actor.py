@@ -16,6 +16,14 @@ each layer's unit and only the adapters get gradients and optimizer state. Rank 
 an unsharded CPU copy of the adapted model: its base never changes, so exporting or
 handing weights to a sampler gathers only the adapters into it and merges there
 (`merged_copy`, `save_adapter`), exactly as `Engine.export_hf` writes them.
+
+Mixed precision (``ModelOptions.mixed_precision``, ``model.mixed_precision``) is FSDP2's
+``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` on fp32 shards of
+what trains: each forward gathers the shards as bfloat16, the backward pass reduces the
+gradients in fp32 onto them, and the optimizer steps fp32 masters with fp32 moments, as
+`nexrl_engine.mixed_precision.MasterWeights` does on the engine. A LoRA base that never
+trains is bfloat16 alone. Weights that leave the ranks (pushed to a sampler, gathered,
+exported) are the bfloat16 ones the model computes with; checkpoints hold the fp32 shards.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from nexrl_engine.engine import _MetricSum
 from nexrl_engine.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
 from nexrl_engine.checkpointing import enable_checkpointing, is_checkpointing, training_pass
 from nexrl_engine.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
+from nexrl_engine.mixed_precision import COMPUTE_DTYPE, MASTER_DTYPE, cast_parameters
 from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
@@ -90,6 +99,14 @@ class ModelOptions:
     gradient_checkpointing: bool = False
     """Checkpoint each decoder layer in the update's training passes (enabled before
     sharding; ``model.gradient_checkpointing``)."""
+    mixed_precision: bool = attrs.field(default=False)
+    """fp32 master shards of what trains under bfloat16 compute (FSDP2's policy; ``dtype``
+    must be bfloat16; ``model.mixed_precision``)."""
+
+    @mixed_precision.validator
+    def _bfloat16_only(self, attribute: attrs.Attribute, value: bool) -> None:
+        if value and self.dtype != "bfloat16":
+            raise BatchError(f"init_model option mixed_precision needs dtype bfloat16 (fp32 masters under bfloat16 compute), got {self.dtype!r}")
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> ModelOptions:
@@ -133,21 +150,25 @@ class ActorOptions:
         return options
 
 
-def _shard(model: torch.nn.Module, mesh: Any) -> None:
-    """FSDP2: each decoder layer its own unit, the rest (embeddings, tied head) the root's.
+def _shard(model: torch.nn.Module, mesh: Any, mixed_precision: bool = False) -> None:
+    """FSDP2: each decoder layer its own unit, the rest (embeddings, tied head) the root's;
+    with ``mixed_precision`` under ``MixedPrecisionPolicy(param_dtype=bfloat16,
+    reduce_dtype=float32)`` (the shards stay as loaded, fp32 for what trains).
 
     A lone rank keeps the plain module: sharding over one rank splits nothing, and FSDP's
     hooks, gathers and DTensor dispatch made its steps about 20 % slower (forward/backward)
-    and the optimizer's twice as slow on a CPU. The rest of the worker treats sharded
-    and plain parameters alike."""
-    if mesh.size() == 1:
+    and the optimizer's twice as slow on a CPU. Mixed precision is the policy's, so a lone
+    rank with it is sharded too. The rest of the worker treats sharded and plain
+    parameters alike."""
+    if mesh.size() == 1 and not mixed_precision:
         return
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=MASTER_DTYPE) if mixed_precision else MixedPrecisionPolicy()
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -181,17 +202,31 @@ class FsdpActor:
     def is_lora(self) -> bool:
         return self.options.lora.is_lora
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What the policy computes in and the weights leaving the ranks are: bfloat16 over
+        fp32 masters with mixed precision, else the dtype it was loaded in."""
+        return COMPUTE_DTYPE if self.options.mixed_precision else torch_dtype(self.options.dtype)
+
     def _load_policy(self) -> tuple[torch.nn.Module, Any]:
         """The policy, sharded, with only what `LoraSettings` trains requiring gradients;
         and for LoRA on rank 0 the unsharded CPU copy of the adapted peft model that
-        `_adapted_on_rank_0` brings up to date (None elsewhere and for full fine-tuning)."""
-        base = load_model(self.model_dir, torch_dtype(self.options.dtype), device="cpu")
+        `_adapted_on_rank_0` brings up to date (None elsewhere and for full fine-tuning).
+        Mixed precision loads fp32 (the checkpoint's own values become the masters) and
+        casts what never trains to bfloat16; the CPU copy holds what the model computes
+        with, bfloat16."""
+        mixed = self.options.mixed_precision
+        base = load_model(self.model_dir, MASTER_DTYPE if mixed else torch_dtype(self.options.dtype), device="cpu")
         model, peft = apply_training_mode(base, self.options.lora, self.options.seed)
+        if mixed:
+            cast_parameters(model, COMPUTE_DTYPE, frozen_only=True)
         adapted = copy.deepcopy(peft) if peft is not None and dist.get_rank() == 0 else None
+        if adapted is not None and mixed:
+            cast_parameters(adapted, COMPUTE_DTYPE)
         if self.options.gradient_checkpointing:
             enable_checkpointing(model)
         model.to(self.device)
-        _shard(model, self.mesh)
+        _shard(model, self.mesh, mixed)
         return model, adapted
 
     def _load_base(self) -> torch.nn.Module:
@@ -350,21 +385,23 @@ class FsdpActor:
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """The policy as a plain HF model names its parameters, whole, on rank 0 (every rank
-        takes part; the others get an empty dict). For LoRA the adapters are merged into
-        the base, as `Engine.export_hf` writes them."""
+        takes part; the others get an empty dict), in `compute_dtype` (with mixed precision
+        the masters rounded to bfloat16: what a sampler runs). For LoRA the adapters are
+        merged into the base, as `Engine.export_hf` writes them."""
         if self.is_lora:
             adapted = self._adapted_on_rank_0()
             if adapted is None:
                 return {}
             return {name: p.detach() for name, p in merged_copy(adapted).named_parameters()}
         with torch.no_grad():
-            weights = {name: _full(p.detach()).to("cpu") for name, p in self.model.named_parameters()}
+            weights = {name: _full(p.detach()).to(device="cpu", dtype=self.compute_dtype) for name, p in self.model.named_parameters()}
         return weights if dist.get_rank() == 0 else {}
 
     def export_hf(self, path: Path) -> None:
-        """Write the policy as `Engine.export_hf` does: a plain HF directory (weights,
-        tokenizer, chat template), for LoRA with the adapters merged in and the adapter
-        itself, in PEFT layout, in ``path / ADAPTER_DIR``. Every rank takes part; rank 0 writes."""
+        """Write the policy as `Engine.export_hf` does: a plain HF directory (weights in
+        `compute_dtype`, tokenizer, chat template), for LoRA with the adapters merged in and
+        the adapter itself, in PEFT layout, in ``path / ADAPTER_DIR``. Every rank takes
+        part; rank 0 writes."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self.is_lora:
@@ -377,6 +414,7 @@ class FsdpActor:
                     save_hf_directory(path, merged, self.tokenizer)
             return
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = {name: tensor.to(self.compute_dtype) if tensor.is_floating_point() else tensor for name, tensor in full.items()}
         if dist.get_rank() == 0:
             save_hf_directory(path, self.model, self.tokenizer, state_dict=full)
 

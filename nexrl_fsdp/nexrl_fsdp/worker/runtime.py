@@ -285,14 +285,16 @@ class WorkerRank:
         if op == "init_model":
             self.actor = FsdpActor(ModelOptions.from_json(options), self.mesh, self.device)
             self.datum_ops = DatumOps(self.actor)
-            dtype = str(next(self.actor.model.parameters()).dtype).removeprefix("torch.")
-            return {
+            info = {
                 "world_size": self.world_size,
                 "vocab_size": self.actor.vocab_size,
                 "pad_token_id": self.actor.pad_id,
-                "dtype": dtype,
+                "dtype": str(self.actor.compute_dtype).removeprefix("torch."),
                 "device": self.device.type,
-            }, {}
+            }
+            if self.actor.options.mixed_precision:  # the masters, read from what the optimizer steps
+                info["master_dtype"] = str(self.actor.optimizer.parameters[0].dtype).removeprefix("torch.")
+            return info, {}
         actor = self.actor
         if op in ENGINE_OPS:
             return self.datum_ops.run(op, options, shard)

@@ -9,6 +9,7 @@ directory, the one way every export here (the engine's, the workers') does it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.resources
 from pathlib import Path
 from collections.abc import Mapping
@@ -152,7 +153,10 @@ def save_hf_directory(path: Path, model: Any, tokenizer: Any, state_dict: Mappin
     :param state_dict: the weights to write instead of the model's own, e.g. a sharded
         model's gathered whole (the model then only supplies its config and layout). A
         weight the model ties to another (a tied output head) is written once, as the
-        model's own save writes it: the gathered copies no longer share storage.
+        model's own save writes it: the gathered copies no longer share storage. The
+        config then names the dtype of these weights, not of the model's parameters
+        (mixed precision's fp32 master shards are exported in bfloat16), so that a
+        loader asking for the saved dtype gets the one written.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -162,4 +166,9 @@ def save_hf_directory(path: Path, model: Any, tokenizer: Any, state_dict: Mappin
     with quiet_progress():
         model.save_pretrained(str(path), state_dict=state_dict)
         tokenizer.save_pretrained(str(path))
+    written = {tensor.dtype for tensor in (state_dict or {}).values() if tensor.is_floating_point()}
+    if len(written) == 1 and written != {model.dtype}:
+        config = copy.deepcopy(model.config)
+        config.dtype = str(written.pop()).removeprefix("torch.")
+        config.save_pretrained(str(path))
     return path
