@@ -83,6 +83,16 @@ SAMPLING = f"{LOOP}::test_sampling_settings_reach_every_sample"
 RUN_FILES = f"{LOOP}::test_a_run_writes_metrics_curve_tensorboard_and_checkpoints"
 BAD_INPUT = "tests/test_bad_input_table.py::test_bad_input_is_refused_cleanly"
 DATA = "tests/test_data_formats.py"
+LIMITS = "tests/test_rollout_limits.py"
+PROMPT_LIMIT = (
+    f"{LIMITS}::test_a_prompt_of_the_limit_passes_and_one_token_more_does_not",
+    "plugins/nexrl_engine/tests/test_inprocess_backend.py::test_prompt_and_response_limits_hold_through_a_whole_run",
+    "tests/test_e2e_train.py::test_prompt_and_response_limits_hold_on_the_embedded_service",
+    "plugins/nexrl_episodes/tests/test_limits.py::test_a_prompt_of_the_limit_passes_and_one_token_more_does_not",
+)
+"""The prompt limit at its boundary in the core's runner, a whole in-process run, a whole
+run on the embedded Tinker service, and the episode server (one implementation in the
+core, `nexrl_core.rollout_limits`, for every backend and source)."""
 INPROCESS = "plugins/nexrl_engine/tests/test_inprocess_backend.py"
 INPROCESS_BAD_SETTINGS = f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
@@ -201,6 +211,20 @@ CORE: dict[str, Entry] = {
     "rollout.prompts_per_step": everywhere(SAMPLING),
     "rollout.group_size": everywhere(SAMPLING),
     "rollout.max_tokens": everywhere(SAMPLING, BAD_INPUT),
+    "rollout.max_prompt_tokens": everywhere(
+        *PROMPT_LIMIT,
+        f"{LIMITS}::test_the_error_is_one_line_naming_the_key_the_limit_the_length_and_the_item",
+        "tests/test_e2e_train.py::test_an_over_long_prompt_stops_the_run_in_one_line_naming_the_key",
+        BAD_INPUT,
+    ),
+    "rollout.prompt_overflow": everywhere(*PROMPT_LIMIT, f"{LIMITS}::test_an_agent_that_catches_the_refusal_cannot_hide_it", BAD_INPUT),
+    "rollout.max_response_tokens": everywhere(
+        f"{LIMITS}::test_a_multi_turn_agent_shares_one_budget_across_its_turns",
+        f"{LIMITS}::test_a_truncated_turn_starts_a_trajectory_with_a_budget_of_its_own",
+        "plugins/nexrl_engine/tests/test_inprocess_backend.py::test_prompt_and_response_limits_hold_through_a_whole_run",
+        "tests/test_e2e_train.py::test_prompt_and_response_limits_hold_on_the_embedded_service",
+        "plugins/nexrl_episodes/tests/test_limits.py::test_an_episodes_turns_share_one_response_budget",
+    ),
     "rollout.temperature": everywhere(SAMPLING),
     "rollout.top_p": everywhere(SAMPLING),
     "rollout.concurrency": everywhere("tests/test_rollout.py::test_concurrency_is_bounded_and_results_keep_request_order", BAD_INPUT),
