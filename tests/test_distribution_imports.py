@@ -49,13 +49,15 @@ class Row:
 
 
 CORE = "nexrl"
-SERVICE_LIBRARIES = ("nexrl", "nexrl-service", "nexrl-engine", "nexrl-fsdp")
+PROTOCOL_LIBRARIES = ("nexrl", "nexrl-remote-api", "nexrl-service", "nexrl-engine", "nexrl-fsdp")
+"""What a distribution speaking one vendor API builds on: the SDK holders' skeleton
+(`nexrl-remote-api`, not its backend modules) and the local services' runtime."""
 # fmt: off
 ALLOWED: dict[str, Row] = {
     "nexrl": Row(
         ".", "nexrl_core", "core", (),
-        "hook specs, records, config, registries, the loop, the CLI, the conformance kit, and what every backend "
-        "builds on: `HolderBackend`, `build_trainer`, the trainer bases",
+        "hook specs, records, config, registries, the loop, the CLI, the conformance kit, how every HTTP app starts "
+        "(`nexrl_core.serving`), and what every backend builds on: `HolderBackend`, `build_trainer`, the trainer bases",
     ),
     "nexrl-grpo": Row(
         "plugins/nexrl_grpo", "nexrl_grpo", "algorithms", (CORE,),
@@ -63,7 +65,8 @@ ALLOWED: dict[str, Row] = {
     ),
     "nexrl-remote-api": Row(
         "plugins/nexrl_remote_api", "nexrl_remote_api", "backend", (CORE,),
-        "the `remote_api` backend: a registered service holder on a URL or on a local service it starts",
+        "the `remote_api` backend: a registered service holder on a URL or on a local service it starts; and what "
+        "every holder on a vendor SDK shares: `SdkServiceHolder`, its config and its contract tests",
     ),
     "nexrl-engine": Row(
         "plugins/nexrl_engine", "nexrl_engine", "engine, backend", (CORE,),
@@ -76,15 +79,17 @@ ALLOWED: dict[str, Row] = {
     ),
     "nexrl-service": Row(
         "plugins/nexrl_service", "nexrl_service", "service runtime", (CORE, "nexrl-engine", "nexrl-fsdp"),
-        "the local services' runtime: SQL store, futures, scheduler, sessions, auth, the engine pool",
+        "the local services' runtime: SQL store, futures, scheduler, sessions, auth, the engine pool, and what every "
+        "local service's tests start it with",
     ),
     "nexrl-tinker": Row(
-        "nexrl_tinker", "nexrl_tinker", "holder, service", SERVICE_LIBRARIES,
-        "`TinkerServiceHolder` on the `tinker` SDK, and the local Tinker-compatible service",
+        "nexrl_tinker", "nexrl_tinker", "holder, service", PROTOCOL_LIBRARIES,
+        "what Tinker has of its own: `TinkerServiceHolder` on the `tinker` SDK, and the local Tinker-compatible service",
     ),
     "nexrl-weaver": Row(
-        "nexrl_weaver", "nexrl_weaver", "holder, service", SERVICE_LIBRARIES,
-        "`WeaverServiceHolder` on the `nex-weaver` SDK, and the local Weaver-compatible service",
+        "nexrl_weaver", "nexrl_weaver", "holder, service", PROTOCOL_LIBRARIES,
+        "what Weaver has of its own: `WeaverServiceHolder` on the `nex-weaver` SDK, and the local Weaver-compatible "
+        "service",
     ),
     "nexrl-episodes": Row(
         "plugins/nexrl_episodes", "nexrl_episodes", "rollout source", (CORE,),

@@ -23,6 +23,7 @@ the whole run (it runs last); run alone, it runs the named tests itself first.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -130,8 +131,8 @@ SELF_HOSTED_LORA = f"{SELF_HOSTED}::test_quickstart_fsdp_trains_lora_adapters_en
 LORA_TARGETS = per_backend(
     inprocess=(f"{INPROCESS}::test_lora_settings_reach_the_engine", "plugins/nexrl_engine/tests/test_lora.py::test_target_flags"),
     remote_api=(
-        "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
-        "nexrl_weaver/tests/test_holder_contract.py::test_lora_targets_reach_the_service",
+        "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_lora_targets_reach_the_service",
+        "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolder::test_lora_targets_reach_the_service",
     ),
     self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_only_the_attention_adapters_train"),
 )
@@ -159,11 +160,11 @@ CORE: dict[str, Entry] = {
     "model.name": everywhere(f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url", BAD_INPUT),
     "model.lora.rank": per_backend(
         inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
-        remote_api=(HOLDER_CONFIG, "nexrl_tinker/tests/test_holder_contract.py::test_lora_targets_reach_the_service"),
+        remote_api=(HOLDER_CONFIG, "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_lora_targets_reach_the_service"),
         self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
     "model.lora.alpha": per_backend(
-        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::test_lora_alpha_is_refused_where_the_tinker_api_has_none"},
+        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_lora_alpha_is_refused_where_the_api_has_none"},
         inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
         self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
@@ -173,13 +174,13 @@ CORE: dict[str, Entry] = {
     "model.dtype": per_backend(
         remote_api=(
             "tests/test_e2e_train.py::test_bf16_trains_on_the_embedded_service",
-            "nexrl_tinker/tests/test_holder_contract.py::test_model_dtype_must_be_what_the_service_trains_in",
+            "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_model_dtype_must_be_what_the_service_trains_in",
         ),
         inprocess=(f"{INPROCESS}::test_metrics_say_which_dtype_trained", f"{INPROCESS}::test_recipe_settings_reach_the_engine"),
         self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url",
     ),
     "model.gradient_checkpointing": per_backend(
-        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::test_gradient_checkpointing_is_refused_before_step_1_by_name"},
+        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_gradient_checkpointing_is_refused_before_step_1_by_name"},
         inprocess=SCHEDULE_AND_CHECKPOINTING,
         self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
     ),
@@ -372,7 +373,7 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.holder.max_retries [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
     "backend.options.holder.retry_backoff_s [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
     "backend.options.holder.coalesce_window_s [tinker]": per_backend(
-        remote_api="nexrl_tinker/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
+        remote_api="nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_a_group_is_one_request_with_the_same_samples_as_alone"
     ),
     "backend.options.holder.tokenizer_path [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"),
     "backend.options.holder.tensor_transport [weaver]": per_backend(
@@ -388,7 +389,7 @@ COMPONENTS: dict[str, Entry] = {
         remote_api="nexrl_weaver/tests/test_holder_units.py::test_an_operation_is_given_up_after_operation_timeout_s"
     ),
     "backend.options.holder.coalesce_window_s [weaver]": per_backend(
-        remote_api="nexrl_weaver/tests/test_holder_coalescing.py::test_a_group_is_one_request_with_the_same_samples_as_alone"
+        remote_api="nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolder::test_a_group_is_one_request_with_the_same_samples_as_alone"
     ),
 }
 
@@ -454,8 +455,33 @@ def _defined_tests(path: str) -> frozenset[str]:
             names.add(node.name)
         elif isinstance(node, ast.ClassDef):
             names.add(node.name)
-            names |= {f"{node.name}::{item.name}" for item in node.body if isinstance(item, ast.FunctionDef)}
+            names |= {f"{node.name}::{method}" for method in _methods(node, tree)}
     return frozenset(names)
+
+
+def _methods(cls: ast.ClassDef, module: ast.Module) -> set[str]:
+    """The methods of ``cls`` (defined in ``module``): its own, and those it inherits from
+    classes defined there or imported from a module this environment can find (a shared
+    contract, such as `nexrl_remote_api.testing`'s, defines a test once for two distributions)."""
+    methods = {item.name for item in cls.body if isinstance(item, ast.FunctionDef)}
+    for base in cls.bases:
+        if isinstance(base, ast.Name) and (found := _class_named(base.id, module)) is not None:
+            methods |= _methods(*found)
+    return methods
+
+
+def _class_named(name: str, module: ast.Module) -> tuple[ast.ClassDef, ast.Module] | None:
+    """Where the class ``module`` knows as ``name`` is defined, and that module."""
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node, module
+    for node in module.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                spec = importlib.util.find_spec(node.module) if (alias.asname or alias.name) == name else None
+                if spec is not None and spec.origin is not None and spec.origin.endswith(".py"):
+                    return _class_named(alias.name, ast.parse(Path(spec.origin).read_text()))
+    return None
 
 
 def _unknown_tests(entry: Entry) -> list[str]:
@@ -539,6 +565,15 @@ def test_an_entry_naming_a_missing_test_is_caught() -> None:
     assert _unknown_tests(everywhere("tests/test_recipe_keys.py::test_that_was_never_written")) == [
         "tests/test_recipe_keys.py::test_that_was_never_written"
     ]
+
+
+def test_a_test_a_class_inherits_is_defined_there() -> None:
+    """A shared contract's test counts as defined in each class that inherits it, through
+    every level (the SDK holders' contract, and the core's kit it builds on)."""
+    tests = _defined_tests("nexrl_tinker/tests/test_holder_contract.py")
+    assert "TestTinkerHolder::test_lora_targets_reach_the_service" in tests
+    assert "TestTinkerHolder::test_chat_template_renders_text_and_token_ids" in tests
+    assert "TestTinkerHolder::test_that_was_never_written" not in tests
 
 
 @pytest.mark.slow

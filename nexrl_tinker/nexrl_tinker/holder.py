@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
-from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
-from nexrl_core.retries import RetriesExhausted, call_with_retries
-from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
-from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_core.holders import LossOptionValue, TrainStepConfig
+from nexrl_core.model_export import ModelExportError
+from nexrl_core.retries import RetriesExhausted
+from nexrl_core.types import RemoteDatum
+from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 RL_LOSSES = frozenset({"importance_sampling", "ppo", "cispo", "gspo"})
 """Losses that read the sampler's logprobs and per-token advantages."""
@@ -34,8 +30,6 @@ HOSTED_LOSSES = frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo
 """The losses hosted Tinker computes itself (NexRL's local service has every registered one)."""
 CLIPPED_LOSSES = frozenset({"ppo", "cispo"})
 """Tinker losses that take ``clip_low_threshold`` / ``clip_high_threshold`` (ratio bounds)."""
-HOSTED_AGGREGATION = "token-sum"
-"""Hosted Tinker's losses are sums over tokens."""
 DOWNLOAD_TIMEOUT_S = 300.0
 """Per file of an exported model, for the signed-URL downloads."""
 
@@ -46,39 +40,18 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     return (tinker.APIConnectionError, tinker.APITimeoutError, tinker.InternalServerError, tinker.RateLimitError)
 
 
-class TinkerServiceHolder(TemplateChatModel):
-    """A `nexrl_core.holders.ServiceHolder` on the ``tinker`` SDK.
+class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
+    """A `nexrl_core.holders.ServiceHolder` on the ``tinker`` SDK (the skeleton:
+    `SdkServiceHolder`); with ``renderer_name``, chats render with a tinker-cookbook renderer."""
 
-    It pickles to its config plus the current sampling weights and reconnects on first
-    use, so a copy sent to another process samples from the same weights.
-    """
+    api = "Tinker"
+    hosted_losses = HOSTED_LOSSES
 
     def __init__(self, config: TinkerHolderConfig, sampling_path: str | None = None) -> None:
-        self.config = config
-        self._sampling_path = sampling_path
-        self._lock = threading.RLock()
-        self._service: Any = None
-        self._training: Any = None
-        self._sampling: Any = None
-        self._tokenizer: Any = None
         self._renderer: Any = None
-        self._saves = 0
-        self._samples_trained_weights = sampling_path is None
-        """Whether sampling uses the training client's current weights (what an export
-        writes): true after publishing them, false after a step or a load."""
-        self._reference: Any = None
-        self._service_capabilities: NexrlCapabilities | None = None
-        self._probed = False
-        self._chat = TemplateChat(self.tokenizer, self._chat_renderer)
-        self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
+        super().__init__(config, sampling_path)
 
-    # --- pickling and connection ---------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "sampling_path": self._sampling_path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["config"], state["sampling_path"])  # type: ignore[misc]
+    # --- connection ----------------------------------------------------------------------------
 
     def _service_client(self) -> Any:
         with self._lock:
@@ -107,90 +80,64 @@ class TinkerServiceHolder(TemplateChatModel):
                 )
             return self._training
 
-    def _sampling_client(self) -> Any:
-        with self._lock:
-            if self._sampling is None:
-                if self._sampling_path is None:
-                    self.update_sampling_weights()
-                else:
-                    self._sampling = self._service_client().create_sampling_client(model_path=self._sampling_path).result()
-            return self._sampling
+    def _sampling_client_of(self, path: str) -> Any:
+        return self._service_client().create_sampling_client(model_path=path).result()
 
-    def tokenizer(self) -> Any:
-        """The model's tokenizer: from ``tokenizer_path``, else the one the service names."""
-        with self._lock:
-            if self._tokenizer is None:
-                if self.config.tokenizer_path:
-                    from transformers import AutoTokenizer
+    def _new_reference_client(self) -> Any:
+        return self._service_client().create_sampling_client(base_model=self.config.model.name).result()
 
-                    self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
-                else:
-                    self._tokenizer = self._training_client().get_tokenizer()
-                if self.config.renderer_name:
-                    self._renderer = _cookbook_renderer(self.config.renderer_name, self._tokenizer)
-            return self._tokenizer
+    def _close_service(self, service: Any) -> None:
+        service.close("success").result()
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"X-API-Key": self.config.api_key} if self.config.api_key else {}
+
+    def _tokenizer_loaded(self, tokenizer: Any) -> None:
+        if self.config.renderer_name:
+            self._renderer = _cookbook_renderer(self.config.renderer_name, tokenizer)
 
     def _chat_renderer(self) -> Any:
         """The tinker-cookbook renderer of ``renderer_name``, or None for the tokenizer's template."""
         self.tokenizer()
         return self._renderer
 
-    def _retry(self, what: str, call: Callable[[], T]) -> T:
-        """Run ``call``, retrying transient service errors with exponential backoff."""
-        transient = _transient_errors()
-        return call_with_retries(
-            call,
-            what=what,
-            where=f"the Tinker service at {self.config.base_url or 'the default URL'}",
-            is_transient=lambda error: isinstance(error, transient),
-            max_retries=self.config.max_retries,
-            backoff_s=self.config.retry_backoff_s,
-        )
+    def _is_transient(self, error: BaseException) -> bool:
+        return isinstance(error, _transient_errors())
 
-    # --- sampling (chat templates: `TemplateChatModel`) ------------------------------------- ------------------------------------------------------------------------------
+    # --- sampling ------------------------------------------------------------------------------
 
-    def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[Any]:
-        """``num_samples`` Tinker sequences of ``prompt`` in one request."""
+    def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[SampledSequence]:
         import tinker
 
-        params = tinker.types.SamplingParams(
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            top_k=options.top_k,
-            seed=options.seed,
-            stop=list(options.stop) if options.stop is not None else self._chat.default_stop(),
-        )
+        params = tinker.types.SamplingParams(**self._sampling_fields(options))
         model_input = tinker.types.ModelInput.from_ints(tokens=prompt)
         response = self._retry(
             "sample",
             lambda: self._sampling_client().sample(model_input, num_samples=num_samples, sampling_params=params).result(),
         )
-        return list(response.sequences)
-
-    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
-        prompt = [int(token) for token in prompt_tokens]
-        sequence = self._coalescer.sample(prompt, options)
-        tokens = [int(token) for token in sequence.tokens]
-        logprobs = [float(value) for value in sequence.logprobs or []]
-        if len(logprobs) != len(tokens):
-            raise RuntimeError(f"Tinker returned {len(tokens)} tokens but {len(logprobs)} logprobs; sampling logprobs are required")
-        finish_reason = "length" if sequence.stop_reason == "length" else "stop"
-        return self._chat.sample_result(prompt, tokens, logprobs, finish_reason)
+        return [
+            SampledSequence(
+                tokens=[int(token) for token in sequence.tokens],
+                logprobs=[float(value) for value in sequence.logprobs or []],
+                stop_reason=sequence.stop_reason,
+            )
+            for sequence in response.sequences
+        ]
 
     # --- training ------------------------------------------------------------------------------
 
-    def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
+    def _datum(self, datum: RemoteDatum, loss_fn: str) -> Any:
+        return _to_tinker_datum(datum, loss_fn)
+
+    def _hosted_loss_config(self, config: TrainStepConfig) -> dict[str, float]:
+        return _hosted_loss_config(config)
+
+    def _train_step(
+        self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]
+    ) -> dict[str, float]:
         import tinker
 
-        if not datums:
-            raise ValueError("train needs at least one datum")
-        data = [_to_tinker_datum(datum, config.loss_fn) for datum in datums]
-        loss_fn_config = dict(config.loss_fn_config) if self.is_nexrl_service() else _hosted_loss_config(config)
         adam = tinker.types.AdamParams(**config.optimizer.to_json())
-        training = self._training_client()
-        self._samples_trained_weights = False
-
         backward = training.forward_backward(data, config.loss_fn, loss_fn_config or None)
         optimizer = training.optim_step(adam)
         metrics = {key: float(value) for key, value in self._result("run forward_backward", backward).metrics.items()}
@@ -214,74 +161,37 @@ class TinkerServiceHolder(TemplateChatModel):
             return future.result()
         except _transient_errors() as error:
             raise RetriesExhausted(
-                f"the Tinker service at {self.config.base_url or 'the default URL'} failed to {what} after the tinker SDK's "
-                f"own retries: {type(error).__name__}: {error}; the holder does not send it again, since the service "
-                f"may have applied it already"
+                f"{self._where()} failed to {what} after the tinker SDK's own retries: {type(error).__name__}: {error}; "
+                "the holder does not send it again, since the service may have applied it already"
             ) from error
 
-    def service_capabilities(self) -> NexrlCapabilities | None:
-        """What a NexRL service says it does (every registered loss with all its options,
-        in the precision it names); None for hosted Tinker, which says nothing."""
-        with self._lock:
-            if not self._probed:
-                headers = {"X-API-Key": self.config.api_key} if self.config.api_key else {}
-                self._service_capabilities = probe_nexrl_capabilities(self.config.base_url, headers, "Tinker")
-                self._probed = True
-            return self._service_capabilities
-
-    def is_nexrl_service(self) -> bool:
-        return self.service_capabilities() is not None
-
-    def run_info(self) -> dict[str, str]:
-        return service_run_info(self.service_capabilities())
-
-    def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        refused = fixed_precision_refusals(self.config.model, "Tinker", self.service_capabilities())
-        if self.is_nexrl_service():
-            return refused
-        if config.loss_fn not in HOSTED_LOSSES:
-            refused["loss_fn"] = f"hosted Tinker computes only {', '.join(sorted(HOSTED_LOSSES))}"
-            return refused
-        for option, value in config.loss_fn_config.items():
-            if option in ("clip_low", "clip_high") and config.loss_fn in CLIPPED_LOSSES:
-                continue
-            if option == "agg_mode":
-                if value != HOSTED_AGGREGATION:
-                    refused[f"loss_fn_config.{option}"] = f"hosted Tinker sums the loss over tokens; set it to {HOSTED_AGGREGATION}"
-            elif option == "entropy_coeff":
-                if value != 0:
-                    refused[f"loss_fn_config.{option}"] = "hosted Tinker's losses have no entropy bonus; set it to 0"
-            else:
-                refused[f"loss_fn_config.{option}"] = f"hosted Tinker's {config.loss_fn!r} loss has no such option; remove it"
-        return refused
+    def _hosted_option_refusal(self, loss_fn: str, option: str, value: LossOptionValue) -> str | None:
+        if option in ("clip_low", "clip_high") and loss_fn in CLIPPED_LOSSES:
+            return None
+        if option == "entropy_coeff":
+            return None if value == 0 else "hosted Tinker's losses have no entropy bonus; set it to 0"
+        return self._no_such_option(loss_fn)
 
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Logprobs under the base model, from a sampling client of the base weights
         (``compute_logprobs``), as tinker-cookbook computes its KL reference."""
         import tinker
 
-        with self._lock:
-            if self._reference is None:
-                self._reference = self._retry(
-                    "create a reference sampling client",
-                    lambda: self._service_client().create_sampling_client(base_model=self.config.model.name).result(),
-                )
-            reference = self._reference
+        reference = self._reference_client()
         futures = [reference.compute_logprobs(tinker.types.ModelInput.from_ints(tokens=list(tokens))) for tokens in sequences]
         return [[0.0 if value is None else float(value) for value in future.result()] for future in futures]
 
     def update_sampling_weights(self, weight_path: str | None = None) -> str:
         with self._lock:
             if weight_path is None:
-                name = f"sampler_{self._saves:06d}"
-                self._saves += 1
+                name = self._next_sampler_name()
                 training = self._training_client()
                 weight_path = self._retry("save sampler weights", lambda: training.save_weights_for_sampler(name).result().path)
                 self._samples_trained_weights = True
             else:
                 self._samples_trained_weights = False
             assert weight_path is not None
-            self._sampling = self._service_client().create_sampling_client(model_path=weight_path).result()
+            self._sampling = self._sampling_client_of(weight_path)
             self._sampling_path = weight_path
             return weight_path
 
@@ -297,53 +207,28 @@ class TinkerServiceHolder(TemplateChatModel):
                 lambda: self._service_client().create_training_client_from_state_with_optimizer(path).result(),
             )
 
-    def export_model(self, directory: Path) -> Path:
-        """Download the weights sampling uses through Tinker's own API: the training
-        client saves them as external weights (``save_weights_external``), the REST
-        client signs one URL per file (``get_external_weights_urls``), each file is
-        fetched with a plain GET, and the export is deleted from the service again. A
-        tokenizer the service leaves out comes from this holder's tokenizer.
+    # --- export: Tinker's external weights -----------------------------------------------------
 
-        :raises ModelExportError: when sampling does not use the training weights (a
-            step since the last `update_sampling_weights`), or the download fails or
-            is not a full HF model.
-        """
+    def _export_weights(self, training: Any) -> str:
+        """The training client saves its weights as external weights (``save_weights_external``)."""
+        name = f"nexrl_export_{secrets.token_hex(4)}"
+        return str(self._retry("export the weights", lambda: training.save_weights_external(name).result().path))
+
+    def _download_export(self, export: str, directory: Path) -> str:
+        """The REST client signs one URL per file (``get_external_weights_urls``), each file
+        is fetched with a plain GET, and the export is deleted from the service again."""
         import tinker
 
-        directory = Path(directory)
-        with self._lock:
-            if not self._samples_trained_weights:
-                raise ModelExportError(
-                    "sampling does not use the training weights (they changed since the last update_sampling_weights, "
-                    "or sampling was pointed elsewhere); call update_sampling_weights() first"
-                )
-            training = self._training_client()
-            name = f"nexrl_export_{secrets.token_hex(4)}"
-            export_path = self._retry("export the weights", lambda: training.save_weights_external(name).result().path)
         rest = tinker.RestClient(base_url=self.config.base_url, api_key=self.config.api_key)
         try:
-            signed = self._retry("sign download URLs", lambda: rest.get_external_weights_urls(export_path).result())
-            _download_files(signed.urls, directory, export_path)
+            signed = self._retry("sign download URLs", lambda: rest.get_external_weights_urls(export).result())
+            _download_files(signed.urls, directory, export)
         finally:
             try:
-                rest.delete_checkpoint_from_tinker_path(export_path).result()
+                rest.delete_checkpoint_from_tinker_path(export).result()
             except Exception as exc:  # the download is what matters; the export expires with its service
-                logger.warning("could not delete the temporary export %s from the service: %s", export_path, exc)
-        if not (directory / HF_CONFIG_FILE).is_file():
-            raise ModelExportError(
-                f"the service's export {export_path} has no {HF_CONFIG_FILE} (files: {', '.join(sorted(signed.urls))}), "
-                f"so it is not a full Hugging Face model"
-            )
-        if not (directory / "tokenizer_config.json").is_file():
-            self.tokenizer().save_pretrained(str(directory))
-        return directory
-
-    def close(self) -> None:
-        with self._lock:
-            service, self._service = self._service, None
-            self._training = self._sampling = self._reference = None
-        if service is not None:
-            service.close("success").result()
+                logger.warning("could not delete the temporary export %s from the service: %s", export, exc)
+        return f"the service's export {export} (files: {', '.join(sorted(signed.urls))})"
 
 
 def _download_files(urls: dict[str, str], directory: Path, export_path: str) -> None:

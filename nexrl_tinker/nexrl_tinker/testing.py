@@ -17,33 +17,13 @@ BASE_MODEL = "nexrl-tiny"
 TEST_API_KEY = "tml-test"
 
 
-def start_service(
-    data_dir: str | Path,
-    *,
-    api_key: str | None = None,
-    db: str | None = None,
-    workers: int = 0,
-    max_worker_groups: int = 4,
-    device: str = "cpu",
-    **overrides: Any,
-) -> Any:
-    """A started `TinkerService` on a free port (stop it with ``.stop()``); ``workers`` > 0 trains
-    each model on its own worker group of that many ranks; ``device`` is where its own engines live."""
-    from nexrl_core.serving import ServeOptions
+def start_service(data_dir: str | Path, **options: Any) -> Any:
+    """A started `TinkerService` on a free port (stop it with ``.stop()``); ``options`` are
+    those of `nexrl_service.testing.start_local_service` (``api_key``, ``workers``, ...)."""
+    from nexrl_service.testing import start_local_service
     from nexrl_tinker.server.service import TinkerService
 
-    options = ServeOptions(
-        port=0,
-        data_dir=str(data_dir),
-        api_key=api_key,
-        db=db,
-        workers=workers,
-        max_worker_groups=max_worker_groups,
-        device=device,
-    )
-    service = TinkerService(options, **overrides)
-    service.start()
-    return service
+    return start_local_service(TinkerService, data_dir, **options)
 
 
 def free_port() -> int:

@@ -23,31 +23,24 @@ from collections.abc import Iterator
 import nexrl_engine  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
 import pytest
+from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+from nexrl_tinker.holder import TinkerServiceHolder
+from nexrl_tinker.holder_config import TinkerHolderConfig
 from nexrl_tinker.testing import TEST_API_KEY, start_service
 
+from nexrl_remote_api.testing import SdkHolderKit
+from nexrl_service.testing import local_service_fixtures
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    svc = start_service(tmp_path_factory.mktemp("tinkercloud"))
-    try:
-        yield svc
-    finally:
-        svc.stop()
+service, base_url, keyed_base_url = local_service_fixtures(start_service, "tinkercloud", TEST_API_KEY)
 
 
-@pytest.fixture(scope="module")
-def base_url(service) -> str:
-    return service.base_url
-
-
-@pytest.fixture(scope="module")
-def keyed_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A service that checks the API key (``TEST_API_KEY``), as the embedded one does."""
-    svc = start_service(tmp_path_factory.mktemp("keyed-tinkercloud"), api_key=TEST_API_KEY)
-    try:
-        yield svc.base_url
-    finally:
-        svc.stop()
+@pytest.fixture(scope="session")
+def holder_kit() -> SdkHolderKit:
+    """For the shared holder tests (`nexrl_remote_api.testing`)."""
+    return SdkHolderKit(
+        holder_class=TinkerServiceHolder, config_class=TinkerHolderConfig, api_key=TEST_API_KEY,
+        scheme="tinker://", checkpoint_segment="weights", option_cases=LOSS_OPTION_CASES,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

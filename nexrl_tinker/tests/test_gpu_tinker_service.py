@@ -10,30 +10,13 @@ from pathlib import Path
 import pytest
 from nexrl_tinker.testing import TEST_API_KEY
 
-from nexrl_testing.served_runs import held_out_rewards, serving, train
+from nexrl_testing.served_runs import SERVED_CUDA_RUNS, check_served_run_on_cuda
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize(
-    ("dtype", "lora_rank", "steps", "rise"), [("fp32", 0, 6, 0.15), ("bf16", 8, 12, 0.1)], ids=["fp32", "bf16-lora8"]
-)
+@pytest.mark.parametrize(("dtype", "lora_rank", "steps", "rise"), SERVED_CUDA_RUNS)
 def test_nexrl_serve_tinker_on_cuda_trains_a_run_that_raises_held_out_reward(
     tmp_path: Path, dtype: str, lora_rank: int, steps: int, rise: float
 ) -> None:
-    with serving("tinker", tmp_path / "service", "--device", "cuda", "--dtype", dtype, "--api-key", TEST_API_KEY) as url:
-        rows = train(
-            tmp_path / "run",
-            f"backend.options.base_url={url}",
-            "backend.options.api_key_env=NEXRL_GPU_TEST_KEY",
-            f"model.dtype={dtype}",
-            f"model.lora.rank={lora_rank}",
-            f"schedule.steps={steps}",
-            f"schedule.validate_every={steps}",
-            f"schedule.checkpoint_every={steps}",
-            "task.val_size=128",
-            env={"NEXRL_GPU_TEST_KEY": TEST_API_KEY},
-        )
-    assert (rows[0]["backend/device"], rows[0]["backend/dtype"]) == ("cuda", "bfloat16" if dtype == "bf16" else "float32")
-    rewards = held_out_rewards(rows)
-    assert rewards[steps] >= rewards[0] + rise, f"held-out reward did not rise: {rewards}"
+    check_served_run_on_cuda("tinker", TEST_API_KEY, tmp_path, dtype, lora_rank, steps, rise)

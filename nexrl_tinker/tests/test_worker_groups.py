@@ -17,11 +17,8 @@ import numpy as np
 import pytest
 import tinker
 import torch
-from nexrl_core.config import ModelConfig
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
-from nexrl_core.testing.loss_option_contract import FROZEN, gradient_norm, probe_datums
 from nexrl_engine.loading import resolve_model_dir
+from nexrl_remote_api.testing import WorkerGroupLossContract
 from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
 from safetensors.torch import load_file
 from tinker import types
@@ -35,7 +32,6 @@ ADAM = types.AdamParams(learning_rate=2e-4, beta1=0.85, beta2=0.98, eps=1e-7, we
 """Every AdamW field away from its default; the learning rate moves the weights ~6e-4 in
 STEPS steps, well past the 1e-4 the two sides may differ by (a larger one amplifies
 rounding through Adam's normalised update)."""
-CASES = loss_aggregation_cases()
 
 
 @pytest.fixture(scope="module")
@@ -165,33 +161,8 @@ def test_the_groups_sampler_is_fed_from_the_group_not_the_disk(services, runs) -
     np.testing.assert_allclose(scored[1:], trained.loss_fn_outputs[0]["logprobs"].tolist(), atol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def holders(services: dict[int, Any]) -> Iterator[dict[int, Any]]:
-    from nexrl_tinker.holder import TinkerServiceHolder
-    from nexrl_tinker.holder_config import TinkerHolderConfig
-
-    built = {}
-    try:
-        for workers, service in services.items():
-            built[workers] = TinkerServiceHolder(
-                TinkerHolderConfig(model=ModelConfig(name=BASE_MODEL), base_url=service.base_url, api_key="tml-probe")
-            )
-        yield built
-    finally:
-        for holder in built.values():
-            holder.close()
-
-
-@pytest.mark.parametrize(("loss", "options"), CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in CASES])
-def test_every_loss_and_aggregation_on_a_group(holders: dict[int, Any], loss: str, options: dict[str, Any]) -> None:
-    """One step of each registered loss, in each aggregation mode, with its entropy bonus:
-    the group's loss and gradient norm are the engine's."""
-    step = TrainStepConfig(loss_fn=loss, loss_fn_config=with_entropy_bonus(loss, options), optimizer=FROZEN)
-    datums = probe_datums(holders[0])
-    engine, group = (holders[workers].train(datums, step) for workers in WORKERS)
-    assert gradient_norm(group) == pytest.approx(gradient_norm(engine), rel=1e-4)
-    (loss_key,) = [key for key in engine if key.rpartition("/")[2].partition(":")[0] == "loss"]
-    assert group[loss_key] == pytest.approx(engine[loss_key], rel=1e-4, abs=1e-6)
+class TestEveryLossOnAGroup(WorkerGroupLossContract):
+    """Through the Tinker holder, on this module's two services."""
 
 
 def test_a_saved_state_rebuilds_a_lost_group(services, runs) -> None:

@@ -14,35 +14,23 @@ quick polls, and a clear error after ``operation_timeout_s``.
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
-from nexrl_core.holders import TrainStepConfig, fixed_precision_refusals, service_run_info
-from nexrl_core.retries import RetriesExhausted, call_with_retries
-from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
-from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_core.holders import LossOptionValue, TrainStepConfig
+from nexrl_core.model_export import ModelExportError
+from nexrl_core.types import RemoteDatum
+from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 from nexrl_weaver.holder_config import WeaverHolderConfig
 
-logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-RL_LOSSES = frozenset({"importance_sampling", "ppo", "cispo", "gspo"})
-"""Losses that read the sampler's logprobs and per-token advantages."""
 HOSTED_LOSSES = frozenset({"cross_entropy", "importance_sampling"})
 """The losses hosted Weaver computes (NexRL's local service has every registered one)."""
 HOSTED_OPTIONS = frozenset({"entropy_coeff"})
 """Loss options hosted Weaver takes (NexRL's own Weaver holder sends this one)."""
-HOSTED_AGGREGATION = "token-sum"
-"""Hosted Weaver follows the Tinker design: a loss is a sum over tokens."""
 EXPORT_TTL_S = 3600
 """How long the service keeps an export: the holder downloads it at once, and the Weaver
 API has no call to delete one."""
@@ -50,38 +38,15 @@ API_KEY_ENV = "WEAVER_API_KEY"
 BASE_URL_ENV = "WEAVER_BASE_URL"
 
 
-class WeaverServiceHolder(TemplateChatModel):
-    """A `nexrl_core.holders.ServiceHolder` on the ``nex-weaver`` SDK.
+class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
+    """A `nexrl_core.holders.ServiceHolder` on the ``nex-weaver`` SDK (the skeleton:
+    `SdkServiceHolder`), which waits for each operation itself (`_wait`)."""
 
-    It pickles to its config plus the current sampling weights and reconnects on first
-    use, so a copy sent to another process samples from the same weights.
-    """
+    api = "Weaver"
+    default_url_name = "the hosted default URL"
+    hosted_losses = HOSTED_LOSSES
 
-    def __init__(self, config: WeaverHolderConfig, sampling_path: str | None = None) -> None:
-        self.config = config
-        self._sampling_path = sampling_path
-        self._lock = threading.RLock()
-        self._service: Any = None
-        self._training: Any = None
-        self._sampling: Any = None
-        self._reference: Any = None
-        self._tokenizer: Any = None
-        self._saves = 0
-        self._service_capabilities: NexrlCapabilities | None = None
-        self._probed = False
-        self._samples_trained_weights = sampling_path is None
-        """Whether sampling uses the training model's current weights, which is what an
-        export of the current weights writes."""
-        self._chat = TemplateChat(self.tokenizer)
-        self._coalescer: SampleCoalescer[Any] = SampleCoalescer(self._send_sample, config.coalesce_window_s)
-
-    # --- pickling and connection ---------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config, "sampling_path": self._sampling_path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["config"], state["sampling_path"])  # type: ignore[misc]
+    # --- connection ----------------------------------------------------------------------------
 
     @property
     def base_url(self) -> str | None:
@@ -129,47 +94,32 @@ class WeaverServiceHolder(TemplateChatModel):
                 )
             return self._training
 
-    def _sampling_client(self) -> Any:
-        with self._lock:
-            if self._sampling is None:
-                if self._sampling_path is None:
-                    self.update_sampling_weights()
-                else:
-                    path = self._sampling_path
-                    self._sampling = self._retry(
-                        "create a sampling client",
-                        lambda: self._service_client().create_sampling_client(model_path=path, base_model=self.config.model.name),
-                    )
-            return self._sampling
+    def _sampling_client_of(self, path: str) -> Any:
+        return self._retry(
+            "create a sampling client",
+            lambda: self._service_client().create_sampling_client(model_path=path, base_model=self.config.model.name),
+        )
 
-    def tokenizer(self) -> Any:
-        """The model's tokenizer: from ``tokenizer_path``, else the one the service names."""
-        with self._lock:
-            if self._tokenizer is None:
-                if self.config.tokenizer_path:
-                    from transformers import AutoTokenizer
+    def _new_reference_client(self) -> Any:
+        return self._service_client().create_sampling_client(base_model=self.config.model.name)
 
-                    self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
-                else:
-                    self._tokenizer = self._training_client().get_tokenizer()
-            return self._tokenizer
+    def _close_service(self, service: Any) -> None:
+        service.close()
 
-    def _retry(self, what: str, call: Callable[[], T]) -> T:
-        """Run ``call``, retrying transient service errors with exponential backoff; any
-        other failure is reported with what the holder was doing and where."""
-        try:
-            return call_with_retries(
-                call,
-                what=what,
-                where=f"the Weaver service at {self.base_url or 'the hosted default URL'}",
-                is_transient=_is_transient,
-                max_retries=self.config.max_retries,
-                backoff_s=self.config.retry_backoff_s,
-            )
-        except RetriesExhausted:
-            raise
-        except Exception as exc:
-            raise _service_error(what, self.base_url, exc) from exc
+    def _auth_headers(self) -> dict[str, str]:
+        api_key = self.config.api_key or os.environ.get(API_KEY_ENV)
+        return {"X-WEAVER-API-KEY": api_key} if api_key else {}
+
+    def _is_transient(self, error: BaseException) -> bool:
+        return _is_transient(error)
+
+    def _failure(self, what: str, error: BaseException) -> BaseException | None:
+        from weaver import WeaverAPIError
+        from weaver.operations import WeaverOperationError
+
+        if isinstance(error, (WeaverAPIError, WeaverOperationError)):
+            return RuntimeError(f"{self._where()} failed to {what}: {error}")
+        return None
 
     def _wait(self, what: str, submit: Callable[[], Any]) -> Any:
         """Submit an operation (``wait=False``) and wait for its response, at most
@@ -213,21 +163,12 @@ class WeaverServiceHolder(TemplateChatModel):
         finally:
             prepared.close()
 
-    # --- sampling (chat templates: `TemplateChatModel`) ------------------------------------- ------------------------------------------------------------------------------
+    # --- sampling ------------------------------------------------------------------------------
 
-    def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[dict[str, Any]]:
-        """``num_samples`` Weaver sequences of ``prompt`` in one operation."""
+    def _send_sample(self, prompt: list[int], options: SamplingOptions, num_samples: int) -> list[SampledSequence]:
         from weaver.types import ModelInput, SamplingParams
 
-        stop = list(options.stop) if options.stop is not None else self._chat.default_stop()
-        params = SamplingParams(
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            top_k=options.top_k,
-            stop=stop,
-            seed=options.seed,
-        )
+        params = SamplingParams(**self._sampling_fields(options))
         model_input = ModelInput.from_ints(prompt)
         response = self._wait(
             "sample",
@@ -236,33 +177,31 @@ class WeaverServiceHolder(TemplateChatModel):
         sequences = (response or {}).get("result", {}).get("sequences") or (response or {}).get("sequences")
         if not isinstance(sequences, list) or len(sequences) != num_samples:
             raise RuntimeError(f"Weaver returned {len(sequences or [])} sequences for {num_samples} samples: {response!r:.300}")
-        return sequences
-
-    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
-        prompt = [int(token) for token in prompt_tokens]
-        sequence = self._coalescer.sample(prompt, options)
-        tokens = [int(token) for token in sequence.get("tokens") or []]
-        logprobs = [float(value) for value in sequence.get("logprobs") or []]
-        if len(logprobs) != len(tokens):
-            raise RuntimeError(f"Weaver returned {len(tokens)} tokens but {len(logprobs)} logprobs; sampling logprobs are required")
-        finish_reason = "length" if sequence.get("stop_reason") == "length" else "stop"
-        return self._chat.sample_result(prompt, tokens, logprobs, finish_reason)
+        return [
+            SampledSequence(
+                tokens=[int(token) for token in sequence.get("tokens") or []],
+                logprobs=[float(value) for value in sequence.get("logprobs") or []],
+                stop_reason=sequence.get("stop_reason"),
+            )
+            for sequence in sequences
+        ]
 
     # --- training ------------------------------------------------------------------------------
 
-    def train(self, datums: Sequence[RemoteDatum], config: TrainStepConfig) -> dict[str, float]:
+    def _datum(self, datum: RemoteDatum, loss_fn: str) -> Any:
+        return _to_weaver_datum(datum, loss_fn)
+
+    def _hosted_loss_config(self, config: TrainStepConfig) -> dict[str, float]:
+        return _hosted_loss_config(config)
+
+    def _train_step(
+        self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]
+    ) -> dict[str, float]:
         from weaver._payloads import prepare_forward_backward_operation
         from weaver.tensor_transport import PreparedOperationBody
         from weaver.types import AdamParams
 
-        if not datums:
-            raise ValueError("train needs at least one datum")
-        data = [_to_weaver_datum(datum, config.loss_fn) for datum in datums]
-        loss_fn_config = dict(config.loss_fn_config) if self.is_nexrl_service() else _hosted_loss_config(config)
         adam = AdamParams(**config.optimizer.to_json())
-        training = self._training_client()
-        with self._lock:
-            self._samples_trained_weights = False
         # The bodies the SDK's forward_backward and optim_step send (built by its own
         # prepare_forward_backward_operation, which TrainingClient.forward_backward calls),
         # each with its seq_id taken once, so that a retry re-sends this step, not a new one.
@@ -287,50 +226,15 @@ class WeaverServiceHolder(TemplateChatModel):
         metrics.update({f"optim/{key}": float(value) for key, value in _metrics_of(optimizer).items()})
         return metrics
 
-    def service_capabilities(self) -> NexrlCapabilities | None:
-        """What a NexRL service says it does (every registered loss with all its options,
-        in the precision it names); None for hosted Weaver, which says nothing."""
-        with self._lock:
-            if not self._probed:
-                api_key = self.config.api_key or os.environ.get(API_KEY_ENV)
-                headers = {"X-WEAVER-API-KEY": api_key} if api_key else {}
-                self._service_capabilities = probe_nexrl_capabilities(self.base_url, headers, "Weaver")
-                self._probed = True
-            return self._service_capabilities
-
-    def is_nexrl_service(self) -> bool:
-        return self.service_capabilities() is not None
-
-    def run_info(self) -> dict[str, str]:
-        return service_run_info(self.service_capabilities())
-
-    def refused_options(self, config: TrainStepConfig) -> dict[str, str]:
-        refused = fixed_precision_refusals(self.config.model, "Weaver", self.service_capabilities())
-        if self.is_nexrl_service():
-            return refused
-        if config.loss_fn not in HOSTED_LOSSES:
-            refused["loss_fn"] = f"hosted Weaver computes only {', '.join(sorted(HOSTED_LOSSES))}"
-            return refused
-        for option, value in config.loss_fn_config.items():
-            if option == "agg_mode":
-                if value != HOSTED_AGGREGATION:
-                    refused[f"loss_fn_config.{option}"] = f"hosted Weaver sums the loss over tokens; set it to {HOSTED_AGGREGATION}"
-            elif option not in HOSTED_OPTIONS:
-                refused[f"loss_fn_config.{option}"] = f"hosted Weaver's {config.loss_fn!r} loss has no such option; remove it"
-        return refused
+    def _hosted_option_refusal(self, loss_fn: str, option: str, value: LossOptionValue) -> str | None:
+        return None if option in HOSTED_OPTIONS else self._no_such_option(loss_fn)
 
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Logprobs under the base model, from a sampling session of the base weights
         (``compute_logprobs``)."""
         from weaver.types import ModelInput
 
-        with self._lock:
-            if self._reference is None:
-                self._reference = self._retry(
-                    "create a reference sampling client",
-                    lambda: self._service_client().create_sampling_client(base_model=self.config.model.name),
-                )
-            reference = self._reference
+        reference = self._reference_client()
         results = []
         for tokens in sequences:
             values = self._retry("compute reference logprobs", lambda: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens))))
@@ -341,8 +245,7 @@ class WeaverServiceHolder(TemplateChatModel):
         with self._lock:
             trains_here = weight_path is None
             if weight_path is None:
-                name = f"sampler_{self._saves:06d}"
-                self._saves += 1
+                name = self._next_sampler_name()
                 training = self._training_client()
                 response = self._wait("save sampler weights", lambda: training.save_weights_for_sampler(name=name, wait=False))
                 weight_path = str((response or {}).get("model_path") or (response or {}).get("path") or "")
@@ -376,34 +279,24 @@ class WeaverServiceHolder(TemplateChatModel):
             self._samples_trained_weights = False
         self._wait("load a checkpoint", lambda: training.load_state_with_optimizer(path, wait=False))
 
-    def export_model(self, directory: Path) -> Path:
-        """Download the weights sampling uses through Weaver's own API: the training
-        client exports its current weights (``export_weights``, LoRA merged into the base
-        with ``merge_adapter``, which the local service writes with the adapter beside it
-        under ``adapter/``) and the service client fetches every file of the artifact
-        over its presigned URLs (``download_weights``, which checks each file's sha256).
-        A tokenizer the service leaves out comes from this holder's tokenizer.
+    # --- export: Weaver's weights artifacts ----------------------------------------------------
 
-        :raises ModelExportError: when sampling does not use the training weights (a
-            step since the last `update_sampling_weights`), or the download is not a
-            full HF model.
-        """
+    def _export_weights(self, training: Any) -> Any:
+        """The training client exports its current weights (``export_weights``, LoRA merged
+        into the base with ``merge_adapter``, which the local service writes with the
+        adapter beside it under ``adapter/``)."""
+        merge = self.config.model.lora.is_lora
+        return self._wait(
+            "export the weights",
+            lambda: training.export_weights(merge_adapter=merge, ttl_seconds=EXPORT_TTL_S, wait=False),
+        )
+
+    def _download_export(self, export: Any, directory: Path) -> str:
+        """The service client fetches every file of the artifact over its presigned URLs
+        (``download_weights``, which checks each file's sha256)."""
         from weaver.types import WeightsArtifact
 
-        directory = Path(directory)
-        merge = self.config.model.lora.is_lora
-        with self._lock:
-            if not self._samples_trained_weights:
-                raise ModelExportError(
-                    "sampling does not use the training weights (they changed since the last update_sampling_weights, "
-                    "or sampling was pointed at other weights); call update_sampling_weights() first"
-                )
-            training = self._training_client()
-            answer = self._wait(
-                "export the weights",
-                lambda: training.export_weights(merge_adapter=merge, ttl_seconds=EXPORT_TTL_S, wait=False),
-            )
-        artifact = answer if isinstance(answer, WeightsArtifact) else WeightsArtifact.from_payload(answer or {})
+        artifact = export if isinstance(export, WeightsArtifact) else WeightsArtifact.from_payload(export or {})
         if artifact.kind != "hf_model" or artifact.status not in (None, "completed"):
             raise ModelExportError(
                 f"the Weaver service exported a {artifact.kind!r} artifact with status {artifact.status!r} "
@@ -411,20 +304,7 @@ class WeaverServiceHolder(TemplateChatModel):
             )
         service = self._service_client()
         self._retry("download the exported weights", lambda: service.download_weights(artifact, directory))
-        if not (directory / HF_CONFIG_FILE).is_file():
-            raise ModelExportError(
-                f"the Weaver service's artifact {artifact.id} has no {HF_CONFIG_FILE}, so it is not a full Hugging Face model"
-            )
-        if not (directory / "tokenizer_config.json").is_file():
-            self.tokenizer().save_pretrained(str(directory))
-        return directory
-
-    def close(self) -> None:
-        with self._lock:
-            service, self._service = self._service, None
-            self._training = self._sampling = self._reference = None
-        if service is not None:
-            service.close()
+        return f"the Weaver service's artifact {artifact.id}"
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -434,16 +314,6 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, WeaverAPIError):
         return bool(exc.retryable) or exc.status_code >= 500
     return isinstance(exc, httpx.TransportError)
-
-
-def _service_error(what: str, base_url: str | None, exc: BaseException) -> BaseException:
-    """A failure that retrying will not fix, with what the holder was doing and where."""
-    from weaver import WeaverAPIError
-    from weaver.operations import WeaverOperationError
-
-    if isinstance(exc, (WeaverAPIError, WeaverOperationError)):
-        return RuntimeError(f"the Weaver service at {base_url or 'the hosted default URL'} failed to {what}: {exc}")
-    return exc
 
 
 def _metrics_of(response: Any) -> dict[str, Any]:

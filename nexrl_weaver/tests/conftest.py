@@ -19,33 +19,24 @@ os.environ.setdefault("WEAVER_OPERATION_POLL_INTERVAL", "0.05")
 for _name in ("WEAVER_API_KEY", "WEAVER_BASE_URL", "WEAVER_TENSOR_TRANSPORT"):
     os.environ.pop(_name, None)
 
-from collections.abc import Iterator
-
 import nexrl_engine  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
 import pytest
+from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+from nexrl_weaver.holder import WeaverServiceHolder
+from nexrl_weaver.holder_config import WeaverHolderConfig
 from nexrl_weaver.testing import TEST_API_KEY, start_service
 
+from nexrl_remote_api.testing import SdkHolderKit
+from nexrl_service.testing import local_service_fixtures
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    svc = start_service(tmp_path_factory.mktemp("weaver"))
-    try:
-        yield svc
-    finally:
-        svc.stop()
+service, base_url, keyed_base_url = local_service_fixtures(start_service, "weaver", TEST_API_KEY)
 
 
-@pytest.fixture(scope="module")
-def base_url(service) -> str:
-    return service.base_url
-
-
-@pytest.fixture(scope="module")
-def keyed_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A service that checks the API key (``TEST_API_KEY``), as the embedded one does."""
-    svc = start_service(tmp_path_factory.mktemp("keyed-weaver"), api_key=TEST_API_KEY)
-    try:
-        yield svc.base_url
-    finally:
-        svc.stop()
+@pytest.fixture(scope="session")
+def holder_kit() -> SdkHolderKit:
+    """For the shared holder tests (`nexrl_remote_api.testing`)."""
+    return SdkHolderKit(
+        holder_class=WeaverServiceHolder, config_class=WeaverHolderConfig, api_key=TEST_API_KEY,
+        scheme="weaver://", checkpoint_segment="checkpoints", option_cases=LOSS_OPTION_CASES,
+    )  # fmt: skip

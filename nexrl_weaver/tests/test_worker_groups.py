@@ -16,11 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 import weaver
-from nexrl_core.config import ModelConfig
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
-from nexrl_core.testing.loss_option_contract import FROZEN, gradient_norm, probe_datums
 from nexrl_engine.loading import resolve_model_dir
+from nexrl_remote_api.testing import WorkerGroupLossContract
 from nexrl_weaver.testing import BASE_MODEL, start_service
 from safetensors.torch import load_file
 from weaver.types import AdamParams, Datum, ModelInput
@@ -32,7 +29,6 @@ WORKERS = (0, 2)
 STEPS = 3
 ADAM = AdamParams(learning_rate=2e-4, beta1=0.85, beta2=0.98, eps=1e-7, weight_decay=0.02, grad_clip_norm=1.0)
 """Every AdamW field away from its default (see the Tinker twin of this module for the rate)."""
-CASES = loss_aggregation_cases()
 
 
 @pytest.fixture(scope="module")
@@ -165,33 +161,8 @@ def test_the_downloaded_export_equals_the_in_process_engine(kind: str, clients, 
         assert any("lora_B" in name and float(weights[2][name].abs().max()) > 0 for name in weights[2])  # it did train
 
 
-@pytest.fixture(scope="module")
-def holders(services: dict[int, Any]) -> Iterator[dict[int, Any]]:
-    from nexrl_weaver.holder import WeaverServiceHolder
-    from nexrl_weaver.holder_config import WeaverHolderConfig
-
-    built = {}
-    try:
-        for workers, service in services.items():
-            built[workers] = WeaverServiceHolder(
-                WeaverHolderConfig(model=ModelConfig(name=BASE_MODEL), base_url=service.base_url, api_key="sk-probe")
-            )
-        yield built
-    finally:
-        for holder in built.values():
-            holder.close()
-
-
-@pytest.mark.parametrize(("loss", "options"), CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in CASES])
-def test_every_loss_and_aggregation_on_a_group(holders: dict[int, Any], loss: str, options: dict[str, Any]) -> None:
-    """One step of each registered loss, in each aggregation mode, with its entropy bonus:
-    the group's loss and gradient norm are the engine's."""
-    step = TrainStepConfig(loss_fn=loss, loss_fn_config=with_entropy_bonus(loss, options), optimizer=FROZEN)
-    datums = probe_datums(holders[0])
-    engine, group = (holders[workers].train(datums, step) for workers in WORKERS)
-    assert gradient_norm(group) == pytest.approx(gradient_norm(engine), rel=1e-4)
-    (loss_key,) = [key for key in engine if key.rpartition("/")[2].partition(":")[0] == "loss"]
-    assert group[loss_key] == pytest.approx(engine[loss_key], rel=1e-4, abs=1e-6)
+class TestEveryLossOnAGroup(WorkerGroupLossContract):
+    """Through the Weaver holder, on this module's two services."""
 
 
 def test_terminating_a_model_stops_its_group(services, clients) -> None:

@@ -29,7 +29,7 @@ def _iso(timestamp: float | None) -> str | None:
 
 def checkpoint_json(row: CheckpointRow) -> dict[str, Any]:
     return {
-        "checkpoint_id": parse_tinker_path(row.path).checkpoint_id,
+        "checkpoint_id": parse_tinker_path(row.path).below_model,
         "checkpoint_type": row.kind,
         "time": _iso(row.created_at),
         "tinker_path": row.path,

@@ -18,6 +18,7 @@ import numpy as np
 from nexrl_core.config.lora import LoraSettings
 
 from nexrl_engine.config import TrainingSpec
+from nexrl_service.checkpoint_paths import check_checkpoint_name
 from nexrl_service.errors import BadRequest
 from nexrl_service.futures import Outcome
 from nexrl_service.state import ServiceState
@@ -29,7 +30,6 @@ from nexrl_tinker.server.codec import (
     encode_forward_backward_output,
 )
 from nexrl_tinker.server.ids import (
-    check_checkpoint_name,
     checkpoint_path,
     model_id_for,
     new_sampler_id,

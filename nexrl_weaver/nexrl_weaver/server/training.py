@@ -31,6 +31,7 @@ import numpy as np
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_engine.config import TrainingSpec
+from nexrl_service.checkpoint_paths import check_checkpoint_name
 from nexrl_service.errors import BadRequest, Gone
 from nexrl_service.futures import Outcome
 from nexrl_service.state import ServiceState
@@ -38,7 +39,7 @@ from nexrl_service.store import CheckpointRow, ModelRow
 from nexrl_service.training import NewModel, Prepare, TrainingOps
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.bodies import flag, obj, optional_int, optional_str, required_str
-from nexrl_weaver.server.ids import check_name, checkpoint_id, checkpoint_path, new_id, parse_weaver_path
+from nexrl_weaver.server.ids import checkpoint_id, checkpoint_path, new_id, parse_weaver_path
 from nexrl_weaver.server.tensors import ResultPack, TensorPack, to_array
 
 __all__ = ["WeaverTraining", "checkpoint_json", "split_context_suffix"]
@@ -351,7 +352,7 @@ class WeaverTraining:
         ttl = optional_int(body, "ttl_seconds", minimum=1)
 
         def prepare() -> Callable[[], Outcome]:
-            name = check_name(optional_str(body, "path") or f"sampler-{seq if seq is not None else int(time.time() * 1000)}")
+            name = check_checkpoint_name(optional_str(body, "path") or f"sampler-{seq if seq is not None else int(time.time() * 1000)}")
             path = checkpoint_path(model.model_id, "sampler", name)
 
             def run() -> Outcome:
@@ -368,7 +369,7 @@ class WeaverTraining:
         if kind not in ("weight", "weight_and_optimizer", "sampling"):
             raise BadRequest(f"body.type must be 'weight', 'weight_and_optimizer' or 'sampling', got {kind!r}")
         ttl = optional_int(body, "ttl_seconds", minimum=1)
-        name = check_name(optional_str(body, "name") or f"checkpoint-{int(time.time() * 1000)}")
+        name = check_checkpoint_name(optional_str(body, "name") or f"checkpoint-{int(time.time() * 1000)}")
         runtime_kind = "sampler" if kind == "sampling" else "training"
         path = checkpoint_path(model.model_id, runtime_kind, name)
 

@@ -1,7 +1,8 @@
 """Helpers for end-to-end tests that run ``nexrl serve NAME`` and ``nexrl train`` as a
 user does (the GPU tests, files ``test_gpu_*.py``): a service in its own process on a
 free port, a training run against it or against its embedded twin, and the held-out
-rewards the run recorded. Nothing is mocked."""
+rewards the run recorded (`check_served_run_on_cuda`: each local service's GPU test).
+Nothing is mocked."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NEXRL", "held_out_rewards", "serving", "train"]
+import pytest
+
+__all__ = ["NEXRL", "SERVED_CUDA_RUNS", "check_served_run_on_cuda", "held_out_rewards", "serving", "train"]
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 """The nexrl under test, not whichever is first on PATH."""
@@ -86,3 +89,41 @@ def train(
 def held_out_rewards(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
     """Step -> held-out reward (``val/reward/mean``) of a run's metrics rows."""
     return {int(row["step"]): float(row["val/reward/mean"]) for row in rows if "val/reward/mean" in row}
+
+
+SERVED_CUDA_RUNS = [pytest.param("fp32", 0, 6, 0.15, id="fp32"), pytest.param("bf16", 8, 12, 0.1, id="bf16-lora8")]
+"""``(dtype, lora_rank, steps, rise)`` of the runs `check_served_run_on_cuda` checks: full
+fine-tuning in fp32, and LoRA rank 8 in bf16, which needs more steps."""
+
+
+def check_served_run_on_cuda(
+    name: str,
+    api_key: str,
+    tmp_path: Path,
+    dtype: str,
+    lora_rank: int,
+    steps: int,
+    rise: float,
+    env: Mapping[str, str | None] | None = None,
+) -> None:
+    """``nexrl serve NAME --device cuda --dtype DTYPE --api-key API_KEY``, driven by its
+    holder's real SDK through ``nexrl train`` against its URL: the run must raise the
+    held-out reward by ``rise`` in ``steps`` steps, and the service must say it ran on the
+    GPU in that precision. ``env`` is added to the run's environment."""
+    with serving(name, tmp_path / "service", "--device", "cuda", "--dtype", dtype, "--api-key", api_key) as url:
+        rows = train(
+            tmp_path / "run",
+            f"backend.options.service_holder={name}",
+            f"backend.options.base_url={url}",
+            "backend.options.api_key_env=NEXRL_GPU_TEST_KEY",
+            f"model.dtype={dtype}",
+            f"model.lora.rank={lora_rank}",
+            f"schedule.steps={steps}",
+            f"schedule.validate_every={steps}",
+            f"schedule.checkpoint_every={steps}",
+            "task.val_size=128",
+            env={"NEXRL_GPU_TEST_KEY": api_key, **(env or {})},
+        )
+    assert (rows[0]["backend/device"], rows[0]["backend/dtype"]) == ("cuda", "bfloat16" if dtype == "bf16" else "float32")
+    rewards = held_out_rewards(rows)
+    assert rewards[steps] >= rewards[0] + rise, f"held-out reward did not rise: {rewards}"
