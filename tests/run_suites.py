@@ -37,12 +37,13 @@ once aborted a fully green run with "double free or corruption" after pytest had
 its summary."""
 READERS = ("tests/test_recipe_keys.py", "tests/test_mutations.py::test_every_mutation_is_caught")
 """The tests that read what every other test recorded."""
+RESUME = ("tests/test_resume_real.py",)
 ROOT_E2E = (
-    "tests/test_resume_real.py", "tests/test_signals_real.py", "tests/test_e2e_workers.py", "tests/test_e2e_weaver.py",
-    "tests/test_eval.py", "tests/test_kl_end_to_end.py", "tests/test_wheelhouse.py",
+    "tests/test_signals_real.py", "tests/test_e2e_workers.py", "tests/test_e2e_weaver.py", "tests/test_eval.py",
+    "tests/test_kl_end_to_end.py", "tests/test_wheelhouse.py",
 )  # fmt: skip
-"""The core's end-to-end files, a suite of their own so that the core's tests split over
-two CPUs like the rest."""
+"""The core's end-to-end files, in two suites of their own (resume and healing, the rest),
+so that the core's tests, half of all the time, spread over the CPUs like the others."""
 
 
 @attrs.frozen
@@ -54,11 +55,12 @@ class Suite:
 
 
 SUITES = (
+    Suite("tests (resume)", ".", RESUME),
     Suite("tests (end to end)", ".", ROOT_E2E),
-    Suite("tests", ".", ("tests", *(f"--ignore={path}" for path in ROOT_E2E), *(f"--deselect={test}" for test in READERS))),
     Suite("nexrl_weaver", "nexrl_weaver"),
     Suite("nexrl_tinker", "nexrl_tinker"),
     Suite("nexrl_fsdp", "nexrl_fsdp"),
+    Suite("tests", ".", ("tests", *(f"--ignore={path}" for path in RESUME + ROOT_E2E), *(f"--deselect={test}" for test in READERS))),
     Suite("nexrl_episodes", "plugins/nexrl_episodes"),
     Suite("nexrl_engine", "plugins/nexrl_engine"),
     Suite("nexrl_sinks", "plugins/nexrl_sinks"),

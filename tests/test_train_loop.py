@@ -650,7 +650,7 @@ def test_jsonl_data_with_an_agent_module(tmp_path: Path) -> None:
         (["backend.options.holder={seed: 3}"], "backend.options.holder.seed: set by the recipe"),
         (["backend.options={colour: red}"], "backend.options.colour: unknown key"),
         (["backend.name=nope"], "backend.name: unknown backend 'nope'"),
-        (["backend.name=null"], "backend.name: not set; choose one of the installed: inprocess (from fsdp), remote_api"),
+        (["backend.name=null"], "backend.name: not set; choose one of the installed: inprocess (from engine), remote_api (from remote_api), self-hosted (from fsdp)"),
         (["model.name=null"], "model.name: not set"),
         (
             ["algorithm.loss.options.agg_mode=seq-mean-token-sum", "backend.options.holder.initial_skill=-2"],
