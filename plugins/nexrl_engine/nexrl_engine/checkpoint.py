@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = "nexrl-fsdp-checkpoint"
+"""The manifest's format id, kept from when the engine lived in nexrl-fsdp so that every
+checkpoint written since still loads."""
 CHECKPOINT_VERSION = 1
 MANIFEST_NAME = "nexrl_checkpoint.json"
 WEIGHTS_NAME = "weights.safetensors"
@@ -92,7 +94,7 @@ def read_manifest(directory: str | Path) -> CheckpointManifest:
     """Read and check a manifest; a missing or foreign one is a ValueError."""
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
-        raise ValueError(f"{str(directory)!r} is not a nexrl-fsdp checkpoint: {MANIFEST_NAME} is missing")
+        raise ValueError(f"{str(directory)!r} is not a NexRL engine checkpoint: {MANIFEST_NAME} is missing")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -34,7 +34,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 """``config.json`` keys that hold a model's context length, by architecture."""
 
 SHIPPED_MODELS: dict[str, str] = {"nexrl-tiny": "models/nexrl-tiny"}
-"""Shipped model name → directory inside the ``nexrl_fsdp`` package."""
+"""Shipped model name → directory inside the ``nexrl_engine`` package."""
 
 
 def shipped_model_dir(name: str) -> Path:

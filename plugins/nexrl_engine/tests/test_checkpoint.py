@@ -142,5 +142,5 @@ def test_load_rejects_other_base_or_garbage(engine: Engine, tmp_path: Path) -> N
     other_base = Engine(model=str(exported))
     with pytest.raises(ValueError, match="base model 'nexrl-tiny'"):
         other_base.load_state(tmp_path / "full")
-    with pytest.raises(ValueError, match="not a nexrl-fsdp checkpoint"):
+    with pytest.raises(ValueError, match="not a NexRL engine checkpoint"):
         engine.load_state(tmp_path)

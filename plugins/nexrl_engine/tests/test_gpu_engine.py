@@ -1,6 +1,6 @@
 """On a CUDA GPU: the in-process backend trains the shipped model (fp32; bf16 with LoRA
-rank 8) and raises the held-out reward, and the GPU sampler's greedy replies on the
-shipped model are the CPU sampler's. Skipped where torch sees no GPU (``make test-gpu``)."""
+rank 8; bf16 compute over fp32 masters) and raises the held-out reward, and the GPU
+sampler's greedy replies on the shipped model are the CPU sampler's. Skipped where torch sees no GPU (``make test-gpu``)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,20 @@ def test_the_inprocess_backend_on_cuda_raises_held_out_reward(tmp_path: Path, pr
     assert rows[0]["backend/device"].startswith("cuda")
     rewards = held_out_rewards(rows)
     assert rewards[steps] >= rewards[0] + rise, f"held-out reward did not rise: {rewards}"
+
+
+def test_mixed_precision_on_cuda_raises_held_out_reward(tmp_path: Path) -> None:
+    """bf16 compute over fp32 masters (``model.mixed_precision``) trains on the GPU: the run
+    reports both dtypes, and held-out reward rises as much as the fp32 run's must."""
+    steps = 10
+    rows = train(
+        tmp_path / "run", "backend.options.device=cuda", "model.dtype=bf16", "model.mixed_precision=true", f"schedule.steps={steps}",
+        f"schedule.validate_every={steps}", f"schedule.checkpoint_every={steps}", "task.val_size=128", recipe=RECIPE,
+    )  # fmt: skip
+    assert rows[0]["backend/device"].startswith("cuda")
+    assert (rows[0]["backend/dtype"], rows[0]["backend/master_dtype"]) == ("bfloat16", "float32")
+    rewards = held_out_rewards(rows)
+    assert rewards[steps] >= rewards[0] + 0.2, f"held-out reward did not rise: {rewards}"
 
 
 def test_greedy_replies_on_the_gpu_are_the_cpus(chat_prompts: list[list[int]]) -> None:

@@ -53,7 +53,7 @@ class TestInProcessBackendContract(BackendContract):
 
 
 def test_registering_the_backend_does_not_import_torch() -> None:
-    code = "import sys, nexrl_fsdp.plugin; print('torch' in sys.modules)"
+    code = "import sys, nexrl_engine.plugin; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
