@@ -184,6 +184,11 @@ CORE: dict[str, Entry] = {
         inprocess=SCHEDULE_AND_CHECKPOINTING,
         self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
     ),
+    "model.mixed_precision": per_backend(
+        refused={"remote_api": "tests/test_mixed_precision_refusals.py::test_the_remote_api_backend_refuses_it_before_step_1"},
+        inprocess="plugins/nexrl_engine/tests/test_mixed_precision.py::test_the_recipe_key_reaches_the_inprocess_engine_and_sampling_uses_the_rounded_masters",
+        self_hosted="nexrl_fsdp/tests/test_workers_mixed_precision.py::test_the_recipe_key_reaches_the_workers_through_the_backend",
+    ),
     "algorithm.learning_rate": ADAMW,
     "algorithm.lr_schedule": LR_SCHEDULE,
     "algorithm.warmup_steps": LR_SCHEDULE,

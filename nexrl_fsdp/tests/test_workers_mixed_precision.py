@@ -158,22 +158,27 @@ def test_a_mixed_precision_step_on_two_ranks_is_the_engines(group: LocalWorkerGr
 def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWorkerGroup, tmp_path: Path) -> None:
     """``push_weights`` sends bfloat16 frames (half the bytes of the masters), and the
     sampler process, a plain bfloat16 engine, then holds exactly the gathered weights."""
+    group.transport.init_model("nexrl-tiny", dtype="bfloat16", seed=0, mixed_precision=True)
+    group.transport.update_actor(_batch(), UPDATE)
     received: list[dict[str, torch.dtype]] = []
     context = zmq.Context()
     probe = context.socket(zmq.ROUTER)
     port = probe.bind_to_random_port("tcp://127.0.0.1")
 
     def answer_one() -> None:
-        (identity,), message = wire.recv(probe, prefix_frames=1)
-        received.append({name: tensor.dtype for name, tensor in message.tensors.items()})
-        wire.send(probe, {"kind": "loaded", "id": message.header["id"]}, prefix=[identity])
+        """Take one load_weights request, note its frames' dtypes and say they are loaded
+        (the socket is only used on this thread, and closed when the thread is done)."""
+        if probe.poll(60_000):
+            (identity,), message = wire.recv(probe, prefix_frames=1)
+            received.append({name: tensor.dtype for name, tensor in message.tensors.items()})
+            wire.send(probe, {"kind": "loaded", "id": message.header["id"]}, prefix=[identity])
 
     listener = threading.Thread(target=answer_one, daemon=True)
     listener.start()
     try:
         group.transport.push_weights(f"tcp://127.0.0.1:{port}")
-        listener.join(timeout=60)
     finally:
+        listener.join(timeout=90)
         probe.close(linger=0)
         context.term()
     (dtypes,) = received
