@@ -139,7 +139,7 @@ def test_separate_process_start_failure_reports_its_output(tmp_path, monkeypatch
     assert unparsable.pid is None
 
     # the child imports this package first, and it cannot be imported
-    shadow = tmp_path / "shadow" / "nexrl_fsdp"
+    shadow = tmp_path / "shadow" / "nexrl_engine"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('this child cannot start')\n")
     monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
