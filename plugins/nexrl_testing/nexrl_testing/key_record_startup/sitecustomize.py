@@ -61,6 +61,8 @@ def _run_the_next_sitecustomize() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-if os.environ.get(_RECORDS_ENV):
+# A process of a Python without nexrl-testing (a fresh venv a test builds from wheels) has no
+# recorder: it records nothing rather than fail to import one.
+if os.environ.get(_RECORDS_ENV) and importlib.util.find_spec("nexrl_testing") is not None:
     sys.meta_path.insert(0, _InstrumentOnceImported())
 _run_the_next_sitecustomize()
