@@ -64,8 +64,12 @@ class UpdateSettings:
     mini_batches: int = attrs.field(default=1, validator=_positive_int)
     """Optimizer steps per pass: each rank's rows split into this many parts."""
     micro_batch_rows: int = attrs.field(default=8, validator=_positive_int)
-    """Rows per forward/backward on a rank; gradients accumulate over a mini-batch, so
-    this saves memory and changes nothing else."""
+    """Most rows per forward/backward on a rank; gradients accumulate over a mini-batch,
+    so this saves memory and changes nothing else."""
+    max_tokens_per_microbatch: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive_int))
+    """Most padded tokens (rows x longest row) per forward/backward on a rank, as the
+    in-process backend's option of that name; None: ``micro_batch_rows`` alone decides.
+    Like it, it bounds memory and changes nothing else."""
 
 
 @attrs.frozen(kw_only=True)

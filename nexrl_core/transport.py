@@ -43,13 +43,14 @@ class Transport(Protocol):
         """Train on ``batch`` with the loss and optimizer in ``options``; returns float metrics."""
         ...
 
-    def compute_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
+    def compute_log_prob(self, batch: Batch, micro_batch_rows: int = 8, max_tokens_per_microbatch: int | None = None) -> torch.Tensor:
         """[B, L] logprob of each token under the policy (0 on padding and first tokens),
-        ``micro_batch_rows`` rows per forward on a worker."""
+        at most ``micro_batch_rows`` rows and ``max_tokens_per_microbatch`` padded tokens
+        (None: no token limit) per forward on a worker."""
         ...
 
-    def compute_ref_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
-        """[B, L] logprobs under the frozen reference weights."""
+    def compute_ref_log_prob(self, batch: Batch, micro_batch_rows: int = 8, max_tokens_per_microbatch: int | None = None) -> torch.Tensor:
+        """[B, L] logprobs under the frozen reference weights, in passes as `compute_log_prob`'s."""
         ...
 
     def save_checkpoint(self, path: str) -> str:

@@ -328,7 +328,7 @@ COMPONENTS: dict[str, Entry] = {
     **{
         f"backend.options.{key} [self-hosted]": per_backend(self_hosted=SELF_HOSTED_OPTIONS)
         for key in (
-            "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows",
+            "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows", "update.max_tokens_per_microbatch",
             "recompute_old_logprobs", "sampler.sample_linger_s", "sampler.sample_linger_max_s", "sampler.max_batch_rows",
             "connect_timeout_s", "op_timeout_s",
         )  # fmt: skip

@@ -69,7 +69,7 @@ CONTRACT_OPTIONS = (
     "backend.options.identifier=learner",
     "backend.options.connect_timeout_s=120",
     "backend.options.op_timeout_s=300",
-    "backend.options.update={ppo_epochs: 2, mini_batches: 2, micro_batch_rows: 4}",
+    "backend.options.update={ppo_epochs: 2, mini_batches: 2, micro_batch_rows: 4, max_tokens_per_microbatch: 64}",
     "backend.options.recompute_old_logprobs=false",
     "backend.options.sampler={sample_linger_s: 0.002, sample_linger_max_s: 0.02, max_batch_rows: 16}",
 )
@@ -104,7 +104,8 @@ def test_each_backend_option_reaches_its_part(contract_backend: SelfHostedBacken
     assert (backend.transport.options.identifier, info["world_size"], backend.run_info()["world_size"]) == ("learner", 2, "2")
     assert (backend.transport.options.connect_timeout_s, backend.transport.options.op_timeout_s) == (120, 300)
     assert backend.group is not None and backend.group.server.dead_after_s == 10
-    assert {"ppo_epochs": 2, "mini_batches": 2, "micro_batch_rows": 4}.items() <= backend.trainer.update_options().items()
+    update = {"ppo_epochs": 2, "mini_batches": 2, "micro_batch_rows": 4, "max_tokens_per_microbatch": 64}
+    assert update.items() <= backend.trainer.update_options().items()
     assert backend.trainer.config.recompute_old_logprobs is False
     metrics = backend.train(sampled_group(backend.chat_model()), 1)
     backend.sync_weights(1)  # later tests share the backend and expect the sampler to hold the workers' weights

@@ -326,7 +326,7 @@ AGGREGATION_CASES = loss_aggregation_cases()
 @pytest.mark.parametrize(("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES])
 def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: LocalWorkerGroup, loss: str, options: dict[str, Any]) -> None:
     """Every registered loss under every aggregation: the 2-rank group's gradient norm and
-    loss are the same with one row or every row per pass, and equal to one process's
+    loss are the same with one row, every row, or a 20-token budget per pass, and equal to one process's
     (the engine's) on the whole batch; an optimizer with learning rate 0 keeps the weights."""
     options = with_entropy_bonus(loss, options)
     frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
@@ -338,12 +338,12 @@ def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: Local
     reference = engine.forward_backward(_datums(), loss, options)
     reference_norm = engine.optim_step(frozen).grad_norm
     key = "loss:sum" if options.get("agg_mode", "token-sum") == "token-sum" else "loss:mean"
-    for rows in (1, 8):
+    for limits in ({"micro_batch_rows": 1}, {"micro_batch_rows": 8}, {"micro_batch_rows": 8, "max_tokens_per_microbatch": 20}):
         metrics = group.transport.update_actor(
-            _batch(), {"loss_fn": loss, "loss_fn_config": options, "optimizer": frozen.to_json(), "micro_batch_rows": rows}
+            _batch(), {"loss_fn": loss, "loss_fn_config": options, "optimizer": frozen.to_json(), **limits}
         )
-        assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4), f"{rows} rows per pass"
-        assert metrics[key] == pytest.approx(reference.metrics[key], rel=1e-4, abs=1e-6), f"{rows} rows per pass"
+        assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4), f"passes of {limits}"
+        assert metrics[key] == pytest.approx(reference.metrics[key], rel=1e-4, abs=1e-6), f"passes of {limits}"
 
 
 def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: LocalWorkerGroup) -> None:

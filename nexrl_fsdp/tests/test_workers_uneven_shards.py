@@ -7,7 +7,9 @@ not (one plain pass), and a rank may hold only padding rows, or, for the engine 
 no datum at all. Here rows 0-2 share a prompt and rows 3-5 do not, so on 2 ranks rank
 0 shares and rank 1 does not, and on 4 ranks only rank 0 could share and rank 3 holds
 padding. Each op must finish (a mismatch hangs until the op deadline) and equal one
-process's plain pass on the same weights.
+process's plain pass on the same weights. Passes packed by a token budget differ too:
+16 tokens hold one real row (13-15 tokens) but both padding rows of 1 token, so on 4
+ranks ranks 0-2 run two passes where rank 3 needs one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ pytestmark = pytest.mark.slow
 ADVANTAGES = [0.7, -1.2, 0.4, 1.5, -0.3, 0.9]
 FROZEN = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
 """A step that measures the gradient and moves nothing, so the group stays at its seed weights."""
+PASS_LIMITS = {"rows": {"micro_batch_rows": 8}, "tokens": {"micro_batch_rows": 8, "max_tokens_per_microbatch": 16}}
+"""Passes of up to 8 rows, or of up to 16 padded tokens (one real row, or both padding rows)."""
 
 
 def _runs() -> list[Trajectory]:
@@ -105,22 +109,27 @@ def _expected_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
     return out
 
 
-def test_log_prob_passes_meet_on_every_rank(group: LocalWorkerGroup, engine: Engine) -> None:
+@pytest.mark.parametrize("limits", PASS_LIMITS.values(), ids=PASS_LIMITS)
+def test_log_prob_passes_meet_on_every_rank(group: LocalWorkerGroup, engine: Engine, limits: dict[str, int]) -> None:
     batch = _batch()
     expected = _expected_log_probs(engine, batch)
     for op in (group.transport.compute_log_prob, group.transport.compute_ref_log_prob):
-        torch.testing.assert_close(op(batch, micro_batch_rows=8), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(op(batch, **limits), expected, atol=1e-5, rtol=0)
 
 
-def test_update_actor_meets_on_every_rank(group: LocalWorkerGroup, engine: Engine) -> None:
+@pytest.mark.parametrize("limits", PASS_LIMITS.values(), ids=PASS_LIMITS)
+def test_update_actor_meets_on_every_rank(group: LocalWorkerGroup, engine: Engine, limits: dict[str, int]) -> None:
     reference = engine.forward_backward(_datums(_runs()), "importance_sampling", {"agg_mode": "token-mean"})
     norm = engine.optim_step(FROZEN).grad_norm
     metrics = group.transport.update_actor(
         _batch(),
-        {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "token-mean"}, "optimizer": FROZEN.to_json(), "micro_batch_rows": 8},
+        {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "token-mean"}, "optimizer": FROZEN.to_json(), **limits},
     )
     assert metrics["actor/grad_norm"] == pytest.approx(norm, rel=1e-4)
     assert metrics["loss:mean"] == pytest.approx(reference.metrics["loss:mean"], rel=1e-4)
+    rows_per_rank = -(-len(ADVANTAGES) // group.nproc)
+    expected_passes = 1 if "max_tokens_per_microbatch" not in limits else rows_per_rank  # 16 tokens: one real row a pass
+    assert metrics["actor/passes"] == expected_passes
 
 
 @pytest.mark.parametrize("count", [6, 2], ids=["every-rank-some", "some-ranks-none"])

@@ -140,13 +140,13 @@ class DirectZmqTransport:
         reply = self._call("update_actor", dict(options), self._batch_tensors(batch))
         return {key: float(value) for key, value in reply.header["metrics"].items()}
 
-    def compute_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
+    def compute_log_prob(self, batch: Batch, micro_batch_rows: int = 8, max_tokens_per_microbatch: int | None = None) -> torch.Tensor:
         """[B, L] logprobs of the current policy (0 on padding and each row's first token)."""
-        return self._log_probs("compute_log_prob", batch, micro_batch_rows)
+        return self._log_probs("compute_log_prob", batch, micro_batch_rows, max_tokens_per_microbatch)
 
-    def compute_ref_log_prob(self, batch: Batch, micro_batch_rows: int = 8) -> torch.Tensor:
+    def compute_ref_log_prob(self, batch: Batch, micro_batch_rows: int = 8, max_tokens_per_microbatch: int | None = None) -> torch.Tensor:
         """[B, L] logprobs of the frozen reference (the base weights)."""
-        return self._log_probs("compute_ref_log_prob", batch, micro_batch_rows)
+        return self._log_probs("compute_ref_log_prob", batch, micro_batch_rows, max_tokens_per_microbatch)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter of the policy, whole, by name (for a sampler)."""
@@ -220,8 +220,9 @@ class DirectZmqTransport:
         padded = batch.pad_to_world_size(self.options.world_size)
         return {name: tensor for name, tensor in padded.tensors.items() if name in WORKER_TENSORS}
 
-    def _log_probs(self, op: str, batch: Batch, micro_batch_rows: int) -> torch.Tensor:
-        reply = self._call(op, {"micro_batch_rows": micro_batch_rows}, self._batch_tensors(batch))
+    def _log_probs(self, op: str, batch: Batch, micro_batch_rows: int, max_tokens_per_microbatch: int | None) -> torch.Tensor:
+        limits = {"micro_batch_rows": micro_batch_rows, "max_tokens_per_microbatch": max_tokens_per_microbatch}
+        reply = self._call(op, limits, self._batch_tensors(batch))
         return reply.tensors["log_probs"][: batch.batch_size].clone()
 
     def _call(self, op: str, options: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None) -> wire.Message:

@@ -62,6 +62,7 @@ from nexrl_engine.loss_fns import (
 )
 from nexrl_engine.optim import AdamW
 from nexrl_engine.shared_prefix import chunk_logprobs, plan_prefix_sharing
+from nexrl_fsdp.worker.passes import aligned_passes
 from nexrl_fsdp.worker.rows import BatchError, row_datums, scatter_back
 
 __all__ = ["HF_EXPORT_DIR", "ActorOptions", "FsdpActor", "ModelOptions"]
@@ -131,7 +132,10 @@ class ActorOptions:
     mini_batches: int = 1
     """Optimizer steps per pass: each rank's rows split into this many equal parts."""
     micro_batch_rows: int = 8
-    """Rows per forward/backward on a rank (gradients accumulate over a mini-batch)."""
+    """Most rows per forward/backward on a rank (gradients accumulate over a mini-batch)."""
+    max_tokens_per_microbatch: int | None = None
+    """Most padded tokens (rows x longest row) per forward/backward on a rank; None: rows
+    alone decide. Ranks whose rows pack into fewer passes run idle ones (`passes`)."""
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> ActorOptions:
@@ -143,8 +147,10 @@ class ActorOptions:
         if "optimizer" in values:
             values["optimizer"] = AdamWSettings(**values["optimizer"])
         options = cls(**values)
-        for name in ("ppo_epochs", "mini_batches", "micro_batch_rows"):
+        for name in ("ppo_epochs", "mini_batches", "micro_batch_rows", "max_tokens_per_microbatch"):
             value = getattr(options, name)
+            if value is None and name == "max_tokens_per_microbatch":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BatchError(f"update_actor option {name} must be an integer >= 1, got {value!r}")
         return options
@@ -254,15 +260,20 @@ class FsdpActor:
 
     # --- ops ---------------------------------------------------------------------------------
 
-    def log_probs(self, shard: Mapping[str, torch.Tensor], reference: bool, micro_batch_rows: int) -> torch.Tensor:
-        """[rows, L] logprob of each token given the ones before it (0 on padding and first tokens)."""
+    def log_probs(
+        self, shard: Mapping[str, torch.Tensor], reference: bool, micro_batch_rows: int, max_tokens_per_microbatch: int | None = None
+    ) -> torch.Tensor:
+        """[rows, L] logprob of each token given the ones before it (0 on padding and first
+        tokens), in passes of at most ``micro_batch_rows`` rows and ``max_tokens_per_microbatch``
+        padded tokens."""
         datums, columns = row_datums(shard, self.pad_id)
         values: list[torch.Tensor] = []
+        passes = aligned_passes(datums, max_tokens=max_tokens_per_microbatch, max_rows=micro_batch_rows, pad_id=self.pad_id)
         with self._scoring_model(reference) as model, torch.no_grad():
-            for start in range(0, len(datums), micro_batch_rows):
-                chunk = datums[start : start + micro_batch_rows]
-                logprobs, _ = self.chunk_logprobs(model, chunk, collate(chunk, self.pad_id, self.device))
-                values.extend(logprobs.detach().to("cpu"))
+            for one in passes:
+                logprobs, _ = self.chunk_logprobs(model, one.datums, collate(one.datums, self.pad_id, self.device))
+                if not one.idle:
+                    values.extend(logprobs.detach().to("cpu"))
         return scatter_back(values, columns, tuple(shard["input_ids"].shape))
 
     def update(self, shard: Mapping[str, torch.Tensor], options: ActorOptions) -> dict[str, float]:
@@ -275,21 +286,27 @@ class FsdpActor:
         bounds = [rows * part // options.mini_batches for part in range(options.mini_batches + 1)]
         metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
         steps: list[dict[str, float]] = []
+        passes_run = 0
         self.model.train(False)
         for _ in range(options.ppo_epochs):
             for first, last in zip(bounds, bounds[1:]):
                 mini = datums[first:last]
                 totals = self._all_ranks_totals(step_totals(mini))
-                for start in range(0, len(mini), options.micro_batch_rows):
-                    chunk = mini[start : start + options.micro_batch_rows]
-                    batch = collate(chunk, self.pad_id, self.device)
-                    logprobs, entropy = self.chunk_logprobs(self.model, chunk, batch, loss.needs_entropy, backward=True)
+                passes = aligned_passes(
+                    mini, max_tokens=options.max_tokens_per_microbatch, max_rows=options.micro_batch_rows, pad_id=self.pad_id
+                )
+                passes_run += len(passes)
+                for one in passes:
+                    batch = collate(one.datums, self.pad_id, self.device)
+                    logprobs, entropy = self.chunk_logprobs(self.model, one.datums, batch, loss.needs_entropy, backward=True)
                     result = loss.loss(policy_loss_inputs(batch, logprobs, entropy, totals))
                     (result.loss * self.world_size).backward()
+                    if one.idle:
+                        continue
                     metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))
                 step = self.optimizer.step(options.optimizer)
                 steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped), "lr": step.learning_rate})
-        return self._reduced(metrics, steps, options)
+        return {**self._reduced(metrics, steps, options), "actor/passes": float(passes_run)}
 
     def chunk_logprobs(
         self, model: torch.nn.Module, chunk: list[CheckedDatum], batch: PaddedBatch, with_entropy: bool = False, backward: bool = False

@@ -41,10 +41,10 @@ from nexrl_engine.loss_fns import (
     check_datums,
     collate,
     policy_loss_inputs,
-    split_microbatches,
     step_totals,
 )
 from nexrl_fsdp.worker.actor import FsdpActor
+from nexrl_fsdp.worker.passes import aligned_passes
 
 __all__ = ["ENGINE_OPS", "DatumOps", "ForwardOptions", "rank_shares"]
 
@@ -97,14 +97,6 @@ def rank_shares(lengths: Sequence[int], world_size: int) -> list[range]:
         shares.append(range(start, stop))
         start = stop
     return shares
-
-
-def _idle_datum(pad_id: int, keys: set[str]) -> CheckedDatum:
-    """A one-token datum of weight 0 carrying every key the request's datums carry."""
-    values: dict[str, list] = {key: [0.0] for key in keys}
-    values["mask"] = [0.0]
-    values["target_tokens"] = [pad_id]
-    return CheckedDatum([pad_id], values)
 
 
 class DatumOps:
@@ -180,22 +172,20 @@ class DatumOps:
         totals = step_totals(datums)
         shares = rank_shares([len(d.input_tokens) for d in datums], self.world_size)
         mine = [datums[index] for index in shares[self.rank]]
-        groups = split_microbatches(mine, forward.max_tokens_per_microbatch) if mine else []
-        passes = self._all_max(len(groups))
-        idle = _idle_datum(actor.pad_id, {key for d in datums for key in d.values} - {"target_tokens"})
+        keys = {key for datum in datums for key in datum.values}
+        passes = aligned_passes(mine, max_tokens=forward.max_tokens_per_microbatch, max_rows=None, pad_id=actor.pad_id, keys=keys)
         metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
         logprobs: list[torch.Tensor] = []
         tokens = 0.0
         actor.model.train(False)
         with torch.set_grad_enabled(forward.backward):
-            for index in range(passes):
-                chunk = [mine[i] for i in groups[index]] if index < len(groups) else [idle]
-                batch = collate(chunk, actor.pad_id, actor.device)
-                values, entropy = actor.chunk_logprobs(actor.model, chunk, batch, loss.needs_entropy)
+            for one in passes:
+                batch = collate(one.datums, actor.pad_id, actor.device)
+                values, entropy = actor.chunk_logprobs(actor.model, one.datums, batch, loss.needs_entropy)
                 result = loss.loss(policy_loss_inputs(batch, values, entropy, totals))
                 if forward.backward:
                     (result.loss * self.world_size).backward()
-                if index >= len(groups):
+                if one.idle:
                     continue
                 weight = float(batch.loss_mask.sum())
                 tokens += weight
@@ -242,11 +232,6 @@ class DatumOps:
         if parts is None:
             return torch.empty(0, dtype=flat.dtype)
         return torch.cat([part[:size] for part, size in zip(parts, sizes)])
-
-    def _all_max(self, value: int) -> int:
-        tensor = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return int(tensor[0])
 
     def _all_sum(self, value: float) -> float:
         tensor = torch.tensor([value], dtype=torch.float64)

@@ -301,8 +301,10 @@ class WorkerRank:
         if op == "update_actor":
             return {"metrics": actor.update(shard, ActorOptions.from_json(options))}, {}
         if op in ("compute_log_prob", "compute_ref_log_prob"):
-            rows = int(options.get("micro_batch_rows", 8))
-            local = actor.log_probs(shard, reference=op == "compute_ref_log_prob", micro_batch_rows=rows)
+            limits = ActorOptions.from_json({key: options[key] for key in ("micro_batch_rows", "max_tokens_per_microbatch") if key in options})
+            local = actor.log_probs(
+                shard, op == "compute_ref_log_prob", limits.micro_batch_rows, limits.max_tokens_per_microbatch
+            )
             gathered = [torch.empty_like(local) for _ in range(self.world_size)] if self.rank == 0 else None
             dist.gather(local, gathered, dst=0)
             return {}, ({"log_probs": torch.cat(gathered)} if gathered is not None else {})

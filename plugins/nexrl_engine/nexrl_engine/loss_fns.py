@@ -213,15 +213,18 @@ def check_datums(datums: Sequence[Datum | Mapping[str, Any]], loss_fn: LossFn, v
     return checked
 
 
-def split_microbatches(datums: Sequence[CheckedDatum], max_tokens: int) -> list[list[int]]:
-    """Consecutive datum indices grouped so that rows x longest row <= max_tokens (at
-    least one datum per group)."""
+def split_microbatches(datums: Sequence[CheckedDatum], max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:
+    """Consecutive datum indices grouped so that rows x longest row (the padded tokens of
+    a pass) <= ``max_tokens`` and rows <= ``max_rows``, each limit applying where it is
+    not None (at least one datum per group)."""
     groups: list[list[int]] = []
     current: list[int] = []
     longest = 0
     for index, datum in enumerate(datums):
         length = len(datum.input_tokens)
-        if current and max(longest, length) * (len(current) + 1) > max_tokens:
+        too_many_tokens = max_tokens is not None and max(longest, length) * (len(current) + 1) > max_tokens
+        too_many_rows = max_rows is not None and len(current) + 1 > max_rows
+        if current and (too_many_tokens or too_many_rows):
             groups.append(current)
             current, longest = [], 0
         current.append(index)

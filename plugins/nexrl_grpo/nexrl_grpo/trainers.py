@@ -130,7 +130,7 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
         valid = tensors["valid_rows"]
         metrics: dict[str, float] = {}
         if self.config.recompute_old_logprobs:
-            recomputed = self.transport.compute_log_prob(batch, self.update.micro_batch_rows)
+            recomputed = self.transport.compute_log_prob(batch, self.update.micro_batch_rows, self.update.max_tokens_per_microbatch)
             trained = loss_mask > 0
             if trained.any():
                 metrics["actor/old_logprob_abs_diff"] = float((recomputed - tensors["old_logprobs"])[trained].abs().mean())
@@ -139,7 +139,9 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
         tensors["token_level_scores"] = inputs.token_rewards
         token_rewards = inputs.token_rewards
         if self.kl_in_reward is not None:
-            tensors["ref_logprobs"] = self.transport.compute_ref_log_prob(batch, self.update.micro_batch_rows) * loss_mask
+            tensors["ref_logprobs"] = self.transport.compute_ref_log_prob(
+                batch, self.update.micro_batch_rows, self.update.max_tokens_per_microbatch
+            ) * loss_mask
             token_rewards, kl_metrics = self.kl_in_reward.apply(
                 token_rewards, tensors["old_logprobs"], tensors["ref_logprobs"], loss_mask, int(valid.sum())
             )
