@@ -14,7 +14,7 @@ from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
 from nexrl_core.config.checks import SERVICE_DEVICE
 from nexrl_core.registry import RegistryError, find_spec, get_registry
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
 
 
 @click.group()
@@ -115,6 +115,14 @@ def _device(value: str) -> str:
     help="With --workers: save a model's whole training state every N optimizer steps; the calls in between are "
     "journaled and replayed after a restart (larger: less writing per step, longer restarts).",
 )
+@click.option(
+    "--max-tokens-per-microbatch",
+    default=DEFAULT_MAX_TOKENS_PER_MICROBATCH,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most padded tokens (rows x longest row) per forward or forward/backward pass of every model and sampler; "
+    "a larger batch runs in several passes (smaller: less memory, the same loss and gradient).",
+)
 def serve(
     name: str,
     host: str,
@@ -128,6 +136,7 @@ def serve(
     workers: int,
     max_worker_groups: int,
     worker_save_every: int,
+    max_tokens_per_microbatch: int,
 ) -> None:
     """Run the service a plugin registers as NAME (e.g. `tinker`) until Ctrl-C."""
     try:
@@ -146,6 +155,7 @@ def serve(
         workers=workers,
         max_worker_groups=max_worker_groups,
         worker_save_every=worker_save_every,
+        max_tokens_per_microbatch=max_tokens_per_microbatch,
     )
     try:
         spec.build(options).serve_forever()

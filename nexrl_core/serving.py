@@ -25,6 +25,12 @@ import attrs
 
 from nexrl_core.config.checks import service_device
 
+DEFAULT_MAX_TOKENS_PER_MICROBATCH = 16384
+"""Most padded tokens (rows x longest row) one forward or forward/backward pass of an
+engine takes by default. The one record of that default: the engine's own config and a
+service's `ServeOptions` both read it here (the core may import no plugin, so it cannot sit
+beside the engine), and a service left at its default packs the way any other engine does."""
+
 
 class ServiceStartError(Exception):
     """A service cannot start with the options it was given (a port in use, a model that
@@ -71,6 +77,11 @@ class ServeOptions:
     worker_save_every: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     """With ``workers``: a group saves its model's whole training state every this many
     optimizer steps and journals the calls in between, which a restart replays."""
+    max_tokens_per_microbatch: int = attrs.field(default=DEFAULT_MAX_TOKENS_PER_MICROBATCH, validator=attrs.validators.ge(1))
+    """Most padded tokens (rows x longest row) per forward or forward/backward pass of every
+    engine the service builds (its training models, in its process or on worker groups, and
+    its samplers); a larger batch runs in several passes. A smaller value bounds memory and
+    changes nothing else: a step's loss and gradient are the same however it is split."""
     separate_process: bool = False
     """Ask `Service.start` to serve from a child process instead of a thread of the caller
     (the embedded service of ``nexrl train`` does, so the server's Python work does not

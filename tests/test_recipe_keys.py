@@ -323,6 +323,9 @@ COMPONENTS: dict[str, Entry] = {
             "tests/test_embedded_service_device.py::test_a_device_this_machine_lacks_stops_the_run_before_step_1",
         )
     ),  # the GPU runs (tests/test_gpu_embedded_services.py) are skipped on CI, so they show nothing there
+    "backend.options.max_tokens_per_microbatch [remote_api]": per_backend(
+        remote_api=f"{LOOP}::test_the_embedded_service_packs_by_backend_options_max_tokens_per_microbatch"
+    ),  # that the service's engines pack by it: nexrl_tinker/tests/test_service_microbatches.py
     "backend.options.holder [remote_api]": per_backend(remote_api=HOLDER_CONFIG),
     # backend: self-hosted
     **{

@@ -453,6 +453,36 @@ def test_the_embedded_service_runs_on_backend_options_device(tmp_path: Path) -> 
         run_training(recipe(tmp_path, "backend.options.device=gpu", name="misspelt"), progress_bar=False)
 
 
+def test_the_embedded_service_packs_by_backend_options_max_tokens_per_microbatch(tmp_path: Path) -> None:
+    """``backend.options.max_tokens_per_microbatch`` is the embedded service's
+    ``--max-tokens-per-microbatch`` and null leaves the service's default; with a
+    ``base_url`` (a service started elsewhere, packing as it was started) it is refused by
+    key before step 1."""
+    one_step = ("schedule.steps=1", "schedule.validate_every=0")
+    run_training(recipe(tmp_path, *one_step, "backend.options.max_tokens_per_microbatch=24"), progress_bar=False)
+    run_training(recipe(tmp_path, *one_step, name="default"), progress_bar=False)
+    assert [service.options.max_tokens_per_microbatch for service in SERVICES] == [24, ServeOptions().max_tokens_per_microbatch]
+    hosted = recipe(tmp_path, "backend.options.base_url=http://127.0.0.1:9", "backend.options.max_tokens_per_microbatch=24", name="hosted")
+    with pytest.raises(ConfigError, match=r"backend.options.max_tokens_per_microbatch: 24 applies to the embedded service only; .*"
+                       r"nexrl serve NAME --max-tokens-per-microbatch 24"):
+        run_training(hosted, progress_bar=False)
+    assert len(SERVICES) == 2 and not (tmp_path / "hosted" / "metrics.jsonl").exists(), "refused before anything ran"
+    with pytest.raises(ConfigError, match="backend.options.max_tokens_per_microbatch: must be null or an integer > 0, got 0"):
+        run_training(recipe(tmp_path, "backend.options.max_tokens_per_microbatch=0", name="zero"), progress_bar=False)
+
+
+def test_nexrl_serve_max_tokens_per_microbatch_is_the_services_option() -> None:
+    """``nexrl serve NAME --max-tokens-per-microbatch N`` builds the service with N, and
+    without the flag with `ServeOptions`' default (the fake service cannot serve in the
+    foreground, so the command ends once it is built)."""
+    for flag, expected in ((["--max-tokens-per-microbatch", "24"], 24), ([], ServeOptions().max_tokens_per_microbatch)):
+        SERVICES.clear()
+        result = CliRunner().invoke(cli, ["serve", "skill", "--port", "0", *flag])
+        assert isinstance(result.exception, NotImplementedError), result.output
+        (service,) = SERVICES
+        assert service.options.max_tokens_per_microbatch == expected
+
+
 def test_datums_are_shifted_with_masked_advantages_and_uniform_groups_skipped(tmp_path: Path) -> None:
     run_training(recipe(tmp_path, "schedule.steps=2", "schedule.validate_every=0"), progress_bar=False)
     rows = read_rows(tmp_path / "run")

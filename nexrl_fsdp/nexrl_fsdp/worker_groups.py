@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
@@ -144,18 +145,21 @@ class WorkerGroupEngine:
         hooks: GroupHooks | None = None,
         *,
         gpus: Sequence[int] = (),
+        max_tokens_per_microbatch: int = DEFAULT_MAX_TOKENS_PER_MICROBATCH,
     ) -> None:
         """Start the group and load the model on it.
 
         ``base_sampler`` gives the base model's sampling engine, whose model takes the
         group's pushed weights for each sampler of this model. ``gpus``, one per rank,
         are the GPUs its ranks see (``CUDA_VISIBLE_DEVICES``; none: every GPU, or the CPU).
+        ``max_tokens_per_microbatch`` is the most padded tokens of one forward or
+        forward/backward pass on a rank (the service's, as its in-process engines').
 
         :raises WorkerGroupError: when the group does not start (its log names why).
         """
         self.model_id = model_id
         self.spec = spec
-        self.config = spec.engine_config(dtype)
+        self.config = spec.engine_config(dtype, max_tokens_per_microbatch=max_tokens_per_microbatch)
         self.settings = settings
         self.hooks = hooks or GroupHooks()
         self.log_path = settings.log_dir / f"{model_id}.log"

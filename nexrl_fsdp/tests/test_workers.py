@@ -270,7 +270,10 @@ class TestDirectZmqTransport(TransportContract):
         return group.transport
 
 
-@pytest.mark.parametrize("flag", ["--db=sqlite://", "--model=/some/model", "--dtype=bf16", "--device=cuda", "--api-key=k", "--data-dir=/tmp/x"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--db=sqlite://", "--model=/some/model", "--dtype=bf16", "--device=cuda", "--api-key=k", "--data-dir=/tmp/x", "--max-tokens-per-microbatch=24"],
+)
 def test_serve_workers_refuses_flags_it_has_no_use_for(flag: str) -> None:
     nexrl = str(Path(sys.executable).with_name("nexrl"))
     done = subprocess.run([nexrl, "serve", "workers", "--port", "0", flag], capture_output=True, text=True, timeout=60)

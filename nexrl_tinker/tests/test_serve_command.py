@@ -55,6 +55,7 @@ def test_the_key_host_and_model_flags(tmp_path: Path, stop: list, key_from: str)
         (["--model", "/nonexistent"], "unknown model '/nonexistent'"),
         (["--port", "70000"], "Invalid value for '--port'"),
         (["--dtype", "fp8"], "Invalid value for '--dtype'"),
+        (["--max-tokens-per-microbatch", "0"], "Invalid value for '--max-tokens-per-microbatch'"),
         ("taken", "--port/--host: cannot listen on 127.0.0.1"),
     ],
 )

@@ -34,7 +34,9 @@ logger = logging.getLogger("nexrl_fsdp.workers_api")
 
 ENV_DEAD_AFTER = "NEXRL_WORKER_DEAD_AFTER_S"
 """Seconds without a heartbeat after which a rank counts as dead (default 15)."""
-UNUSED_SERVE_OPTIONS = frozenset({"db", "model", "dtype", "device", "api_key", "data_dir", "workers", "max_worker_groups", "worker_save_every"})
+UNUSED_SERVE_OPTIONS = frozenset(
+    {"db", "model", "dtype", "device", "api_key", "data_dir", "workers", "max_worker_groups", "worker_save_every", "max_tokens_per_microbatch"}
+)
 """`ServeOptions` fields of other services that mean nothing here."""
 _HELLO_EVERY_S = 0.2
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import tensor_datums
 from nexrl_engine.engine import _MetricSum
@@ -61,7 +62,7 @@ class ForwardOptions:
     loss_fn_config: dict[str, Any] = attrs.field(factory=dict)
     backward: bool = False
     """Back-propagate (gradients add up until ``optim_step``)."""
-    max_tokens_per_microbatch: int = 16384
+    max_tokens_per_microbatch: int = DEFAULT_MAX_TOKENS_PER_MICROBATCH
     """As `EngineConfig.max_tokens_per_microbatch`: padded tokens per pass on a rank."""
 
     @classmethod

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 from nexrl_core.config.lora import LoraSettings
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 
 __all__ = ["DTYPES", "EngineConfig", "TrainingSpec"]
 
@@ -77,7 +78,7 @@ class EngineConfig:
     """Full fine-tuning (the default) or LoRA; a dict of `LoraSettings` fields works too."""
     device: str = attrs.field(default="cpu", validator=_non_empty_str)
     """torch device string, e.g. ``cpu`` or ``cuda:0``."""
-    max_tokens_per_microbatch: int = attrs.field(default=16384, validator=_int_at_least(1))
+    max_tokens_per_microbatch: int = attrs.field(default=DEFAULT_MAX_TOKENS_PER_MICROBATCH, validator=_int_at_least(1))
     """forward/forward_backward split a batch of datums into chunks of at most this many
     padded tokens (always at least one datum per chunk). Tinker losses are sums, so the
     chunking changes memory use, not the result."""
@@ -105,5 +106,16 @@ class TrainingSpec:
     lora: LoraSettings = attrs.field(factory=LoraSettings)
     lora_seed: int = 0
 
-    def engine_config(self, dtype: str, device: str = "cpu") -> EngineConfig:
-        return EngineConfig(model=self.base_model, lora=self.lora, seed=self.lora_seed, dtype=dtype, device=device)
+    def engine_config(
+        self, dtype: str, device: str = "cpu", max_tokens_per_microbatch: int = DEFAULT_MAX_TOKENS_PER_MICROBATCH
+    ) -> EngineConfig:
+        """The model's engine config; the precision, device and micro-batch budget are the
+        service's (the same for every model it trains), the rest the model's creation."""
+        return EngineConfig(
+            model=self.base_model,
+            lora=self.lora,
+            seed=self.lora_seed,
+            dtype=dtype,
+            device=device,
+            max_tokens_per_microbatch=max_tokens_per_microbatch,
+        )

@@ -568,13 +568,15 @@ class Engine:
 
     def _sampler_on(self, model: torch.nn.Module, path: str | Path | None, recycle: bool) -> Engine:
         """Write ``model`` as an HF directory at ``path`` (if given) and wrap it in an
-        engine that shares this one's tokenizer; ``recycle``: `_weights_copy` may reuse
-        ``model`` once nobody holds that engine."""
+        engine that shares this one's tokenizer, dtype, device and micro-batch budget (a
+        service's samplers pack their passes as its training engines do); ``recycle``:
+        `_weights_copy` may reuse ``model`` once nobody holds that engine."""
+        kept = {name: getattr(self.config, name) for name in ("dtype", "device", "max_tokens_per_microbatch")}
         if path is None:
-            config, model_dir = EngineConfig(model=self.config.model, dtype=self.config.dtype, device=self.config.device), self.model_dir
+            config, model_dir = EngineConfig(model=self.config.model, **kept), self.model_dir
         else:
             save_hf_directory(Path(path), model, self.tokenizer)
-            config, model_dir = EngineConfig(model=str(path), dtype=self.config.dtype, device=self.config.device), resolve_model_dir(str(path))
+            config, model_dir = EngineConfig(model=str(path), **kept), resolve_model_dir(str(path))
         clone = Engine.__new__(Engine)
         clone._setup(config, model_dir, self.tokenizer, model, None)
         if recycle:

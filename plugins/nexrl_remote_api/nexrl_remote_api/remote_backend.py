@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from nexrl_core.backend import BackendSetup
-from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty, service_device
+from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty, optional_positive_int, service_device
 from nexrl_core.config.converter import structure_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holder_backend import HolderBackend
@@ -56,6 +56,11 @@ class RemoteApiBackendConfig:
     device: str = attrs.field(default=DEFAULT_DEVICE, validator=service_device)
     """For the embedded service: where its engines live (``nexrl serve NAME --device``):
     ``cpu``, ``cuda`` or ``cuda:N``. A service at ``base_url`` is configured where it runs."""
+    max_tokens_per_microbatch: int | None = attrs.field(default=None, validator=optional_positive_int)
+    """For the embedded service: most padded tokens (rows x longest row) per forward or
+    forward/backward pass of its engines (``nexrl serve NAME --max-tokens-per-microbatch``);
+    null leaves the service's default. It bounds memory and changes nothing else. A service
+    at ``base_url`` is configured where it runs."""
     trainer: str = attrs.field(default="remote_api_grpo", validator=non_empty)
     """Registered trainer that turns trajectories into the holder's training calls."""
     holder: dict[str, Any] = attrs.field(factory=dict)
@@ -135,11 +140,20 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                  f"{base_url} decides its own device (nexrl serve NAME --device {options.device}), so leave it out or "
                  "set base_url: null"]
             )
+        if base_url is not None and options.max_tokens_per_microbatch is not None:
+            budget = options.max_tokens_per_microbatch
+            raise ConfigError(
+                [f"backend.options.max_tokens_per_microbatch: {budget} applies to the embedded service only; the service at "
+                 f"{base_url} decides its own (nexrl serve NAME --max-tokens-per-microbatch {budget}), so leave it out or "
+                 "set base_url: null"]
+            )
         if base_url is None:
             service_key = "backend.options.service" if options.service else "backend.options.service_holder"
             service_spec = _registered("services", options.service or options.service_holder, service_key)
             data_dir = setup.work_dir / SERVICE_DIR
             api_key = _embedded_api_key(data_dir, holder_spec.config_class)
+            # Null leaves the field out, so the service's own default (`ServeOptions`) applies.
+            packing = {} if options.max_tokens_per_microbatch is None else {"max_tokens_per_microbatch": options.max_tokens_per_microbatch}
             service = service_spec.build(
                 ServeOptions(
                     port=0,
@@ -150,6 +164,7 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                     workers=options.workers,
                     device=options.device,
                     separate_process=True,
+                    **packing,
                 )
             )
             logger.info("starting the embedded service on %s (data in %s)", options.device, data_dir)

@@ -28,7 +28,8 @@ from typing import Any
 
 import attrs
 
-from nexrl_engine.config import TrainingSpec
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_engine.config import EngineConfig, TrainingSpec
 
 from nexrl_service.errors import RequestFailed, TooManyRequests
 from nexrl_service.group_starts import GroupStarts
@@ -118,6 +119,7 @@ class EnginePool:
         groups: GroupLimits | None = None,
         *,
         device: str = "cpu",
+        max_tokens_per_microbatch: int = DEFAULT_MAX_TOKENS_PER_MICROBATCH,
     ) -> None:
         self.base = base
         self.dtype = dtype
@@ -125,6 +127,9 @@ class EnginePool:
         self.device = device
         """Where every engine built here lives (``cpu``, ``cuda``, ``cuda:N``); a worker
         group's ranks pick their own devices."""
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        """Most padded tokens per forward or forward/backward pass of every engine built
+        here, a worker group's included (its ranks pack their passes by it)."""
         self.groups = groups
         """Worker groups for training models; None trains them in this process."""
         self.group_starts = GroupStarts()
@@ -182,7 +187,7 @@ class EnginePool:
         takes one of the places `reserve_group` hands out, and tells ``hooks``, a
         `GroupHooks`, about its restart points and restarts)."""
         if self.groups is None:
-            return _new_engine(spec.engine_config(self.dtype, self.device))
+            return _new_engine(self._config(spec))
         from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
         refusal = self.group_starts.refusal()
@@ -192,7 +197,7 @@ class EnginePool:
         try:
             engine = WorkerGroupEngine(
                 model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")), hooks,
-                gpus=self.gpus_of(model_id),
+                gpus=self.gpus_of(model_id), max_tokens_per_microbatch=self.max_tokens_per_microbatch,
             )
         except BaseException as exc:
             with self._lock:
@@ -300,15 +305,23 @@ class EnginePool:
             evicted, _ = self._samplers.popitem(last=False)
             log.info("dropped sampling engine %s from memory", evicted)
 
+    def _config(self, spec: TrainingSpec) -> EngineConfig:
+        """A training model's engine config, in this pool's precision, device and micro-batch budget."""
+        return spec.engine_config(self.dtype, self.device, self.max_tokens_per_microbatch)
+
     def _build_sampler(self, ref: WeightsRef) -> Any:
         if ref.kind == "base":
-            return _new_engine(model=self.base.name, dtype=self.dtype, device=self.device)
+            return _new_engine(
+                model=self.base.name, dtype=self.dtype, device=self.device, max_tokens_per_microbatch=self.max_tokens_per_microbatch
+            )
         if ref.kind == "hf":
             assert ref.directory is not None
-            return _new_engine(model=ref.directory, dtype=self.dtype, device=self.device)
+            return _new_engine(
+                model=ref.directory, dtype=self.dtype, device=self.device, max_tokens_per_microbatch=self.max_tokens_per_microbatch
+            )
         if ref.kind == "state":
             assert ref.directory is not None and ref.training is not None
-            engine = _new_engine(ref.training.engine_config(self.dtype, self.device))
+            engine = _new_engine(self._config(ref.training))
             engine.load_state(ref.directory, load_optimizer=False)
             return engine
         raise ValueError(f"unknown weights kind {ref.kind!r}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions
 
 __all__ = ["ServerSettings", "default_data_dir"]
 
@@ -47,6 +47,9 @@ class ServerSettings:
     device: str = "cpu"
     """Where every engine the service builds in its own process lives (``cpu``, ``cuda``,
     ``cuda:N``): the training models without worker groups, and every sampler."""
+    max_tokens_per_microbatch: int = DEFAULT_MAX_TOKENS_PER_MICROBATCH
+    """Most padded tokens per forward or forward/backward pass of every engine the service
+    builds: the training models (in this process or on worker groups) and every sampler."""
     api_key: str | None = None
     long_poll_s: float = 30.0
     """How long a poll for a future's outcome is held before the protocol answers "not
@@ -115,6 +118,7 @@ class ServerSettings:
             "model": options.model,
             "dtype": options.dtype,
             "device": options.device,
+            "max_tokens_per_microbatch": options.max_tokens_per_microbatch,
             "api_key": options.api_key or None,
             "workers": options.workers,
             "max_worker_groups": options.max_worker_groups,

@@ -99,7 +99,12 @@ class ServiceState:
             thread_name=f"{settings.name}-compute",
         )
         self.engines = EnginePool(
-            self.base, settings.sampler_cache_size, settings.dtype, _group_limits(settings), device=settings.device
+            self.base,
+            settings.sampler_cache_size,
+            settings.dtype,
+            _group_limits(settings),
+            device=settings.device,
+            max_tokens_per_microbatch=settings.max_tokens_per_microbatch,
         )
         self.files = CheckpointFiles(settings.data_dir / "runs")
         self.downloads = SignedDownloads(self.files.root, settings.download_url_ttl_s)

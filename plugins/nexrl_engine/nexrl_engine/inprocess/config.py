@@ -10,6 +10,7 @@ import attrs
 
 from nexrl_core.config.checks import non_empty
 from nexrl_core.holders import HolderTarget
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine.batching import BatchedSamplingOptions, positive_int
 from nexrl_engine.config import EngineConfig
 
@@ -21,7 +22,7 @@ class EngineOptions(BatchedSamplingOptions):
 
     device: str = attrs.field(default="cpu", validator=non_empty)
     """torch device the model lives on: ``cpu``, ``cuda``, ``cuda:1``, ..."""
-    max_tokens_per_microbatch: int = attrs.field(default=16384, validator=positive_int)
+    max_tokens_per_microbatch: int = attrs.field(default=DEFAULT_MAX_TOKENS_PER_MICROBATCH, validator=positive_int)
     """A training step runs its datums in chunks of at most this many padded tokens; a
     smaller value saves memory and changes nothing else (each chunk's loss is divided by
     the whole step's totals, so the chunks add up to the step in every aggregation)."""
