@@ -8,32 +8,18 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from importlib.resources import as_file, files
 from pathlib import Path
 
 import pytest
 import torch
 
-from nexrl_core.backend import BackendSetup
-from nexrl_core.config import ConfigError, TrainConfig, load_config
+from nexrl_core.config import ConfigError
 from nexrl_core.config.components import resolve_options
 from nexrl_core.holder_backend import HolderBackend
 from nexrl_core.loop import run_training
-from nexrl_core.registry import find_spec
 from nexrl_core.testing import BackendContract
 
-
-def quickstart(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfig:
-    """The built-in quickstart recipe on this backend."""
-    with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
-        return load_config(
-            path, [f"output.dir={tmp_path / name}", "backend.name=inprocess", "backend.options={}", *overrides]
-        )
-
-
-def open_backend(config: TrainConfig, work_dir: Path) -> HolderBackend:
-    options = resolve_options("backends", config.backend, "backend")
-    return find_spec("backends", "inprocess").open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
+from tests.conftest import open_backend, quickstart
 
 
 @pytest.fixture(scope="module")

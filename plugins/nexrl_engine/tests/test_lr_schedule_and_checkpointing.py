@@ -14,23 +14,7 @@ from nexrl_core.testing.rollouts import sampled_group
 from nexrl_engine import Datum, Engine
 from nexrl_engine.checkpointing import is_checkpointing
 
-from importlib.resources import as_file, files
-
-from nexrl_core.backend import BackendSetup
-from nexrl_core.config import TrainConfig, load_config
-from nexrl_core.config.components import resolve_options
-from nexrl_core.holder_backend import HolderBackend
-from nexrl_core.registry import find_spec
-
-
-def quickstart(tmp_path: Path, *overrides: str) -> TrainConfig:
-    with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
-        return load_config(path, [f"output.dir={tmp_path / 'run'}", "backend.name=inprocess", "backend.options={}", *overrides])
-
-
-def open_backend(config: TrainConfig, work_dir: Path) -> HolderBackend:
-    options = resolve_options("backends", config.backend, "backend")
-    return find_spec("backends", "inprocess").open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
+from tests.conftest import group_datums, open_backend, quickstart
 
 SCHEDULE = ("schedule.steps=3", "algorithm.learning_rate=0.01", "algorithm.lr_schedule=linear", "algorithm.warmup_steps=2")
 RATES = [scheduled_learning_rate(0.01, step, schedule="linear", warmup_steps=2, total_steps=3) for step in (1, 2, 3)]
@@ -58,29 +42,6 @@ def test_recipe_schedule_and_checkpointing_reach_the_engine(tmp_path: Path) -> N
         backend.close()
 
 
-def _group_datums() -> list[Datum]:
-    """Four runs sharing a 10-token prompt (so a plain engine shares the prefix), with advantages."""
-    generator = torch.Generator().manual_seed(3)
-    prompt = torch.randint(1, 1000, (10,), generator=generator).tolist()
-    datums = []
-    for index, advantage in enumerate((0.9, -0.4, 1.3, -1.1)):
-        response = torch.randint(1, 1000, (3 + index,), generator=generator).tolist()
-        tokens = prompt + response
-        mask = [0.0] * (len(prompt) - 1) + [1.0] * len(response)
-        datums.append(
-            Datum(
-                input_tokens=tokens[:-1],
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": [-1.0] * len(mask),
-                    "advantages": [advantage * m for m in mask],
-                    "mask": mask,
-                },
-            )
-        )
-    return datums
-
-
 def _gradients(engine: Engine, datums: list[Datum]) -> dict[str, torch.Tensor]:
     engine.forward_backward(datums, "importance_sampling")
     grads = {name: p.grad.detach().clone() for name, p in engine.model.named_parameters() if p.grad is not None}
@@ -96,7 +57,7 @@ def test_checkpointing_gives_the_same_gradients_recomputes_in_training_passes_on
     calls: list[int] = []
     mlp.register_forward_pre_hook(lambda *_: calls.append(1))  # a recompute stops early, inside the layer's last module
 
-    datums = _group_datums()
+    datums = group_datums()
     expected, got = _gradients(plain, datums), _gradients(checkpointed, datums)
     assert set(got) == set(expected) and len(got) > 0
     worst = max(float((got[name] - expected[name]).abs().max()) for name in expected)

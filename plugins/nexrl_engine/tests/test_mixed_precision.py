@@ -12,51 +12,24 @@ masters round to.
 from __future__ import annotations
 
 import json
-from importlib.resources import as_file, files
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from nexrl_core.backend import BackendSetup
-from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.config.components import resolve_options
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.holder_backend import HolderBackend
-from nexrl_core.registry import find_spec
 from nexrl_core.testing.rollouts import sampled_group
-from nexrl_engine import Datum, Engine
+from nexrl_engine import Engine
 from nexrl_engine.checkpoint import MANIFEST_NAME, OPTIMIZER_NAME, WEIGHTS_NAME
 from nexrl_engine.config import EngineConfig
+
+from tests.conftest import group_datums, open_backend, quickstart
 
 TINY_RATE = AdamWSettings(learning_rate=1e-5)
 """An update of about 1e-5 a weight: under half a bfloat16 step of most of the tiny
 model's weights (their size is around 0.02, where a bfloat16 step is about 1.2e-4)."""
-
-
-def _datums() -> list[Datum]:
-    """Four runs sharing a 10-token prompt, with advantages of both signs."""
-    generator = torch.Generator().manual_seed(3)
-    prompt = torch.randint(1, 1000, (10,), generator=generator).tolist()
-    datums = []
-    for index, advantage in enumerate((0.9, -0.4, 1.3, -1.1)):
-        response = torch.randint(1, 1000, (3 + index,), generator=generator).tolist()
-        tokens = prompt + response
-        mask = [0.0] * (len(prompt) - 1) + [1.0] * len(response)
-        datums.append(
-            Datum(
-                input_tokens=tokens[:-1],
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": [-1.0] * len(mask),
-                    "advantages": [advantage * m for m in mask],
-                    "mask": mask,
-                },
-            )
-        )
-    return datums
 
 
 def _snapshot(engine: Engine) -> dict[str, torch.Tensor]:
@@ -71,7 +44,7 @@ def _update(engine: Engine, start: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def _train(engine: Engine, steps: int, settings: AdamWSettings) -> None:
     for _ in range(steps):
-        engine.forward_backward(_datums(), "importance_sampling")
+        engine.forward_backward(group_datums(), "importance_sampling")
         engine.optim_step(settings)
 
 
@@ -113,8 +86,8 @@ def test_one_mixed_precision_step_is_the_fp32_step_within_bf16_rounding() -> Non
     computing with the masters rounded to bfloat16."""
     fp32 = Engine(model="nexrl-tiny")
     mixed = Engine(model="nexrl-tiny", dtype="bf16", mixed_precision=True)
-    expected = fp32.forward_backward(_datums(), "importance_sampling")
-    got = mixed.forward_backward(_datums(), "importance_sampling")
+    expected = fp32.forward_backward(group_datums(), "importance_sampling")
+    got = mixed.forward_backward(group_datums(), "importance_sampling")
     assert got.metrics["loss:sum"] == pytest.approx(expected.metrics["loss:sum"], rel=2e-2)
     masters, reference = mixed.trained_parameters(), fp32.trained_parameters()
     assert all(parameter.grad is None for parameter in mixed.model.parameters()), "bf16 gradients are freed once collected"
@@ -130,7 +103,7 @@ def test_gradients_of_several_passes_add_up_in_fp32() -> None:
     """Two forward_backward calls before a step give the masters the sum of both passes'
     gradients (the second is added to the first, not put in its place)."""
     mixed = Engine(model="nexrl-tiny", dtype="bf16", mixed_precision=True)
-    datums = _datums()
+    datums = group_datums()
     mixed.forward_backward(datums[:2], "importance_sampling")
     first = {name: master.grad.clone() for name, master in mixed.trained_parameters().items()}  # type: ignore[union-attr]
     mixed.forward_backward(datums[2:], "importance_sampling")
@@ -206,22 +179,12 @@ def test_mixed_precision_needs_bfloat16() -> None:
         EngineConfig(model="nexrl-tiny", mixed_precision=True)
 
 
-def _quickstart(tmp_path: Path, *overrides: str) -> TrainConfig:
-    with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
-        return load_config(path, [f"output.dir={tmp_path / 'run'}", "backend.name=inprocess", "backend.options={}", *overrides])
-
-
-def _open(config: TrainConfig, work_dir: Path) -> HolderBackend:
-    options = resolve_options("backends", config.backend, "backend")
-    return find_spec("backends", "inprocess").open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
-
-
 def test_the_recipe_key_reaches_the_inprocess_engine_and_sampling_uses_the_rounded_masters(tmp_path: Path) -> None:
     """``model.mixed_precision`` gives the training engine fp32 masters and leaves the
     sampler a bfloat16 model without any; after a step and a publish the sampler holds
     the masters rounded, the run reports both dtypes, the checkpoint holds the masters
     and the export the sampler's bfloat16 weights."""
-    backend = _open(_quickstart(tmp_path, "model.dtype=bf16", "model.mixed_precision=true"), tmp_path / "backend")
+    backend = open_backend(quickstart(tmp_path, "model.dtype=bf16", "model.mixed_precision=true"), tmp_path / "backend")
     try:
         holder = backend.holder
         engine, sampler = holder.engine, holder.sampler  # type: ignore[attr-defined]
