@@ -28,8 +28,7 @@ from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
-from nexrl_core.types import Trajectory
-from nexrl_engine import Datum, Engine
+from nexrl_engine import Engine
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
@@ -43,6 +42,8 @@ from nexrl_engine.lora import ATTN_MODULES, merged_copy
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
+
+from tests.conftest import training_batch, training_datums, training_runs
 
 pytestmark = pytest.mark.slow
 
@@ -67,61 +68,9 @@ def engine() -> Engine:
     return Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
 
 
-def _trajectories(group_size: int = 1) -> list[Trajectory]:
-    """Five runs (odd, so one padding row goes to rank 1) of different lengths and advantages;
-    with ``group_size`` > 1, runs come in groups that share a 12-token prompt, as GRPO's do."""
-    generator = torch.Generator().manual_seed(0)
-    runs = []
-    for index in range(5):
-        length = 3 + index % 2 if group_size == 1 else 12
-        if index % group_size == 0:
-            prompt = torch.randint(1, 1000, (length,), generator=generator).tolist()
-        response = torch.randint(1, 1000, (2 + index,), generator=generator).tolist()
-        logprobs = [0.0] * len(prompt) + (-torch.rand(len(response), generator=generator) * 3).tolist()
-        runs.append(
-            Trajectory(
-                tokens=prompt + response,
-                loss_mask=[0] * len(prompt) + [1] * len(response),
-                logprobs=logprobs,
-                reward=float(index % 2),
-                group_id="g",
-                run_id=index,
-                task_id="t",
-            )
-        )
-    return runs
-
-
-ADVANTAGES = [0.7, -1.2, 0.4, 1.5, -0.3]
-
-
-def _batch(group_size: int = 1) -> Batch:
-    batch = Batch.from_trajectories(_trajectories(group_size), pad_token_id=0)
-    batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.tensor(ADVANTAGES)[:, None]
-    return batch
-
-
-def _datums(group_size: int = 1) -> list[Datum]:
-    datums = []
-    for trajectory, advantage in zip(_trajectories(group_size), ADVANTAGES):
-        tokens, mask = trajectory.tokens, trajectory.loss_mask
-        datums.append(
-            Datum(
-                input_tokens=tokens[:-1],
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": trajectory.logprobs[1:],
-                    "advantages": [advantage * m for m in mask[1:]],
-                    "mask": [float(m) for m in mask[1:]],
-                },
-            )
-        )
-    return datums
-
-
 def _engine_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
     """The engine's teacher-forced logprobs laid out like the batch."""
-    rows = engine.compute_logprobs([t.tokens for t in _trajectories()])
+    rows = engine.compute_logprobs([t.tokens for t in training_runs()])
     out = torch.zeros_like(batch.tensors["loss_mask"])
     for row, values in enumerate(rows):
         columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()
@@ -130,7 +79,7 @@ def _engine_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
 
 
 def test_compute_log_prob_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
-    batch = _batch()
+    batch = training_batch()
     got = group.transport.compute_log_prob(batch, micro_batch_rows=2)
     assert got.shape == batch.tensors["input_ids"].shape
     torch.testing.assert_close(got, _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
@@ -141,9 +90,9 @@ def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup
     after the step are the engine's after the same step."""
     optimizer = AdamWSettings(learning_rate=1e-3, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.5)
     metrics = group.transport.update_actor(
-        _batch(), {"loss_fn": "importance_sampling", "optimizer": optimizer.to_json(), "micro_batch_rows": 2}
+        training_batch(), {"loss_fn": "importance_sampling", "optimizer": optimizer.to_json(), "micro_batch_rows": 2}
     )
-    reference = engine.forward_backward(_datums(), "importance_sampling")
+    reference = engine.forward_backward(training_datums(), "importance_sampling")
     step = engine.optim_step(optimizer)
     assert metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], abs=1e-5)
     assert metrics["actor/grad_norm"] == pytest.approx(step.grad_norm, rel=1e-5)
@@ -156,7 +105,7 @@ def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup
 
 
 def test_compute_log_prob_after_a_step_still_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
-    batch = _batch()
+    batch = training_batch()
     torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
 
 
@@ -169,16 +118,16 @@ def test_a_checkpoint_carries_the_policy_as_a_plain_hf_directory(group: LocalWor
     exported = dict(model.named_parameters())
     assert set(exported) == set(gathered)
     assert all(torch.equal(exported[name].detach(), gathered[name]) for name in gathered), "the trained weights, exactly"
-    batch = _batch()
+    batch = training_batch()
     workers = group.transport.compute_log_prob(batch)
-    for row, trajectory in enumerate(_trajectories()):
+    for row, trajectory in enumerate(training_runs()):
         columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()[1:]
         expected = torch.tensor(sequence_logprobs(model, trajectory.tokens))
         torch.testing.assert_close(workers[row, columns], expected, atol=1e-5, rtol=0)
 
 
 def test_reference_log_probs_are_the_base_weights(group: LocalWorkerGroup) -> None:
-    batch = _batch()
+    batch = training_batch()
     base = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
     torch.testing.assert_close(group.transport.compute_ref_log_prob(batch), _engine_log_probs(base, batch), atol=1e-5, rtol=0)
 
@@ -192,19 +141,19 @@ def test_reference_log_probs_are_the_base_weights(group: LocalWorkerGroup) -> No
     ],
 )
 def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: LocalWorkerGroup, damage, complaint: str) -> None:
-    batch = _batch()
+    batch = training_batch()
     damage(batch)
     with pytest.raises(WorkerGroupError, match=complaint):
         group.transport.update_actor(batch, {"loss_fn": "importance_sampling"})
     group.transport.barrier()
-    assert group.transport.compute_log_prob(_batch()).shape == _batch().tensors["input_ids"].shape
+    assert group.transport.compute_log_prob(training_batch()).shape == training_batch().tensors["input_ids"].shape
 
 
 def test_bad_update_options_are_refused_by_name(group: LocalWorkerGroup) -> None:
     with pytest.raises(WorkerGroupError, match="'seq-mean-token-avg' is not a valid AggMode"):
-        group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-avg"}})
+        group.transport.update_actor(training_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-avg"}})
     with pytest.raises(WorkerGroupError, match="unknown update_actor options"):
-        group.transport.update_actor(_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
+        group.transport.update_actor(training_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
 
 
 def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: LocalWorkerGroup, tmp_path: Path) -> None:
@@ -233,7 +182,7 @@ def test_no_pickle_on_the_driver_side(group: LocalWorkerGroup, monkeypatch: pyte
         monkeypatch.setattr(pickle, name, refuse)
     for name in ("send_pyobj", "recv_pyobj"):
         monkeypatch.setattr(zmq.Socket, name, refuse)
-    assert group.transport.compute_log_prob(_batch()).shape[0] == 5
+    assert group.transport.compute_log_prob(training_batch()).shape[0] == 5
 
 
 def test_no_module_of_the_transport_or_the_workers_can_pickle() -> None:
@@ -294,7 +243,7 @@ range, huge ones on the rows with negative advantages (dual clip)."""
 
 def _probe_batch(group: LocalWorkerGroup) -> Batch:
     """The module's batch with old logprobs set so the importance ratios are `RATIO_SHIFTS`."""
-    batch = _batch()
+    batch = training_batch()
     current = group.transport.compute_log_prob(batch)
     mask = batch.tensors["loss_mask"]
     shifts = RATIO_SHIFTS.repeat(mask.numel() // len(RATIO_SHIFTS) + 1)[: mask.numel()].reshape(mask.shape)
@@ -338,12 +287,12 @@ def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: Local
     with torch.no_grad():
         for name, parameter in engine.model.named_parameters():
             parameter.copy_(weights[name])
-    reference = engine.forward_backward(_datums(), loss, options)
+    reference = engine.forward_backward(training_datums(), loss, options)
     reference_norm = engine.optim_step(frozen).grad_norm
     key = "loss:sum" if options.get("agg_mode", "token-sum") == "token-sum" else "loss:mean"
     for limits in ({"micro_batch_rows": 1}, {"micro_batch_rows": 8}, {"micro_batch_rows": 8, "max_tokens_per_microbatch": 20}):
         metrics = group.transport.update_actor(
-            _batch(), {"loss_fn": loss, "loss_fn_config": options, "optimizer": frozen.to_json(), **limits}
+            training_batch(), {"loss_fn": loss, "loss_fn_config": options, "optimizer": frozen.to_json(), **limits}
         )
         assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4), f"passes of {limits}"
         assert metrics[key] == pytest.approx(reference.metrics[key], rel=1e-4, abs=1e-6), f"passes of {limits}"
@@ -356,21 +305,21 @@ def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: Loc
     from nexrl_engine.shared_prefix import plan_prefix_sharing
 
     group_size = 3
-    tokens = [run.tokens for run in _trajectories(group_size)]
+    tokens = [run.tokens for run in training_runs(group_size)]
     assert plan_prefix_sharing(tokens[:3]) is not None, "rank 0's rows must be worth sharing, or this checks nothing"
     engine = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
     weights = group.transport.get_weights()
     with torch.no_grad():
         for name, parameter in engine.model.named_parameters():
             parameter.copy_(weights[name])
-    batch = _batch(group_size)
+    batch = training_batch(group_size)
     expected = torch.zeros_like(batch.tensors["loss_mask"])
     for row, values in enumerate(engine.compute_logprobs(tokens)):
         columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()
         expected[row, columns[1:]] = torch.tensor(values[1:], dtype=torch.float32)
     torch.testing.assert_close(group.transport.compute_log_prob(batch, micro_batch_rows=8), expected, atol=1e-5, rtol=0)
     frozen = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)
-    reference = engine.forward_backward(_datums(group_size), "importance_sampling", {"agg_mode": "token-mean"})
+    reference = engine.forward_backward(training_datums(group_size), "importance_sampling", {"agg_mode": "token-mean"})
     reference_norm = engine.optim_step(frozen).grad_norm
     metrics = group.transport.update_actor(
         batch,
@@ -408,7 +357,7 @@ def _lora_engine(lora: LoraSettings) -> Engine:
 
 
 def _lora_engine_step(engine: Engine) -> None:
-    engine.forward_backward(_datums(), "importance_sampling")
+    engine.forward_backward(training_datums(), "importance_sampling")
     engine.optim_step(LORA_OPTIMIZER)
 
 
@@ -425,20 +374,20 @@ def test_a_lora_update_on_two_ranks_equals_the_engines(group: LocalWorkerGroup) 
     info = group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=LORA)
     assert info["world_size"] == 2
     engine = _lora_engine(LORA)
-    metrics = group.transport.update_actor(_batch(), LORA_UPDATE)
-    reference = engine.forward_backward(_datums(), "importance_sampling")
+    metrics = group.transport.update_actor(training_batch(), LORA_UPDATE)
+    reference = engine.forward_backward(training_datums(), "importance_sampling")
     step = engine.optim_step(LORA_OPTIMIZER)
     assert metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], rel=1e-5)
     assert metrics["actor/grad_norm"] == pytest.approx(step.grad_norm, rel=1e-5)
     weights = group.transport.get_weights()
     assert "lm_head.weight" in weights, "the merged lm_head adapter gives the head a weight of its own"
     assert _worst(weights, _merged(engine)) < 1e-5
-    batch = _batch()
+    batch = training_batch()
     torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
 
 
 def test_the_reference_of_a_lora_policy_is_its_base(group: LocalWorkerGroup, base_engine: Engine) -> None:
-    batch = _batch()
+    batch = training_batch()
     reference = group.transport.compute_ref_log_prob(batch)
     torch.testing.assert_close(reference, _engine_log_probs(base_engine, batch), atol=1e-5, rtol=0)
     assert not torch.allclose(group.transport.compute_log_prob(batch), reference, atol=1e-4), "the policy has moved"
@@ -489,11 +438,11 @@ def test_a_lora_checkpoint_resumes_and_exports_like_the_engine(group: LocalWorke
     saved_tensors = _checkpoint_tensors(saved)
     assert saved_tensors and all("lora_" in name for name in saved_tensors), "only what trains is in the sharded checkpoint"
 
-    second = group.transport.update_actor(_batch(), LORA_UPDATE)
+    second = group.transport.update_actor(training_batch(), LORA_UPDATE)
     after_second = group.transport.get_weights()
     group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=LORA)
     group.transport.load_checkpoint(str(saved))
-    again = group.transport.update_actor(_batch(), LORA_UPDATE)
+    again = group.transport.update_actor(training_batch(), LORA_UPDATE)
     assert again["loss:sum"] == pytest.approx(second["loss:sum"], rel=1e-6)
     assert again["actor/grad_norm"] == pytest.approx(second["actor/grad_norm"], rel=1e-6)
     assert _worst(group.transport.get_weights(), after_second) < 1e-6
@@ -518,9 +467,9 @@ def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: LocalW
     gathered = group.transport.get_weights()
     assert all(torch.equal(p.detach(), gathered[name]) for name, p in merged.named_parameters())
     adapted = PeftModel.from_pretrained(load_model(resolve_model_dir("nexrl-tiny"), torch.float32), str(export / ADAPTER_DIR))
-    batch = _batch()
+    batch = training_batch()
     workers = group.transport.compute_log_prob(batch)
-    for row, trajectory in enumerate(_trajectories()):
+    for row, trajectory in enumerate(training_runs()):
         columns = torch.nonzero(batch.tensors["attention_mask"][row]).flatten()[1:]
         for model in (merged, adapted):
             expected = torch.tensor(sequence_logprobs(model, trajectory.tokens))
@@ -538,7 +487,7 @@ def test_only_the_attention_adapters_train(group: LocalWorkerGroup, base_engine:
     """LoRA on q/k/v/o alone: after a step the merged policy differs from the base in the
     attention projections only, and the adapter names exactly those."""
     group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=attention_only())
-    group.transport.update_actor(_batch(), LORA_UPDATE)
+    group.transport.update_actor(training_batch(), LORA_UPDATE)
     weights = group.transport.get_weights()
     own = {name: p.detach() for name, p in base_engine.model.named_parameters()}
     assert set(weights) == set(own), "no head of its own: lm_head was not adapted"

@@ -23,13 +23,11 @@ import torch
 import zmq
 
 from nexrl_core.backend import BackendSetup
-from nexrl_core.batch import Batch
 from nexrl_core.config import load_config
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.types import Trajectory
-from nexrl_engine import Datum, Engine
+from nexrl_engine import Engine
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.lora import merged_copy
@@ -41,9 +39,10 @@ from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 
+from tests.conftest import training_batch, training_datums, training_runs
+
 pytestmark = pytest.mark.slow
 
-ADVANTAGES = [0.7, -1.2, 0.4, 1.5, -0.3]
 OPTIMIZER = AdamWSettings(learning_rate=1e-3, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.5)
 UPDATE = {"loss_fn": "importance_sampling", "optimizer": OPTIMIZER.to_json(), "micro_batch_rows": 2}
 
@@ -58,51 +57,6 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkerGroup
         yield workers
     finally:
         workers.stop()
-
-
-def _trajectories() -> list[Trajectory]:
-    """Five runs (odd, so rank 1 gets a padding row) of different lengths."""
-    generator = torch.Generator().manual_seed(0)
-    runs = []
-    for index in range(5):
-        prompt = torch.randint(1, 1000, (3 + index % 2,), generator=generator).tolist()
-        response = torch.randint(1, 1000, (2 + index,), generator=generator).tolist()
-        runs.append(
-            Trajectory(
-                tokens=prompt + response,
-                loss_mask=[0] * len(prompt) + [1] * len(response),
-                logprobs=[0.0] * len(prompt) + (-torch.rand(len(response), generator=generator) * 3).tolist(),
-                reward=float(index % 2),
-                group_id="g",
-                run_id=index,
-                task_id="t",
-            )
-        )
-    return runs
-
-
-def _batch() -> Batch:
-    batch = Batch.from_trajectories(_trajectories(), pad_token_id=0)
-    batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.tensor(ADVANTAGES)[:, None]
-    return batch
-
-
-def _datums() -> list[Datum]:
-    datums = []
-    for trajectory, advantage in zip(_trajectories(), ADVANTAGES):
-        tokens, mask = trajectory.tokens, trajectory.loss_mask
-        datums.append(
-            Datum(
-                input_tokens=tokens[:-1],
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": trajectory.logprobs[1:],
-                    "advantages": [advantage * m for m in mask[1:]],
-                    "mask": [float(m) for m in mask[1:]],
-                },
-            )
-        )
-    return datums
 
 
 def _mixed_engine(lora: LoraSettings | None = None) -> Engine:
@@ -140,8 +94,8 @@ def test_a_mixed_precision_step_on_two_ranks_is_the_engines(group: LocalWorkerGr
     assert (info["dtype"], info["master_dtype"]) == ("bfloat16", "float32")
     engine = _mixed_engine()
     start = {name: tensor.detach().clone() for name, tensor in engine.trained_parameters().items()}
-    metrics = group.transport.update_actor(_batch(), UPDATE)
-    reference = engine.forward_backward(_datums(), "importance_sampling")
+    metrics = group.transport.update_actor(training_batch(), UPDATE)
+    reference = engine.forward_backward(training_datums(), "importance_sampling")
     step = engine.optim_step(OPTIMIZER)
     # Measured: loss within 1e-7, gradient norm 1e-4, update 0.002 of its size; fp32
     # compute on either side is off by about 1 % in the loss.
@@ -159,7 +113,7 @@ def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWork
     """``push_weights`` sends bfloat16 frames (half the bytes of the masters), and the
     sampler process, a plain bfloat16 engine, then holds exactly the gathered weights."""
     group.transport.init_model("nexrl-tiny", dtype="bfloat16", seed=0, mixed_precision=True)
-    group.transport.update_actor(_batch(), UPDATE)
+    group.transport.update_actor(training_batch(), UPDATE)
     received: list[dict[str, torch.dtype]] = []
     context = zmq.Context()
     probe = context.socket(zmq.ROUTER)
@@ -207,7 +161,7 @@ def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit
     from torch.distributed.checkpoint import FileSystemReader
 
     group.transport.init_model("nexrl-tiny", dtype="bfloat16", seed=0, mixed_precision=True)
-    group.transport.update_actor(_batch(), UPDATE)
+    group.transport.update_actor(training_batch(), UPDATE)
     saved = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint")))
     metadata = FileSystemReader(str(saved)).read_metadata().state_dict_metadata
     floating = {key: entry.properties.dtype for key, entry in metadata.items() if hasattr(entry, "properties") and entry.properties.dtype.is_floating_point}
@@ -218,11 +172,11 @@ def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit
     assert {tensor.dtype for tensor in load_file(str(saved / HF_EXPORT_DIR / "model.safetensors")).values()} == {torch.bfloat16}
     assert json.loads((saved / HF_EXPORT_DIR / "config.json").read_text())["dtype"] == "bfloat16", "the config names what was written"
 
-    second = group.transport.update_actor(_batch(), UPDATE)
+    second = group.transport.update_actor(training_batch(), UPDATE)
     after_second = _masters_saved(group, tmp_path / "after_second")
     group.transport.init_model("nexrl-tiny", dtype="bfloat16", seed=0, mixed_precision=True)
     group.transport.load_checkpoint(str(saved))
-    again = group.transport.update_actor(_batch(), UPDATE)
+    again = group.transport.update_actor(training_batch(), UPDATE)
     assert again["loss:sum"] == second["loss:sum"] and again["actor/grad_norm"] == second["actor/grad_norm"]
     assert _worst(_masters_saved(group, tmp_path / "again"), after_second) == 0.0
 
@@ -235,8 +189,8 @@ def test_lora_with_mixed_precision_on_two_ranks_is_the_engines(group: LocalWorke
     engine = _mixed_engine(lora)
     start = {name: tensor.detach().clone() for name, tensor in engine.trained_parameters().items()}
     settings = AdamWSettings(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=1.0)
-    metrics = group.transport.update_actor(_batch(), {**UPDATE, "optimizer": settings.to_json()})
-    reference = engine.forward_backward(_datums(), "importance_sampling")
+    metrics = group.transport.update_actor(training_batch(), {**UPDATE, "optimizer": settings.to_json()})
+    reference = engine.forward_backward(training_datums(), "importance_sampling")
     step = engine.optim_step(settings)
     assert metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], rel=1e-4)
     assert metrics["actor/grad_norm"] == pytest.approx(step.grad_norm, rel=1e-3)
@@ -268,7 +222,7 @@ def test_the_recipe_key_reaches_the_workers_through_the_backend(tmp_path: Path, 
     try:
         info = _init_workers(setup, trainer, group.transport)  # type: ignore[arg-type]
         assert (info["dtype"], info["master_dtype"]) == ("bfloat16", "float32")
-        metrics = trainer.train(_trajectories(), 1)
+        metrics = trainer.train(training_runs(), 1)
     finally:
         trainer.close()
     assert metrics["train/actor/grad_norm"] > 0
