@@ -3,18 +3,18 @@ on the shipped tiny model, through the ``threads`` source's runner: each limit a
 boundary (N tokens pass, N+1 do not), a multi-turn agent's budget across its turns, and
 the one line that stops a run.
 
-The model is nexrl-engine's in-process holder on ``nexrl-tiny``; `Recording` passes every
-call on to it and keeps the prompt and options each sample was drawn with.
+The model is nexrl-engine's in-process holder on ``nexrl-tiny``; nexrl-testing's
+`RecordingChatModel` passes every call on to it and keeps the prompt and options each
+sample was drawn with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config.schema import ModelConfig, PromptOverflow, RolloutConfig
 from nexrl_core.rollout import (
     ChatCompletion,
@@ -28,7 +28,7 @@ from nexrl_core.rollout import (
     check_error_budget,
 )
 from nexrl_core.rollout_limits import TurnLimits, context_problems
-from nexrl_core.types import SampleResult
+from nexrl_testing.chat_models import RecordingChatModel
 
 QUESTION = [{"role": "user", "content": "12+7="}]
 REQUEST = RunRequest(step=1, item_index=0, run_id=0, group_id="s1-p0", task_id="12+7=", item={"q": QUESTION}, seed=5)
@@ -42,24 +42,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     holder = EngineHolder(EngineHolderConfig(model=ModelConfig(name="nexrl-tiny")), tmp_path_factory.mktemp("engine"))
     yield holder
     holder.close()
-
-
-class Recording:
-    """The tiny model, keeping the prompt and options of every sample drawn."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.sampled: list[tuple[list[int], SamplingOptions]] = []
-
-    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=False):  # noqa: ANN001
-        return self.model.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
-
-    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
-        self.sampled.append((list(prompt_tokens), options))
-        return self.model.sample_from_prompt(prompt_tokens, options)
-
-    def sample_from_messages(self, messages, options, tools=None):  # noqa: ANN001
-        return self.sample_from_prompt(self.apply_chat_template(messages, tools, True, True), options)
 
 
 def ask_once(item: Mapping[str, Any], llm: LLMClient) -> float:
@@ -92,11 +74,11 @@ def prompt_of(tiny: Any, messages: list[dict[str, Any]]) -> list[int]:
 @pytest.mark.parametrize("overflow", list(PromptOverflow), ids=lambda overflow: overflow.value)
 def test_a_prompt_of_the_limit_passes_and_one_token_more_does_not(tiny: Any, overflow: PromptOverflow) -> None:
     full = prompt_of(tiny, QUESTION)
-    model = Recording(tiny)
+    model = RecordingChatModel(tiny)
     passed = run_once(model, RolloutConfig(max_prompt_tokens=len(full), prompt_overflow=overflow))
     assert passed.finished and [prompt for prompt, _ in model.sampled] == [full]
 
-    model = Recording(tiny)
+    model = RecordingChatModel(tiny)
     over = RolloutConfig(max_prompt_tokens=len(full) - 1, prompt_overflow=overflow)
     if overflow is PromptOverflow.ERROR:
         with pytest.raises(RolloutError, match=rf"has {len(full)} tokens, over the limit of {len(full) - 1};"):
@@ -162,8 +144,8 @@ class ThreeTurns:
         return 1.0
 
 
-def turns(tiny: Any, budget: int | None) -> tuple[ThreeTurns, Recording, RunResult]:
-    agent, model = ThreeTurns(), Recording(tiny)
+def turns(tiny: Any, budget: int | None) -> tuple[ThreeTurns, RecordingChatModel, RunResult]:
+    agent, model = ThreeTurns(), RecordingChatModel(tiny)
     run = run_once(model, RolloutConfig(max_tokens=8, max_response_tokens=budget), agent)
     return agent, model, run
 
@@ -200,7 +182,7 @@ def test_a_truncated_turn_starts_a_trajectory_with_a_budget_of_its_own(tiny: Any
     agent = ThreeTurns()
     budget = 3
     first_prompt = len(prompt_of(tiny, QUESTION))
-    model = Recording(tiny)
+    model = RecordingChatModel(tiny)
     run = run_once(
         model,
         RolloutConfig(

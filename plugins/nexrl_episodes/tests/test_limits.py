@@ -5,47 +5,27 @@ same boundaries, as the ``threads`` source (both plan calls with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import openai
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config.schema import PromptOverflow, RolloutConfig
 from nexrl_core.rollout import RolloutError
-from nexrl_core.types import SampleResult
 from nexrl_episodes import EpisodeClient
+from nexrl_testing.chat_models import RecordingChatModel
 
 QUESTION = [{"role": "user", "content": "1+7="}]
 LONGER = [{"role": "user", "content": "11+7="}]
 """One token more than `QUESTION` (the tiny model's digits are a token each)."""
 
 
-class Recording:
-    """The tiny model, keeping the prompt and options of every sample drawn."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.sampled: list[tuple[list[int], SamplingOptions]] = []
-
-    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=False):  # noqa: ANN001
-        return self.model.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
-
-    def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
-        self.sampled.append((list(prompt_tokens), options))
-        return self.model.sample_from_prompt(prompt_tokens, options)
-
-    def sample_from_messages(self, messages, options, tools=None):  # noqa: ANN001
-        return self.sample_from_prompt(self.apply_chat_template(messages, tools, True, True), options)
-
-
 @pytest.fixture
 def limited(make_served: Any, chat_model: Any) -> Any:
-    """Builds an episode server whose recipe has the given ``rollout`` section, over a `Recording` model."""
+    """Builds an episode server whose recipe has the given ``rollout`` section, over a `RecordingChatModel`."""
 
-    def make(rollout: RolloutConfig) -> tuple[Any, Recording]:
-        model = Recording(chat_model)
+    def make(rollout: RolloutConfig) -> tuple[Any, RecordingChatModel]:
+        model = RecordingChatModel(chat_model)
         return make_served(model=model, rollout=rollout), model
 
     return make

@@ -3,9 +3,10 @@
 Recipe-key recording across every process a test starts (`recipe_key_records`), a
 throwaway PostgreSQL server (`postgres`), finding the processes and listeners a run left
 (`processes`), a proxy that loses answers (`dropping_proxy`), seeded schema fuzzing of our
-HTTP apps (`fuzz`), runs driven as a user drives them (`served_runs`) and GPU detection
-(`devices`), with the pytest plugin that wires them in (`pytest_plugin`). Plugin authors
-use the conformance kit in ``nexrl_core.testing`` instead; nothing here is for them.
+HTTP apps (`fuzz`), runs driven as a user drives them (`served_runs`), GPU detection
+(`devices`) and a chat model that records what it samples (`chat_models`), with the pytest
+plugin that wires them in (`pytest_plugin`). Plugin authors use the conformance kit in
+``nexrl_core.testing`` instead; nothing here is for them.
 """
 
 __version__ = "0.1.0"
