@@ -87,7 +87,9 @@ def _sample_to_json(sample: SampleResult) -> dict[str, Any]:
     return attrs.asdict(sample)
 
 
-def _run_result(request: RunRequest, reward: float, metrics: Mapping[str, float], calls: Sequence[SampleResult]) -> RunResult:
+def _result_of(request: RunRequest, **outcome: Any) -> RunResult:
+    """The `RunResult` of ``request``'s run: who it is from the request, how it went
+    (``reward``, and calls and trajectories, an ``error`` or why it was ``skipped``) from ``outcome``."""
     return RunResult(
         step=request.step,
         item_index=request.item_index,
@@ -95,6 +97,14 @@ def _run_result(request: RunRequest, reward: float, metrics: Mapping[str, float]
         group_id=request.group_id,
         task_id=request.task_id,
         is_val=request.is_val,
+        **outcome,
+    )
+
+
+def _run_result(request: RunRequest, reward: float, metrics: Mapping[str, float], calls: Sequence[SampleResult]) -> RunResult:
+    """An ended run: its trajectories built from the recorded ``calls`` as the ``threads`` source builds them."""
+    return _result_of(
+        request,
         reward=reward,
         trajectories=build_trajectories(
             calls,
@@ -109,34 +119,6 @@ def _run_result(request: RunRequest, reward: float, metrics: Mapping[str, float]
         num_calls=len(calls),
         response_tokens=sum(len(call.response_tokens) for call in calls),
         truncated_calls=sum(call.finish_reason == "length" for call in calls),
-    )
-
-
-def _failed_result(request: RunRequest, error: str, calls: int = 0) -> RunResult:
-    return RunResult(
-        step=request.step,
-        item_index=request.item_index,
-        run_id=request.run_id,
-        group_id=request.group_id,
-        task_id=request.task_id,
-        is_val=request.is_val,
-        reward=None,
-        num_calls=calls,
-        error=error,
-    )
-
-
-def _skipped_result(request: RunRequest, why: str, calls: int) -> RunResult:
-    return RunResult(
-        step=request.step,
-        item_index=request.item_index,
-        run_id=request.run_id,
-        group_id=request.group_id,
-        task_id=request.task_id,
-        is_val=request.is_val,
-        reward=None,
-        num_calls=calls,
-        skipped=why,
     )
 
 
@@ -273,7 +255,9 @@ class EpisodeBook:
                     episode.status = "dropped"
                     self.store.finish(episode.episode_id, "dropped", "the training run stopped before it ended")
                     if not episode.future.done():
-                        episode.future.set_result(_failed_result(episode.request, "RolloutCancelled: the training run is stopping"))
+                        episode.future.set_result(
+                            _result_of(episode.request, reward=None, error="RolloutCancelled: the training run is stopping")
+                        )
         self._notify()
 
     # --- the client side
@@ -386,7 +370,7 @@ class EpisodeBook:
                 if overflow.skip:
                     episode.status = "skipped"
                     self.store.finish(episode.episode_id, "skipped", line)
-                    episode.future.set_result(_skipped_result(episode.request, line, calls))
+                    episode.future.set_result(_result_of(episode.request, reward=None, num_calls=calls, skipped=line))
                     raise EpisodeError(400, f"{line}; claim a new episode") from None
                 episode.status = "failed"
                 self.store.finish(episode.episode_id, "failed", line)
@@ -492,7 +476,7 @@ class EpisodeBook:
             self._outstanding -= 1
             error = f"EpisodeFailed: claimed {episode.claims} times without ending (last: {why})"
             self.store.finish(episode.episode_id, "failed", error)
-            episode.future.set_result(_failed_result(episode.request, error))
+            episode.future.set_result(_result_of(episode.request, reward=None, error=error))
             return
         episode.status = "queued"
         self.store.requeue(episode.episode_id, episode.attempt)
