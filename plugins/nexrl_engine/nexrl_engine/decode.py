@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
-__all__ = ["DecodePolicy", "RowResult", "StringStops", "choose_tokens", "decode_rows", "default_policy"]
+__all__ = ["DecodePolicy", "RowDraws", "RowResult", "StringStops", "choose_tokens", "decode_rows", "default_policy"]
 
 COUNTERS: collections.Counter[str] = collections.Counter()
 """What the loop did since import (``eager_steps``, ``graph_captures``, ``graph_replays``,
@@ -85,9 +85,89 @@ class RowResult:
 # --- drawing tokens ------------------------------------------------------------------------------
 
 
+@attrs.frozen
+class RowDraws:
+    """Each row's own temperature, top-k and top-p, as device tensors: a batch whose rows
+    came from requests that sample differently (a service's concurrent requests) still
+    decodes in one loop, and each row draws exactly what it would draw in a batch of
+    its own kind. The flags say which filters any row uses, so a batch skips the rest."""
+
+    greedy: torch.Tensor
+    """[rows] bool: temperature 0, argmax."""
+    divisor: torch.Tensor
+    """[rows] float64: the temperature (1 for greedy rows, whose scores are unused)."""
+    top_k: torch.Tensor
+    """[rows] long: how many top scores stay; the vocabulary size where top-k is off."""
+    top_p: torch.Tensor
+    """[rows] float64."""
+    nucleus: torch.Tensor
+    """[rows] bool: top-p below 1 (on)."""
+    any_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+
+    @classmethod
+    def of(cls, params: Sequence[Any], vocab: int, device: torch.device) -> RowDraws:
+        """One row per entry of ``params`` (`SamplingParams`-like)."""
+        greedy = [p.temperature == 0 for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        nucleus = [p.top_p < 1.0 for p in params]
+        return cls(
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            divisor=torch.tensor([1.0 if g else float(p.temperature) for g, p in zip(greedy, params)], dtype=torch.float64, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_p=torch.tensor([float(p.top_p) for p in params], dtype=torch.float64, device=device),
+            nucleus=torch.tensor(nucleus, dtype=torch.bool, device=device),
+            any_greedy=any(greedy),
+            any_top_k=any(k < vocab for k, g in zip(top_k, greedy) if not g),
+            any_top_p=any(n for n, g in zip(nucleus, greedy) if not g),
+        )
+
+    def select(self, index: torch.Tensor) -> RowDraws:
+        """The rows at ``index`` (the decoder drops finished rows); the flags stay, so a
+        captured step keeps its shape of work."""
+        picked = {name: getattr(self, name).index_select(0, index) for name in ("greedy", "divisor", "top_k", "top_p", "nucleus")}
+        return attrs.evolve(self, **picked)
+
+
+def _choose_per_row(logits: torch.Tensor, draws: RowDraws, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """`choose_tokens` with each row's own settings: per row the same operations on the
+    same values as a batch of that row's settings alone (the k-th score read from a sort
+    rather than ``topk`` is the same number), so the same token."""
+    assert uniforms is not None
+    scores = logits.double() / draws.divisor[:, None]
+    if draws.any_top_k:
+        kth = torch.sort(scores, dim=-1, descending=True).values.gather(-1, (draws.top_k - 1)[:, None])
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if draws.any_top_p:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill((mass_before >= draws.top_p[:, None]) & draws.nucleus[:, None], 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    chosen = _inverse_cdf(probs, uniforms)
+    return torch.where(draws.greedy, logits.argmax(dim=-1), chosen) if draws.any_greedy else chosen
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token each row's uniform picks from its distribution."""
+    vocab = probs.shape[-1]
+    cdf = probs.cumsum(dim=-1)
+    targets = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    chosen = torch.searchsorted(cdf, targets, right=True)[:, 0]
+    # Rounding can put the target at the very end of the cdf; fall back to the mode.
+    bad = (chosen >= vocab) | (probs.gather(-1, chosen.clamp(max=vocab - 1)[:, None])[:, 0] <= 0)
+    if bad.device.type != "cuda" and not bool(bad.any()):
+        return chosen  # on the host a check is cheaper than the argmax (it never syncs a GPU)
+    return torch.where(bad, probs.argmax(dim=-1), chosen)
+
+
 def choose_tokens(logits: torch.Tensor, params: Any, uniforms: torch.Tensor | None) -> torch.Tensor:
     """Draw one token per row from the temperature/top-k/top-p distribution by inverse
-    CDF with the row's own uniform; temperature 0 is argmax. No host sync on CUDA."""
+    CDF with the row's own uniform; temperature 0 is argmax. ``params``: one
+    `SamplingParams`-like for every row, or `RowDraws`. No host sync on CUDA."""
+    if isinstance(params, RowDraws):
+        return _choose_per_row(logits, params, uniforms)
     if params.temperature == 0:
         return logits.argmax(dim=-1)
     assert uniforms is not None
@@ -102,14 +182,7 @@ def choose_tokens(logits: torch.Tensor, params: Any, uniforms: torch.Tensor | No
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    cdf = probs.cumsum(dim=-1)
-    targets = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    chosen = torch.searchsorted(cdf, targets, right=True)[:, 0]
-    # Rounding can put the target at the very end of the cdf; fall back to the mode.
-    bad = (chosen >= vocab) | (probs.gather(-1, chosen.clamp(max=vocab - 1)[:, None])[:, 0] <= 0)
-    if bad.device.type != "cuda" and not bool(bad.any()):
-        return chosen  # on the host a check is cheaper than the argmax (it never syncs a GPU)
-    return torch.where(bad, probs.argmax(dim=-1), chosen)
+    return _inverse_cdf(probs, uniforms)
 
 
 # --- stop strings --------------------------------------------------------------------------------
@@ -265,14 +338,19 @@ class _Decoder:
         uniforms: torch.Tensor | None,
         limits: list[int],
         params: Any,
-        stop_ids: Sequence[int],
-        strings: StringStops | None,
+        stop_ids: Sequence[Sequence[int]],
+        strings: Sequence[StringStops | None],
         policy: DecodePolicy,
         max_new: int,
     ) -> None:
         device = logits.device
+        if isinstance(params, list):
+            params = RowDraws.of(params, logits.shape[-1], device)
         self.model, self.cache, self.static, self.params = model, cache, static, params
-        self.policy, self.max_new, self.width, self.strings = policy, max_new, width, strings
+        self.policy, self.max_new, self.width = policy, max_new, width
+        self.strings = list(strings)
+        """Each slot's stop strings (None: it has none)."""
+        self.any_strings = any(rule is not None for rule in self.strings)
         self.keyword = _cache_keyword(model)
         n_rows = logits.shape[0]
         self.rows = list(range(n_rows))
@@ -281,7 +359,7 @@ class _Decoder:
         self.pos = last_position.clone()
         self.uniforms = uniforms
         self.limit = torch.tensor(limits, dtype=torch.long, device=device)
-        self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device) if stop_ids else None
+        self.stop_ids = _stop_id_rows(stop_ids, device)
         self.step = torch.zeros(1, dtype=torch.long, device=device)
         self.tok = torch.zeros((n_rows, 1), dtype=torch.long, device=device)
         self.tokens = torch.zeros((n_rows, max_new), dtype=torch.long, device=device)
@@ -329,7 +407,7 @@ class _Decoder:
         self.logprobs.index_copy_(1, step, raw.gather(-1, chosen[:, None]))
         ended = step + 1 >= self.limit
         if self.stop_ids is not None:
-            hit = (chosen[:, None] == self.stop_ids[None, :]).any(dim=-1)
+            hit = (chosen[:, None] == self.stop_ids).any(dim=-1)
             ended = ended | hit
             self.stopped.logical_or_(hit & ~self.finished)
         newly = ended & ~self.finished
@@ -399,18 +477,18 @@ class _Decoder:
 
     def _check_strings(self, finished: list[bool], length: list[int]) -> list[int]:
         """Stop strings over the tokens drawn since the last check; slots they end."""
-        assert self.strings is not None
         block = self.tokens[:, self.checked : self.drawn].tolist()
         ended = []
         for slot, new in enumerate(block):
-            if slot in self.string_end:
+            rule = self.strings[slot]
+            if rule is None or slot in self.string_end:
                 continue
             mine = self.host_tokens[slot]
             mine.extend(new)
             end = length[slot] if finished[slot] else self.drawn
             if end <= self.checked:
                 continue
-            hit = self.strings.first_hit(mine, self.checked, end)
+            hit = rule.first_hit(mine, self.checked, end)
             if hit is not None:
                 self.string_end[slot] = hit + 1
                 ended.append(slot)
@@ -421,7 +499,7 @@ class _Decoder:
         """Host check; True when no row is left."""
         state = torch.stack([self.finished.long(), self.length]).tolist()
         finished, length = [bool(flag) for flag in state[0]], state[1]
-        if self.strings is not None:
+        if self.any_strings:
             ended = self._check_strings(finished, length)
             if ended:
                 for slot in ended:
@@ -456,12 +534,17 @@ class _Decoder:
             setattr(self, name, getattr(self, name).index_select(0, index))
         if self.uniforms is not None:
             self.uniforms = self.uniforms.index_select(0, index)
+        if self.stop_ids is not None:
+            self.stop_ids = self.stop_ids.index_select(0, index)
+        if isinstance(self.params, RowDraws):
+            self.params = self.params.select(index)
         if self.static:
             _select_static(self.cache, index)
         else:
             self.cache.batch_select_indices(index)
         self.rows = [self.rows[slot] for slot in live]
         self.host_tokens = [self.host_tokens[slot] for slot in live]
+        self.strings = [self.strings[slot] for slot in live]
         self.string_end = {}
         self._reshaped()
         COUNTERS["compactions"] += 1
@@ -505,6 +588,18 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def _stop_id_rows(stop_ids: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor | None:
+    """[rows, most ids] each row's stop token ids, padded with -1 (no token); None when no
+    row has any."""
+    most = max((len(ids) for ids in stop_ids), default=0)
+    if most == 0:
+        return None
+    table = torch.full((len(stop_ids), most), -1, dtype=torch.long)
+    for row, ids in enumerate(stop_ids):
+        table[row, : len(ids)] = torch.tensor(sorted(ids), dtype=torch.long)
+    return table.to(device)
+
+
 def decode_rows(
     model: Any,
     *,
@@ -515,11 +610,14 @@ def decode_rows(
     uniforms: torch.Tensor | None,
     limits: list[int],
     params: Any,
-    stop_ids: Sequence[int],
-    strings: StringStops | None,
+    stop_ids: Sequence[Sequence[int]],
+    strings: Sequence[StringStops | None],
     policy: DecodePolicy,
 ) -> list[RowResult]:
     """Decode every row until it ends; one `RowResult` per row.
+
+    ``params`` says how every row draws (a `SamplingParams`) or each row its own way (a
+    list of them, one per row); ``stop_ids`` and ``strings`` are each row's stop tokens and stop strings.
 
     ``prefill(cache, length)`` runs the prompts through the model into ``cache`` (None:
     let the model make a dynamic one) with a ``length``-wide attention mask and returns

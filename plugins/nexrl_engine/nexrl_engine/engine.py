@@ -60,7 +60,7 @@ from nexrl_engine.loss_fns import (
     step_totals,
 )
 from nexrl_engine.optim import AdamW
-from nexrl_engine.sampling import make_stop_rule, sample_batch
+from nexrl_engine.sampling import StopRule, make_stop_rule, sample_batch
 from nexrl_engine.shared_prefix import chunk_logprobs
 from nexrl_engine.types import (
     Datum,
@@ -287,7 +287,7 @@ class Engine:
     def sample(
         self,
         prompts: Sequence[Sequence[int]],
-        params: SamplingParams | Mapping[str, Any] | None = None,
+        params: SamplingParams | Mapping[str, Any] | Sequence[SamplingParams | Mapping[str, Any]] | None = None,
         *,
         num_samples: int | Sequence[int] = 1,
         include_prompt_logprobs: bool = False,
@@ -306,19 +306,34 @@ class Engine:
         (~1e-5; see `sample_batch`). Many single-prompt requests can thus share one batch
         without changing what they sample. A None entry (or no ``seeds``) falls back to
         ``params.seed`` (or a fresh seed), indexed by the prompt's position in this call.
+
+        ``params`` may also be a list with one entry per prompt: requests that sample
+        differently then share one decode loop (a service batches its concurrent
+        requests so). Each prompt is then seeded as if alone: by its ``seeds`` entry,
+        else its own ``params.seed`` (else a fresh seed), so it gets what ``sample([prompt],
+        its params)`` gets.
         """
-        if params is None:
-            params = SamplingParams()
-        elif isinstance(params, Mapping):
-            params = SamplingParams(**params)
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
             raise ValueError("prompts must be a non-empty list of token id lists")
+        per_prompt = isinstance(params, Sequence) and not isinstance(params, (str, bytes))
+        if per_prompt:
+            if len(params) != len(prompts):  # type: ignore[arg-type]
+                raise ValueError(f"params has {len(params)} entries for {len(prompts)} prompts; give one, or one per prompt")  # type: ignore[arg-type]
+            params = [self._sampling_params(own) for own in params]  # type: ignore[union-attr]
+        else:
+            params = self._sampling_params(params)  # type: ignore[arg-type]
         self._check_num_samples(num_samples, len(prompts))
         checked = [self._check_prompt(prompt, index) for index, prompt in enumerate(prompts)]
         prompt_seeds = self._check_seeds(seeds, len(checked))
         with self._lock:
-            rule = make_stop_rule(params.stop, self.eos_token_ids, self.vocab_size)
-            base_seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
+            if isinstance(params, list):
+                rule: StopRule | list[StopRule] = [make_stop_rule(own.stop, self.eos_token_ids, self.vocab_size) for own in params]
+                given = prompt_seeds or [None] * len(params)
+                prompt_seeds = [seed if seed is not None else own.seed for seed, own in zip(given, params)]
+                base_seed = self._seed_stream.getrandbits(63)
+            else:
+                rule = make_stop_rule(params.stop, self.eos_token_ids, self.vocab_size)
+                base_seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
             return sample_batch(
                 self.model,
                 checked,
@@ -332,6 +347,12 @@ class Engine:
                 prompt_seeds=prompt_seeds,
                 include_prompt_logprobs=include_prompt_logprobs,
             )
+
+    @staticmethod
+    def _sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+        if params is None:
+            return SamplingParams()
+        return SamplingParams(**params) if isinstance(params, Mapping) else params
 
     @staticmethod
     def _check_num_samples(num_samples: int | Sequence[int], n_prompts: int) -> None:

@@ -106,10 +106,10 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 def sample_batch(
     model: Any,
     prompts: Sequence[Sequence[int]],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     *,
     num_samples: int | Sequence[int],
-    stop_rule: StopRule,
+    stop_rule: StopRule | Sequence[StopRule],
     pad_id: int,
     max_positions: int,
     decode: Callable[[list[int]], str],
@@ -120,6 +120,11 @@ def sample_batch(
 ) -> list[PromptSamples]:
     """Sample ``num_samples`` continuations of every prompt (one count for all, or one per
     prompt); one `PromptSamples` per prompt.
+
+    ``params`` and ``stop_rule`` hold for every prompt, or each is a sequence with one per
+    prompt: prompts that sample differently (temperature, top-k, top-p, max_tokens,
+    stop) share one decode loop, and each gets what it would get in a call of its own
+    (its own seed given, as below).
 
     Sample j of prompt i draws its random numbers from ``derive_seed(prompt_seeds[i] + j,
     0)`` when the prompt has its own seed, else from ``derive_seed(base_seed + j, i)``. A
@@ -164,12 +169,31 @@ def _warn_fallback(error: Exception) -> None:
     )
 
 
+def _per_prompt(value: Any, kind: type, n_prompts: int, name: str) -> list[Any]:
+    """``value`` for every prompt, or its one entry per prompt."""
+    if isinstance(value, kind):
+        return [value] * n_prompts
+    values = list(value)
+    if len(values) != n_prompts:
+        raise ValueError(f"{name} has {len(values)} entries for {n_prompts} prompts; give one, or one per prompt")
+    return values
+
+
+def _draws(params: Sequence[SamplingParams]) -> SamplingParams | list[SamplingParams]:
+    """How the rows draw: the one shared setting when all rows draw alike (the plain
+    path), else each row's own (`nexrl_engine.decode.RowDraws`)."""
+    first = params[0]
+    if all((p.temperature, p.top_k, p.top_p) == (first.temperature, first.top_k, first.top_p) for p in params):
+        return first
+    return list(params)
+
+
 def _sample_batch(
     model: Any,
     prompts: Sequence[Sequence[int]],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     num_samples: int | Sequence[int],
-    stop_rule: StopRule,
+    stop_rule: StopRule | Sequence[StopRule],
     pad_id: int,
     max_positions: int,
     decode: Callable[[list[int]], str],
@@ -180,10 +204,12 @@ def _sample_batch(
 ) -> list[PromptSamples]:
     device = next(model.parameters()).device
     n_prompts = len(prompts)
+    prompt_params = _per_prompt(params, SamplingParams, n_prompts, "params")
+    rules = _per_prompt(stop_rule, StopRule, n_prompts, "stop_rule")
     limits = []
-    for prompt in prompts:
+    for prompt, own in zip(prompts, prompt_params):
         room = max_positions - len(prompt)
-        limits.append(room if params.max_tokens is None else min(params.max_tokens, room))
+        limits.append(room if own.max_tokens is None else min(own.max_tokens, room))
     max_new = max(limits)
 
     counts = [num_samples] * n_prompts if isinstance(num_samples, int) else list(num_samples)
@@ -197,8 +223,14 @@ def _sample_batch(
             seeds.append(derive_seed(base_seed + sample_index, prompt_index))
         else:
             seeds.append(derive_seed(own + sample_index, 0))
+    row_params = [prompt_params[prompt_index] for prompt_index in prompt_of_row]
     # Greedy decoding draws nothing; otherwise every row's numbers for every step, once.
-    uniforms = None if params.temperature == 0 else _draw_uniforms(seeds, max_new).to(device)
+    all_greedy = all(own.temperature == 0 for own in row_params)
+    uniforms = None if all_greedy else _draw_uniforms(seeds, max_new).to(device)
+    strings = {}
+    for rule in rules:
+        if rule.strings and id(rule) not in strings:
+            strings[id(rule)] = StringStops(rule.strings, rule.window, decode)
 
     ids, mask = _left_pad(prompts, pad_id, device)
     positions = positions_from_mask(mask)
@@ -235,9 +267,9 @@ def _sample_batch(
         mask=mask,
         uniforms=uniforms,
         limits=[limits[prompt_index] for prompt_index in prompt_of_row],
-        params=params,
-        stop_ids=sorted(stop_rule.token_ids),
-        strings=StringStops(stop_rule.strings, stop_rule.window, decode) if stop_rule.strings else None,
+        params=_draws(row_params),
+        stop_ids=[sorted(rules[prompt_index].token_ids) for prompt_index in prompt_of_row],
+        strings=[strings.get(id(rules[prompt_index])) for prompt_index in prompt_of_row],
         policy=policy,
     )
 

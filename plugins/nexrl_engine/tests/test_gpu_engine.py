@@ -1,6 +1,8 @@
 """On a CUDA GPU: the in-process backend trains the shipped model (fp32; bf16 with LoRA
-rank 8; bf16 compute over fp32 masters) and raises the held-out reward, and the GPU
-sampler's greedy replies on the shipped model are the CPU sampler's. Skipped where torch sees no GPU (``make test-gpu``)."""
+rank 8; bf16 compute over fp32 masters) and raises the held-out reward, the GPU
+sampler's greedy replies on the shipped model are the CPU sampler's, and a batch of
+prompts that sample differently gives each what it gets alone. Skipped where torch sees
+no GPU (``make test-gpu``)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,23 @@ def test_greedy_replies_on_the_gpu_are_the_cpus(chat_prompts: list[list[int]]) -
         for cpu, gpu in zip(cpu_prompt.sequences, gpu_prompt.sequences):
             assert gpu.tokens == cpu.tokens
             torch.testing.assert_close(torch.tensor(gpu.logprobs), torch.tensor(cpu.logprobs), atol=1e-3, rtol=0)
+
+
+def test_a_mixed_batch_on_the_gpu_samples_each_prompt_as_if_alone(chat_prompts: list[list[int]]) -> None:
+    """Prompts with their own temperature, filters, budgets and stops in one decode loop on
+    the CUDA path (static cache, captured step): each prompt's tokens are those it gets
+    alone on the GPU, logprobs within 1e-3."""
+    engine = Engine(model="nexrl-tiny", seed=0, device="cuda")
+    mixed = [
+        SamplingParams(temperature=0.0, max_tokens=6),
+        SamplingParams(temperature=1.0, top_k=5, max_tokens=24, seed=11),
+        SamplingParams(temperature=0.7, top_p=0.8, max_tokens=16, stop=["1"], seed=12),
+        SamplingParams(temperature=1.3, max_tokens=20, stop=[], seed=13),
+    ]
+    prompts = chat_prompts[: len(mixed)]
+    together = engine.sample(prompts, mixed, num_samples=2)
+    for prompt, params, batched in zip(prompts, mixed, together):
+        (alone,) = engine.sample([prompt], params, num_samples=2)
+        for own, shared in zip(alone.sequences, batched.sequences):
+            assert (shared.tokens, shared.stop_reason) == (own.tokens, own.stop_reason)
+            torch.testing.assert_close(torch.tensor(shared.logprobs), torch.tensor(own.logprobs), atol=1e-3, rtol=0)

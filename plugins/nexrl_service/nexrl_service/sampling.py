@@ -160,9 +160,10 @@ class SamplingOps:
             raise Gone(f"the weights behind this sampler were deleted (checkpoint expired or deleted): {ref.directory}")
         row, is_new = self.state.book.create(owner, lane, seq, "Sample", extra=extra, request_id=request_id)
         if is_new:
-            # Everything but the seed and the sample count must match: each request's seed
-            # and count go into the batch.
-            key = (attrs.astuple(attrs.evolve(task.params, seed=None)), task.prompt_logprobs)
+            # Requests on the same weights batch into one decode loop whatever they sample
+            # with (each row keeps its own params, seed and count); only whether prompt
+            # logprobs are wanted must match, since the prefill computes them for all.
+            key = task.prompt_logprobs
             job = Job(
                 row.request_id,
                 lambda: self._run([task], ref)[0],
@@ -176,12 +177,11 @@ class SamplingOps:
 
     def _run(self, tasks: Sequence[SampleTask], ref: WeightsRef) -> list[Outcome]:
         engine = self.state.engines.sampler(ref)
-        first = tasks[0]
         results = engine.sample(
             [task.prompt for task in tasks],
-            attrs.evolve(first.params, seed=None),
+            [attrs.evolve(task.params, seed=None) for task in tasks],
             num_samples=[task.num_samples for task in tasks],
-            include_prompt_logprobs=first.prompt_logprobs,
+            include_prompt_logprobs=tasks[0].prompt_logprobs,
             seeds=[task.params.seed for task in tasks],
         )
         return [task.answer(result) for task, result in zip(tasks, results)]
