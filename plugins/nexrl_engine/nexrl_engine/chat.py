@@ -36,6 +36,12 @@ class EngineChat(TemplateChatModel):
         )
         """The one thread every torch call of the owner runs on."""
 
+    @property
+    def template_chat(self) -> TemplateChat:
+        """Its templates, stops and replies: an owner that is a `TemplateChatModel` over
+        this sampler too (`EngineHolder`) renders with the same one."""
+        return self._chat
+
     def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
         prompt = [int(token) for token in prompt_tokens]
         params = SamplingParams.from_options(options, self._chat.default_stop())

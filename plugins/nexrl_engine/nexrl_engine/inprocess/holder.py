@@ -15,7 +15,9 @@ process, each with its own weights:
 
 Every torch call runs on one `ComputeThread`, which batches the rollouts' concurrent
 sample requests into few engine calls; the chat half (`EngineChat`: templates, stops,
-replies from `TemplateChat`) is shared with the self-hosted backend's sampler.
+replies from `TemplateChat`) is shared with the self-hosted backend's sampler. The holder
+is a `TemplateChatModel` over the same `TemplateChat`, so it renders and samples from
+messages as every other holder does, and samples prompts through its `EngineChat`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import attrs
 import torch
 
+from nexrl_core.chat_holder import TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
@@ -60,7 +63,7 @@ def engine_datum(datum: RemoteDatum) -> Datum:
     )
 
 
-class EngineHolder:
+class EngineHolder(TemplateChatModel):
     """Samples and trains an in-process `Engine`; checkpoints go under ``checkpoint_dir``.
 
     It cannot be pickled: the model lives in this process, so rollouts must run here
@@ -89,6 +92,7 @@ class EngineHolder:
         mixed precision the training model's bfloat16 compute copy of the masters."""
         self._version = 0
         self._sampling = EngineChat(self.sampler, config.engine)
+        self._chat = self._sampling.template_chat
         self.compute = self._sampling.compute
         """The one thread every torch call of this holder runs on."""
 
@@ -98,27 +102,10 @@ class EngineHolder:
             "process, or use a backend with a service (remote_api) for rollouts elsewhere"
         )
 
-    # --- chat and sampling ---------------------------------------------------------------------
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-    ) -> str | list[int]:
-        return self._sampling.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
+    # --- sampling (chat templates and messages: `TemplateChatModel`) ---------------------------
 
     def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
         return self._sampling.sample_from_prompt(prompt_tokens, options)
-
-    def sample_from_messages(
-        self,
-        messages: Sequence[dict[str, Any]],
-        options: SamplingOptions,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> SampleResult:
-        return self._sampling.sample_from_messages(messages, options, tools)
 
     # --- training ------------------------------------------------------------------------------
 
