@@ -14,7 +14,7 @@ from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.types import SampleResult
 from nexrl_engine.engine import Engine
-from nexrl_engine.compute import ComputeThread, SampleRequest, plan_calls
+from nexrl_engine.compute import ComputeThread, SampleRequest, plan_call
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.types import SampledSequence, SamplingParams
 
@@ -51,11 +51,11 @@ class EngineChat(TemplateChatModel):
     def _sample_many(self, requests: Sequence[SampleRequest]) -> list[SampledSequence]:
         """One sample per request from the sampler's weights (runs on the compute thread)."""
         samples: list[SampledSequence | None] = [None] * len(requests)
-        for call in plan_calls(requests):
-            results = self.sampler.sample(call.prompts, call.params, num_samples=call.counts, seeds=call.seeds)
-            for members, result in zip(call.members, results, strict=True):
-                for index, sequence in zip(members, result.sequences, strict=True):
-                    samples[index] = sequence
+        call = plan_call(requests)
+        results = self.sampler.sample(call.prompts, call.params, num_samples=call.counts, seeds=call.seeds)
+        for members, result in zip(call.members, results, strict=True):
+            for index, sequence in zip(members, result.sequences, strict=True):
+                samples[index] = sequence
         assert all(sample is not None for sample in samples)
         return samples  # type: ignore[return-value]
 

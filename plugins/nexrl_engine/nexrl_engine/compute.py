@@ -8,8 +8,9 @@ training step runs wait for it and then see whatever weights sampling was given.
 
 Why batching: a GRPO step's rollouts call ``sample_from_prompt`` from up to a hundred
 threads at the same moment. Consecutive queued sample requests are drawn together:
-`plan_calls` groups them by sampling parameters into one ``Engine.sample`` call each,
-merges a group's requests for one prompt with consecutive seeds into one prompt row
+`plan_call` makes them one ``Engine.sample`` call, each prompt row with its own
+sampling parameters (one decode loop, whatever each request samples with), merges the
+requests for one prompt and parameters with consecutive seeds into one prompt row
 with a sample count (`nexrl_core.coalesce.consecutive_runs`), and passes every row's
 seed, so each request gets the tokens it would get alone (sample j of seed s is the
 only sample of seed s + j, and a seed's samples do not depend on the batch). While
@@ -31,7 +32,7 @@ import attrs
 from nexrl_core.coalesce import consecutive_runs
 from nexrl_engine.types import SampledSequence, SamplingParams
 
-__all__ = ["ComputeThread", "EngineCall", "SampleRequest", "plan_calls"]
+__all__ = ["ComputeThread", "EngineCall", "SampleRequest", "plan_call"]
 
 T = TypeVar("T")
 
@@ -51,7 +52,8 @@ class SampleRequest:
 class EngineCall:
     """One ``Engine.sample`` call serving several requests."""
 
-    params: SamplingParams
+    params: list[SamplingParams]
+    """Per prompt row: how it samples."""
     prompts: list[list[int]]
     seeds: list[int | None]
     """Per prompt row: the seed of its first sample."""
@@ -61,23 +63,22 @@ class EngineCall:
     """Per prompt row: the requests (indices) its samples answer, in sample order."""
 
 
-def plan_calls(requests: Sequence[SampleRequest]) -> list[EngineCall]:
-    """The fewest engine calls that answer ``requests`` with the samples each would get alone."""
+def plan_call(requests: Sequence[SampleRequest]) -> EngineCall:
+    """One engine call that answers ``requests`` with the samples each would get alone."""
     by_params: dict[SamplingParams, dict[tuple[int, ...], list[int]]] = {}
     for index, request in enumerate(requests):
         by_params.setdefault(request.params, {}).setdefault(request.prompt, []).append(index)
-    calls = []
+    call = EngineCall([], [], [], [], [])
     for params, by_prompt in by_params.items():
-        call = EngineCall(params, [], [], [], [])
         for prompt, indices in by_prompt.items():
             for run in consecutive_runs([requests[index].seed for index in indices]):
                 members = [indices[position] for position in run]
+                call.params.append(params)
                 call.prompts.append(list(prompt))
                 call.seeds.append(requests[members[0]].seed)
                 call.counts.append(len(members))
                 call.members.append(members)
-        calls.append(call)
-    return calls
+    return call
 
 
 @attrs.frozen(eq=False)

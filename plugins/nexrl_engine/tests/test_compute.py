@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from nexrl_engine.compute import ComputeThread, SampleRequest, plan_calls
+from nexrl_engine.compute import ComputeThread, SampleRequest, plan_call
 from nexrl_engine.types import SampledSequence, SamplingParams
 
 HOT = SamplingParams(max_tokens=4, temperature=1.0)
@@ -21,20 +21,20 @@ def request(prompt: Sequence[int], seed: int | None, params: SamplingParams = HO
 
 def test_a_group_with_consecutive_seeds_is_one_prompt_row() -> None:
     requests = [request([1, 2], 12), request([1, 2], 10), request([1, 2], 11), request([3], 10)]
-    (call,) = plan_calls(requests)
+    call = plan_call(requests)
+    assert call.params == [HOT, HOT]
     assert call.prompts == [[1, 2], [3]]
     assert call.seeds == [10, 10]
     assert call.counts == [3, 1]
     assert call.members == [[1, 2, 0], [3]], "sample j of seed s answers the request with seed s + j"
 
 
-def test_seed_gaps_split_rows_and_other_params_get_their_own_call() -> None:
+def test_seed_gaps_split_rows_and_other_params_get_rows_of_their_own_in_the_same_call() -> None:
     requests = [request([1], 5), request([1], 7), request([1], None), request([1], None), request([1], 5, COLD)]
-    hot, cold = plan_calls(requests)
-    assert (hot.params, cold.params) == (HOT, COLD)
-    assert hot.seeds == [None, 5, 7] and hot.counts == [2, 1, 1]
-    assert hot.members == [[2, 3], [0], [1]]
-    assert cold.members == [[4]]
+    call = plan_call(requests)
+    assert call.params == [HOT, HOT, HOT, COLD]
+    assert call.seeds == [None, 5, 7, 5] and call.counts == [2, 1, 1, 1]
+    assert call.members == [[2, 3], [0], [1], [4]]
 
 
 def sequence_of(req: SampleRequest) -> SampledSequence:
