@@ -2,13 +2,17 @@
 run on a GPU run's process group (nexrl_fsdp.worker.collective_check): CI has no GPU.
 
 Also the runs the worker tests train on, as the workers take them (a `Batch`) and as the
-single-process engine they are compared against takes them (datums); the test modules
-import them with ``from tests.conftest import ...`` as the suite runs from this
-distribution's folder."""
+single-process engine they are compared against takes them (datums), and the sampler
+process the workers push weights to; the test modules import them with
+``from tests.conftest import ...`` as the suite runs from this distribution's folder."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("NEXRL_CHECK_COLLECTIVES", "1")
 
@@ -18,6 +22,10 @@ import torch
 
 from nexrl_core.batch import Batch
 from nexrl_core.types import Trajectory
+from nexrl_engine.batching import BatchedSamplingOptions
+from nexrl_engine.config import EngineConfig
+from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
+from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 
 ADVANTAGES = [0.7, -1.2, 0.4, 1.5, -0.3]
 """One advantage a run of `training_runs`."""
@@ -72,3 +80,18 @@ def training_datums(group_size: int = 1) -> list[Datum]:
             )
         )
     return datums
+
+
+@contextlib.contextmanager
+def ready_sampler(log_dir: Path, **engine: Any) -> Iterator[tuple[SamplerProcess, str]]:
+    """A sampler process on nexrl-tiny (seed 0; ``engine`` as more `EngineConfig` fields),
+    once it serves, with its endpoint; stopped on the way out. Its log is ``sampler.log``
+    in ``log_dir``."""
+    settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0, **engine), batching=BatchedSamplingOptions())
+    sampler = SamplerProcess(settings, log_dir / "sampler.log")
+    try:
+        sampler.wait_ready()
+        assert sampler.endpoint is not None
+        yield sampler, sampler.endpoint
+    finally:
+        sampler.stop()

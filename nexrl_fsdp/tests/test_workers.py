@@ -36,14 +36,11 @@ from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_testing.processes import process_tree, tcp_listeners
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 from nexrl_engine.config import EngineConfig
-from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.loading import load_model, resolve_model_dir
 from nexrl_engine.lora import ATTN_MODULES, merged_copy
-from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
-from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
 
-from tests.conftest import training_batch, training_datums, training_runs
+from tests.conftest import ready_sampler, training_batch, training_datums, training_runs
 
 pytestmark = pytest.mark.slow
 
@@ -157,21 +154,15 @@ def test_bad_update_options_are_refused_by_name(group: LocalWorkerGroup) -> None
 
 
 def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: LocalWorkerGroup, tmp_path: Path) -> None:
-    settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0), batching=BatchedSamplingOptions())
-    sampler = SamplerProcess(settings, tmp_path / "sampler.log")
-    try:
-        sampler.wait_ready()
-        assert sampler.endpoint is not None
+    with ready_sampler(tmp_path) as (sampler, endpoint):
         with pytest.raises(WorkerGroupError, match="push_weights refused: push_weights needs options.endpoint"):
             group.transport.push_weights("http://127.0.0.1:1")
         gathered = group.transport.get_weights()
         sampler.request({"kind": "load_weights"}, {name: tensor * 0.5 for name, tensor in gathered.items()})
-        assert group.transport.push_weights(sampler.endpoint) == len(gathered)
+        assert group.transport.push_weights(endpoint) == len(gathered)
         exported, _ = load_exported(Path(sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]))
         loaded = dict(exported.named_parameters())
         assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), "the sampler holds the trained weights, exactly"
-    finally:
-        sampler.stop()
 
 
 def test_no_pickle_on_the_driver_side(group: LocalWorkerGroup, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -396,19 +387,13 @@ def test_the_reference_of_a_lora_policy_is_its_base(group: LocalWorkerGroup, bas
 def test_pushed_lora_weights_are_the_merged_policy(group: LocalWorkerGroup, tmp_path: Path) -> None:
     """The sampler (a plain model with tied embeddings) takes the merged weights, its
     head untied, and scores as the workers' policy does."""
-    settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0), batching=BatchedSamplingOptions())
-    sampler = SamplerProcess(settings, tmp_path / "sampler.log")
-    try:
-        sampler.wait_ready()
-        assert sampler.endpoint is not None
+    with ready_sampler(tmp_path) as (sampler, endpoint):
         gathered = group.transport.get_weights()
-        assert group.transport.push_weights(sampler.endpoint) == len(gathered)
+        assert group.transport.push_weights(endpoint) == len(gathered)
         exported, _ = load_exported(Path(sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]))
         loaded = dict(exported.named_parameters())
         assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), "the sampler holds the merged weights, exactly"
         assert not torch.equal(loaded["lm_head.weight"], loaded["model.embed_tokens.weight"]), "the input embeddings kept their own"
-    finally:
-        sampler.stop()
 
 
 def _adapter_tensors(directory: Path) -> dict[str, torch.Tensor]:

@@ -28,18 +28,15 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.lora import LoraSettings
 from nexrl_engine import Engine
-from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.lora import merged_copy
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
 from nexrl_fsdp.selfhosted.backend import _check, _init_workers
-from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
-from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
 
-from tests.conftest import training_batch, training_datums, training_runs
+from tests.conftest import ready_sampler, training_batch, training_datums, training_runs
 
 pytestmark = pytest.mark.slow
 
@@ -138,20 +135,14 @@ def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWork
     (dtypes,) = received
     assert dtypes and set(dtypes.values()) == {torch.bfloat16}
 
-    settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0, dtype="bf16"), batching=BatchedSamplingOptions())
-    sampler = SamplerProcess(settings, tmp_path / "sampler.log")
-    try:
-        sampler.wait_ready()
-        assert sampler.endpoint is not None
+    with ready_sampler(tmp_path, dtype="bf16") as (sampler, endpoint):
         gathered = group.transport.get_weights()
-        assert group.transport.push_weights(sampler.endpoint) == len(gathered)
+        assert group.transport.push_weights(endpoint) == len(gathered)
         from safetensors.torch import load_file
 
         exported = sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]
         loaded = load_file(str(Path(exported) / "model.safetensors"))
         assert all(torch.equal(loaded[name], gathered[name]) for name in loaded), "the sampler holds the rounded masters, exactly"
-    finally:
-        sampler.stop()
 
 
 def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit(group: LocalWorkerGroup, tmp_path: Path) -> None:
