@@ -20,14 +20,9 @@ class RecordingChatModel:
         self.model = model
         self.sampled: list[tuple[list[int], SamplingOptions]] = []
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        tokenize: bool = False,
-    ) -> str | list[int]:
-        return self.model.apply_chat_template(messages, tools, add_generation_prompt, tokenize)
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> str | list[int]:
+        """The wrapped model's, as it is: rendering samples nothing."""
+        return self.model.apply_chat_template(*args, **kwargs)
 
     def sample_from_prompt(self, prompt_tokens: Sequence[int], options: SamplingOptions) -> SampleResult:
         self.sampled.append((list(prompt_tokens), options))
