@@ -181,10 +181,14 @@ def _per_prompt(value: Any, kind: type, n_prompts: int, name: str) -> list[Any]:
 
 def _draws(params: Sequence[SamplingParams]) -> SamplingParams | list[SamplingParams]:
     """How the rows draw: the one shared setting when all rows draw alike (the plain
-    path), else each row's own (`nexrl_engine.decode.RowDraws`)."""
-    first = params[0]
-    if all((p.temperature, p.top_k, p.top_p) == (first.temperature, first.top_k, first.top_p) for p in params):
-        return first
+    path; greedy rows draw alike whatever their filters), else each row's own
+    (`nexrl_engine.decode.RowDraws`)."""
+
+    def drawing(p: SamplingParams) -> tuple[float, ...]:
+        return (0.0,) if p.temperature == 0 else (p.temperature, p.top_k, p.top_p)
+
+    if len({drawing(p) for p in params}) == 1:
+        return params[0]
     return list(params)
 
 

@@ -51,3 +51,11 @@ def test_each_prompt_of_a_mixed_batch_samples_as_if_alone(shared_engine: Engine,
 def test_params_need_one_entry_per_prompt(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
     with pytest.raises(ValueError, match="params has 2 entries for 3 prompts"):
         shared_engine.sample(chat_prompts[:3], [SamplingParams(), SamplingParams()])
+
+
+def test_greedy_prompts_with_different_filters_are_one_greedy_batch(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
+    """Filters do not matter at temperature 0: such prompts draw nothing, alone or together."""
+    mixed = [SamplingParams(temperature=0.0, max_tokens=5), SamplingParams(temperature=0.0, top_k=3, top_p=0.5, max_tokens=7)]
+    together = shared_engine.sample(chat_prompts[:2], mixed)
+    for prompt, params, batched in zip(chat_prompts[:2], mixed, together):
+        assert batched.sequences[0].tokens == shared_engine.sample([prompt], params)[0].sequences[0].tokens
