@@ -76,12 +76,16 @@ class PendingCheckpoints:
             oldest = self._saving[0]
             if not wait and not oldest.future.done():
                 return
-            self._saving.popleft()
             try:
                 path = oldest.future.result()
             except Exception as error:  # the backend's error, whatever its type, names the step here
+                self._saving.popleft()
                 raise CheckpointError(oldest.step, error) from error
+            # Dropped only once recorded: a Ctrl-C landing while the run state is written
+            # leaves the save pending, and `settle` on the way out records it again
+            # (recording is idempotent) instead of losing a complete checkpoint.
             oldest.record(str(path))
+            self._saving.popleft()
 
     def settle(self) -> None:
         """On the way out after an error or Ctrl-C: wait for every save and record the
