@@ -57,7 +57,7 @@ from nexrl_engine.loss_fns import LossFn, build_loss_fn, check_datums
 from nexrl_engine.config import TrainingSpec
 from nexrl_engine.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 
-__all__ = ["GroupHooks", "GroupRestart", "GroupSettings", "WorkerGroupEngine"]
+__all__ = ["GroupHooks", "GroupRestart", "GroupSettings", "WorkerGroupEngine", "group_identifier"]
 
 log = logging.getLogger("nexrl_fsdp.worker_groups")
 
@@ -127,8 +127,9 @@ class _RestartPoint:
     with_optimizer: bool
 
 
-def _identifier(model_id: str) -> str:
-    """A group name the workers' API accepts, from a model id."""
+def group_identifier(model_id: str) -> str:
+    """The group's name (a name the workers' API accepts, from a model id): its processes carry it
+    on their command lines."""
     return "model-" + re.sub(r"[^A-Za-z0-9_.\-]", "-", model_id)[:180]
 
 
@@ -182,7 +183,7 @@ class WorkerGroupEngine:
         group = LocalWorkerGroup(
             settings.ranks,
             self.log_path,
-            identifier=_identifier(self.model_id),
+            identifier=group_identifier(self.model_id),
             heartbeat_s=settings.heartbeat_s,
             dead_after_s=settings.dead_after_s,
             connect_timeout_s=settings.connect_timeout_s,

@@ -10,10 +10,11 @@ service, whether it stops or is killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 import tinker
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_engine import Datum, Engine
+from nexrl_fsdp.worker_groups import group_identifier
 from nexrl_tinker.testing import BASE_MODEL, start_service
 from tinker import types
 
@@ -153,27 +155,33 @@ def expiring_service(tmp_path: Path) -> Iterator[Any]:
         svc.stop()
 
 
-def create_model_raw(client: httpx.Client, heartbeat: bool) -> tuple[str, dict[str, Any]]:
-    """A session and a full fine-tuning model made over plain HTTP, the session kept
-    alive while the model is created only with ``heartbeat``; the session id and the
-    creation's outcome."""
+def create_model_raw(client: httpx.Client) -> tuple[str, str, str]:
+    """A session and a full fine-tuning model made over plain HTTP; the session id, the
+    model id and the creation's request id."""
     session_id = client.post("/api/v1/create_session", json={"tags": [], "sdk_version": "raw"}).json()["session_id"]
     created = client.post(
         "/api/v1/create_model",
         json={"session_id": session_id, "model_seq_id": 0, "base_model": BASE_MODEL, "lora_config": {"rank": 0}},
     ).json()
+    return session_id, created["model_id"], created["request_id"]
+
+
+def outcome_of(client: httpx.Client, request_id: str, heartbeat_session: str | None = None) -> dict[str, Any]:
+    """The request's outcome once it has one, heartbeating ``heartbeat_session`` between
+    polls when given (the service answers a poll within 0.5 s)."""
     while True:
-        if heartbeat:
-            client.post("/api/v1/session_heartbeat", json={"session_id": session_id}).raise_for_status()
-        outcome = client.post("/api/v1/retrieve_future", json={"request_id": created["request_id"], "allow_metadata_only": False})
+        if heartbeat_session is not None:
+            client.post("/api/v1/session_heartbeat", json={"session_id": heartbeat_session}).raise_for_status()
+        outcome = client.post("/api/v1/retrieve_future", json={"request_id": request_id, "allow_metadata_only": False})
         if outcome.json().get("type") != "try_again":
-            return created["model_id"], outcome.json()
+            return outcome.json()
 
 
 def test_an_expired_session_stops_its_group(expiring_service: Any) -> None:
     """A client that stops heartbeating: the janitor expires its session and its group ends."""
     with httpx.Client(base_url=expiring_service.base_url, headers={"X-API-Key": "tml-silent"}, timeout=60) as client:
-        model_id, outcome = create_model_raw(client, heartbeat=True)
+        session_id, model_id, request_id = create_model_raw(client)
+        outcome = outcome_of(client, request_id, heartbeat_session=session_id)
     assert outcome.get("model_id") == model_id, outcome
     pids = expiring_service.state.engines.training(model_id).rank_pids()
     wait_gone(pids.values())
@@ -181,14 +189,39 @@ def test_an_expired_session_stops_its_group(expiring_service: Any) -> None:
 
 
 def test_a_session_that_expires_while_its_group_starts_leaves_no_group(expiring_service: Any) -> None:
-    """The session expires before the new group is up: the group is stopped as soon as
-    it is, and the creation fails saying why."""
+    """The session expires while the model's group starts: the group's processes are held
+    stopped (SIGSTOP) from the moment they appear until the janitor has expired the session,
+    so the expiry lands inside the start however fast the machine. The group is stopped as
+    soon as it is up, and the creation fails saying why."""
     with httpx.Client(base_url=expiring_service.base_url, headers={"X-API-Key": "tml-gone"}, timeout=60) as client:
-        model_id, outcome = create_model_raw(client, heartbeat=False)
-    assert "released" in str(outcome), outcome
+        session_id, model_id, request_id = create_model_raw(client)
+        held = hold_group_until(model_id, lambda: expiring_service.state.store.get_session(session_id).status == "expired")
+        outcome = outcome_of(client, request_id)
+    assert held, "the group's processes never appeared before the session expired"
+    assert "released (its session ended) while it was being loaded" in str(outcome), outcome
     assert expiring_service.state.engines.training(model_id) is None
-    workers = [pid for pid, command in descendants(os.getpid()).items() if "nexrl_fsdp.worker" in command and model_id in command]
-    wait_gone(workers)
+    wait_gone(held)
+
+
+def hold_group_until(model_id: str, done: Callable[[], bool], within_s: float = 60) -> list[int]:
+    """Stop (SIGSTOP) each process of the model's worker group as it appears until
+    ``done()``, then let them all go on (SIGCONT); the pids held."""
+    name = group_identifier(model_id)
+    held: list[int] = []
+    deadline = time.monotonic() + within_s
+    try:
+        while not done():
+            assert time.monotonic() < deadline, f"not done within {within_s} s"
+            for pid, command in descendants(os.getpid()).items():
+                if pid not in held and "nexrl_fsdp.worker" in command and name in command:
+                    os.kill(pid, signal.SIGSTOP)
+                    held.append(pid)
+            time.sleep(0.02)
+    finally:
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    return held
 
 
 @pytest.mark.parametrize("ending", ["stop", "kill"])
