@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TINKER_TELEMETRY=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 R=$PWD
-export PYTHONPATH=$R:$R/plugins/nexrl_remote_api:$R/plugins/nexrl_grpo:$R/plugins/nexrl_engine:$R/nexrl_fsdp:$R/plugins/nexrl_service:$R/nexrl_tinker:$R/nexrl_weaver:$R/plugins/nexrl_episodes:$R/plugins/nexrl_math:$R/plugins/nexrl_sinks:/tmp/site
+export PYTHONPATH=$R:$R/plugins/nexrl_remote_api:$R/plugins/nexrl_grpo:$R/plugins/nexrl_engine:$R/nexrl_fsdp:$R/plugins/nexrl_service:$R/nexrl_tinker:$R/nexrl_weaver:$R/plugins/nexrl_episodes:$R/plugins/nexrl_math:$R/plugins/nexrl_sinks:$R/plugins/nexrl_testing:/tmp/site
 export PATH=/tmp/site/bin:$PATH
 # the tests run the nexrl beside their interpreter (the one under test, not the first on PATH)
 ln -sf /tmp/site/bin/nexrl "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/nexrl"

@@ -68,11 +68,31 @@ def kill_after_checkpoint(out_dir: Path, backend: str, *extra: str) -> None:
         process.wait(timeout=60)
 
 
+StraightRun = Callable[..., Path]
+"""``straight_run(backend, *overrides)``: the output folder of an uninterrupted run."""
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> StraightRun:
+    """Uninterrupted runs, each made once for the module: the killed runs of several
+    tests compare with the same one."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def run(backend: str, *extra: str) -> Path:
+        key = (backend, *extra)
+        if key not in made:
+            out_dir = tmp_path_factory.mktemp("straight") / "run"
+            subprocess.run(command(out_dir, backend, *extra), check=True, capture_output=True, timeout=600)
+            made[key] = out_dir
+        return made[key]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["remote_api", "inprocess", "self-hosted"])
-def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, backend: str) -> None:
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    subprocess.run(command(straight, backend), check=True, capture_output=True, timeout=600)
+def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, backend: str, straight_run: StraightRun) -> None:
+    straight, resumed = straight_run(backend), tmp_path / "resumed"
     kill_after_checkpoint(resumed, backend)
     done = subprocess.run(command(resumed, backend, "--resume"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -88,12 +108,11 @@ def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, b
 
 
 @pytest.mark.slow
-def test_resume_after_a_hard_kill_restores_the_trainer_state(tmp_path: Path) -> None:
+def test_resume_after_a_hard_kill_restores_the_trainer_state(tmp_path: Path, straight_run: StraightRun) -> None:
     """The remote-API backend's checkpoint carries the trainer's state: an adaptive KL
     coefficient resumed after SIGKILL goes on from where it was (KL in the reward makes
     the other numbers differ in rounding, so this test compares the coefficient only)."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    subprocess.run(command(straight, "remote_api", *ADAPTIVE_KL), check=True, capture_output=True, timeout=600)
+    straight, resumed = straight_run("remote_api", *ADAPTIVE_KL), tmp_path / "resumed"
     kill_after_checkpoint(resumed, "remote_api", *ADAPTIVE_KL)
     done = subprocess.run(command(resumed, "remote_api", *ADAPTIVE_KL, "--resume"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -175,10 +194,8 @@ def run_and_kill(
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_self_hosted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out_dir = tmp_path_factory.mktemp("straight") / "run"
-    subprocess.run(command(out_dir, "self-hosted"), check=True, capture_output=True, timeout=600)
-    return out_dir
+def uninterrupted_self_hosted(straight_run: StraightRun) -> Path:
+    return straight_run("self-hosted")
 
 
 VALIDATED = 6
@@ -187,10 +204,8 @@ VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_validated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out_dir = tmp_path_factory.mktemp("straight-validated") / "run"
-    subprocess.run(command(out_dir, "self-hosted", VALIDATE), check=True, capture_output=True, timeout=600)
-    return out_dir
+def uninterrupted_validated(straight_run: StraightRun) -> Path:
+    return straight_run("self-hosted", VALIDATE)
 
 
 def all_rows(out_dir: Path) -> dict[int, dict[str, float]]:
