@@ -146,9 +146,10 @@ def test_a_finished_session_stops_its_group_and_frees_its_place(
 
 @pytest.fixture
 def expiring_service(tmp_path: Path) -> Iterator[Any]:
-    """A service that expires a session 2 s after its last heartbeat (and answers a poll
-    within 0.5 s, so a client can heartbeat between polls)."""
-    svc = start_service(tmp_path, workers=1, stale_session_s=2.0, janitor_interval_s=0.5, long_poll_s=0.5)
+    """A service that expires a session 4 s after its last heartbeat (ample time for a new
+    group's launcher to appear), and answers a poll within 0.5 s, so a client can heartbeat
+    between polls."""
+    svc = start_service(tmp_path, workers=1, stale_session_s=4.0, janitor_interval_s=0.5, long_poll_s=0.5)
     try:
         yield svc
     finally:
