@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import weaver
-from nexrl_weaver.testing import TEST_API_KEY
+from nexrl_weaver.testing import TEST_API_KEY, sdk_client
 
 
 @pytest.fixture(scope="module")
 def model_id(keyed_base_url: str) -> Iterator[str]:
-    client = weaver.ServiceClient(base_url=keyed_base_url, api_key=TEST_API_KEY)
+    client = sdk_client(keyed_base_url, api_key=TEST_API_KEY)
     client.connect()
     yield client.create_model(base_model="nexrl-tiny", training_mode="full_ft").model_id
     client.close()
@@ -34,7 +34,7 @@ def test_missing_and_wrong_keys_are_401(keyed_base_url: str) -> None:
     _error(_post(keyed_base_url, "/sessions", key=None, json={}), 401, "X-WEAVER-API-KEY")
     _error(_post(keyed_base_url, "/sessions", key="sk-other", json={}), 401, "invalid API key")
     with pytest.raises(weaver.WeaverAPIError, match="401"):
-        weaver.ServiceClient(base_url=keyed_base_url).connect()
+        sdk_client(keyed_base_url).connect()
 
 
 def test_malformed_bodies_are_400(keyed_base_url: str, model_id: str) -> None:
@@ -52,7 +52,7 @@ def test_malformed_bodies_are_400(keyed_base_url: str, model_id: str) -> None:
 
 
 def test_another_tenants_model_is_403(base_url: str) -> None:
-    owner = weaver.ServiceClient(base_url=base_url, api_key="sk-owner")
+    owner = sdk_client(base_url, api_key="sk-owner")
     owner.connect()
     try:
         model = owner.create_model(base_model="nexrl-tiny", training_mode="full_ft")
@@ -64,7 +64,7 @@ def test_another_tenants_model_is_403(base_url: str) -> None:
 
 
 def test_log_metrics_is_refused_not_dropped(keyed_base_url: str) -> None:
-    client = weaver.ServiceClient(base_url=keyed_base_url, api_key=TEST_API_KEY)
+    client = sdk_client(keyed_base_url, api_key=TEST_API_KEY)
     client.connect()
     try:
         model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")

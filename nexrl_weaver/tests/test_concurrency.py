@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import weaver
-from nexrl_weaver.testing import start_service
+from nexrl_weaver.testing import sdk_client, start_service
 from weaver.types import AdamParams, Datum, ModelInput, SamplingParams
 
 from nexrl_service.testing import CLIENT_STEPS, ClientsAtOnceContract
@@ -15,7 +14,7 @@ class TestSixteenClientsAtOnce(ClientsAtOnceContract):
     def one_client(self, base_url: str, index: int) -> tuple[list[float], list[int], str]:
         tokens = [(index * 7 + j) % 50 + 3 for j in range(12)]
         datum = Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 11})
-        client = weaver.ServiceClient(base_url=base_url)
+        client = sdk_client(base_url)
         client.connect()
         try:
             model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import pytest
 import weaver
+from nexrl_weaver.testing import sdk_client
 from weaver.types import AdamParams, Datum, LoraConfig, ModelInput
 
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
@@ -24,7 +25,7 @@ def _datum(tokens: list[int]) -> Datum:
 
 @pytest.fixture(scope="module")
 def client(base_url: str):
-    client = weaver.ServiceClient(base_url=base_url)
+    client = sdk_client(base_url)
     client.connect()
     yield client
     client.close()

@@ -14,13 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-import weaver
 from nexrl_core.serving import ServeOptions
 from nexrl_testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.state import ServiceState
 from nexrl_weaver.server.service import WeaverService
-from nexrl_weaver.testing import BASE_MODEL, start_service
+from nexrl_weaver.testing import BASE_MODEL, sdk_client, start_service
 from weaver.types import Datum, ModelInput
 
 pytestmark = pytest.mark.slow
@@ -97,7 +96,7 @@ def test_no_request_fails_the_service(service: Any) -> None:
 
 
 def test_a_session_and_model_created_used_and_closed_under_fuzzing(service: Any) -> None:
-    client = weaver.ServiceClient(base_url=service.base_url)
+    client = sdk_client(service.base_url)
     client.connect()
     model = client.create_model(base_model=BASE_MODEL, training_mode="lora", lora_config={"rank": 4})
     live = {"session_id": client.session_id, "model_id": model.model_id}
@@ -113,7 +112,7 @@ def test_a_session_and_model_created_used_and_closed_under_fuzzing(service: Any)
     assert not report.hangs, report.hangs
     client.close()
 
-    after = weaver.ServiceClient(base_url=service.base_url)
+    after = sdk_client(service.base_url)
     after.connect()
     trained = after.create_model(base_model=BASE_MODEL, training_mode="lora", lora_config={"rank": 4})
     datum = Datum(model_input=ModelInput.from_ints([19, 20, 13, 21]), loss_fn_inputs={"target_tokens": [20, 13, 21, 22], "weights": [1.0] * 4})

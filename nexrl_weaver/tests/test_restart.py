@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-import weaver
+from nexrl_weaver.testing import sdk_client
 from weaver.types import ModelInput, SamplingParams
 
 
@@ -43,7 +43,7 @@ def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path, sql_url: str) -> 
     url = f"http://127.0.0.1:{port}"
     server = _serve(port, tmp_path, sql_url)
     try:
-        client = weaver.ServiceClient(base_url=url)
+        client = sdk_client(url)
         client.connect()
         model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")
         checkpoint = model.save_state(name="before-crash")
@@ -53,7 +53,7 @@ def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path, sql_url: str) -> 
         client._closed = True  # its models died with the server; nothing to terminate
         server = _serve(port, tmp_path, sql_url)
 
-        again = weaver.ServiceClient(base_url=url, session_id=session_id)
+        again = sdk_client(url, session_id=session_id)
         again.connect()
         assert again.session_id == session_id
         assert checkpoint.path in [c.path for c in model.list_checkpoints()]

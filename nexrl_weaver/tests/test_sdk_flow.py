@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import weaver
+from nexrl_weaver.testing import sdk_client
 from weaver.operations import WeaverOperationError
 from weaver.types import AdamParams, Datum, LoraConfig, ModelInput, SamplingParams
 
@@ -14,7 +15,7 @@ TRANSPORTS = ["default", "http-binary"]
 @pytest.fixture(params=TRANSPORTS)
 def client(request: pytest.FixtureRequest, base_url: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("WEAVER_TENSOR_TRANSPORT", request.param)
-    client = weaver.ServiceClient(base_url=base_url)
+    client = sdk_client(base_url)
     client.connect()
     assert client.tensor_transport == request.param
     yield client
@@ -103,7 +104,7 @@ def test_whole_flow(client) -> None:
     lora.forward_backward([_datum(tokens, weights=[1.0] * n)], "cross_entropy")  # requests after a refusal still run
 
     client.close()
-    checker = weaver.ServiceClient(base_url=client._config.base_url)
+    checker = sdk_client(client._config.base_url)
     checker.connect(ensure_session=False)
     try:
         assert checker.get_model(lora.model_id)["status"] == "terminated"
@@ -114,7 +115,7 @@ def test_whole_flow(client) -> None:
 
 def test_surrogate_applies_exactly_the_gradient_it_carries(base_url: str) -> None:
     """``surrogate`` with weights -1 is cross-entropy with weights 1: same loss, same step."""
-    client = weaver.ServiceClient(base_url=base_url)
+    client = sdk_client(base_url)
     client.connect()
     try:
         tokens = [1, 5, 9, 14, 20, 7, 3]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import weaver
-from nexrl_weaver.testing import start_service
+from nexrl_weaver.testing import sdk_client, start_service
 from weaver.types import AdamParams, Datum, ModelInput, SamplingParams
 
 
@@ -18,7 +18,7 @@ def _datum(tokens: list[int], weights: list[float]) -> Datum:
 
 @pytest.fixture
 def client(base_url: str) -> Iterator[weaver.ServiceClient]:
-    client = weaver.ServiceClient(base_url=base_url)
+    client = sdk_client(base_url)
     client.connect()
     yield client
     client.close()
@@ -54,13 +54,13 @@ def test_a_resent_submission_is_applied_once(tmp_path, monkeypatch: pytest.Monke
 
     service = start_service(tmp_path, submit_wait_s=5.0)
     try:
-        client = weaver.ServiceClient(base_url=service.base_url)
+        client = sdk_client(service.base_url)
         client.connect()
         model = client.create_model(base_model="nexrl-tiny", training_mode="full_ft")
         tokens = [int(t) for t in range(3, 1003)]
         slow = [_datum(tokens, [1.0] * (len(tokens) - 1)) for _ in range(24)]
         monkeypatch.setattr(_http, "DEFAULT_TIMEOUT", httpx.Timeout(0.05, connect=5.0))
-        impatient = weaver.ServiceClient(base_url=service.base_url, session_id=client.session_id)
+        impatient = sdk_client(service.base_url, session_id=client.session_id)
         impatient.connect()
         impatient._operation_seq_by_model[model.model_id] = 1  # the same model: its next seq_id
         from weaver.training_client import TrainingClient

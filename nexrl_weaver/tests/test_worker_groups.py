@@ -18,7 +18,7 @@ import pytest
 import weaver
 from nexrl_engine.loading import resolve_model_dir
 from nexrl_remote_api.testing import WorkerGroupLossContract
-from nexrl_weaver.testing import BASE_MODEL, start_service
+from nexrl_weaver.testing import BASE_MODEL, sdk_client, start_service
 from safetensors.torch import load_file
 from weaver.types import AdamParams, Datum, ModelInput
 
@@ -48,7 +48,7 @@ def clients(services: dict[int, Any]) -> Iterator[dict[int, Any]]:
     made = {}
     try:
         for workers, service in services.items():
-            made[workers] = weaver.ServiceClient(base_url=service.base_url)
+            made[workers] = sdk_client(service.base_url)
             made[workers].connect()
         yield made
     finally:
