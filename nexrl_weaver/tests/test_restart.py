@@ -50,7 +50,6 @@ def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path, sql_url: str) -> 
         session_id = client.session_id
         os.kill(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
-        client._closed = True  # its models died with the server; nothing to terminate
         server = _serve(port, tmp_path, sql_url)
 
         again = sdk_client(url, session_id=session_id)
@@ -62,6 +61,7 @@ def test_kill_9_keeps_sessions_and_checkpoints(tmp_path: Path, sql_url: str) -> 
         fresh = again.create_model(base_model="nexrl-tiny", training_mode="full_ft")
         assert fresh.load_state_with_optimizer(checkpoint.path)["path"] == checkpoint.path
         again.close()
+        client.close()  # terminates the first model, which the restarted service still holds
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -79,7 +79,7 @@ def test_a_resent_submission_is_applied_once(tmp_path, monkeypatch: pytest.Monke
         assert len(rows) == 1, f"a re-sent submission ran {len(rows)} times"
         if result is not None:
             assert len(result["loss_fn_outputs"]) == len(slow)
-        impatient._closed = True  # the model belongs to `client`, which terminates it
+        impatient.close()  # it created no model: `client` terminates the one they share
         client.close()
     finally:
         service.stop()
