@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU session on a machine with torch+CUDA but no package registry (the device
-# tool's machines): install NexRL from wheels carried in .whl/, run the GPU suite with each
+# tool's machines): install NexRL from wheels carried in .whl/ (made here first by
+# `.venv/bin/python .ci/gpu_wheels.py`), run the GPU suite with each
 # distribution's tests in parallel, then the GPU benchmarks; logs and tables go to $OUT.
 #   bash .ci/gpu_session.sh [tests|bench|all] [benchmark args...]
 set -uo pipefail
