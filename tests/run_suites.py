@@ -99,12 +99,12 @@ def command(suite: Suite) -> list[str]:
     return [PYTHON, "-c", RUN_PYTEST, "--durations=15", *suite.args]
 
 
-def run_suite(suite: Suite, records: Path, logs: Path, printing: threading.Lock) -> tuple[int, float]:
+def run_suite(suite: Suite, records: Path, logs: Path, printing: threading.Lock, jobs: int) -> tuple[int, float]:
     """Run ``suite`` with its output in a log, then print that log whole."""
     log = logs / f"{suite.name.replace(' ', '_').replace('(', '').replace(')', '')}.log"
     began = time.monotonic()
     with log.open("wb") as out:
-        code = subprocess.run(command(suite), cwd=ROOT / suite.folder, env=environment(records), stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command(suite), cwd=ROOT / suite.folder, env=environment(records, jobs), stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.monotonic() - began
     with printing:
         print(f"=== pytest {suite.name} ({suite.folder}): exit {code} in {seconds:.0f} s", flush=True)
@@ -113,8 +113,14 @@ def run_suite(suite: Suite, records: Path, logs: Path, printing: threading.Lock)
     return code, seconds
 
 
-def environment(records: Path) -> dict[str, str]:
-    return {**os.environ, "NEXRL_RECIPE_KEY_RECORDS": str(records)}
+def environment(records: Path, jobs: int) -> dict[str, str]:
+    """Each suite's environment: the shared records folder, and each process's share of the
+    CPUs for torch's threads (``OMP_NUM_THREADS``, unless set already). Two suites whose
+    processes each spin as many threads as there are cores spend most of their time
+    waiting on each other: two copies of the engine suite at once on 2 cores took 423 s
+    at torch's default and 68 s with one thread each (one alone: 56 s either way)."""
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // jobs))
+    return {**os.environ, "NEXRL_RECIPE_KEY_RECORDS": str(records), "OMP_NUM_THREADS": threads}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         logs.mkdir()
         printing = threading.Lock()
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing) for suite in suites}
+            futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing, jobs) for suite in suites}
             results = {name: future.result() for name, future in futures.items()}
         if not args.gpu:
             print(f"=== pytest {LAST.name} ({LAST.folder})", flush=True)
             last_began = time.monotonic()
-            code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records)).returncode
+            at_once = os.cpu_count() or 1  # the mutation list runs a named test per CPU
+            code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records, at_once)).returncode
             results[LAST.name] = (code, time.monotonic() - last_began)
     print(f"=== {len(results)} suites in {time.monotonic() - began:.0f} s, {jobs} at once")
     for name, (code, seconds) in sorted(results.items(), key=lambda item: -item[1][1]):
