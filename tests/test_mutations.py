@@ -42,11 +42,11 @@ FAILED = 1
 """pytest's exit status when tests ran and some failed (any other non-zero status means
 they could not run: a collection error, a usage error, no such test)."""
 RECORDING_ENV = ("NEXRL_RECIPE_KEY_RECORDS", "NEXRL_RECIPE_KEY_TEST")
+"""The recipe-key recorder's variables: a mutation's test runs record nothing."""
 UNUSED_PLUGINS = ("-p", "no:schemathesis", "-p", "no:hypothesispytest", "-p", "no:anyio")
 """pytest plugins no named test needs (the fuzzers call hypothesis and schemathesis
 directly), left unloaded: importing them is about half of each named test's pytest
 start (1.2 of 2.7 s), and the list starts a pytest per named test."""
-"""The recipe-key recorder's variables: a mutation's test runs record nothing."""
 
 
 @attrs.frozen
