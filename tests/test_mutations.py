@@ -8,8 +8,8 @@ distribution's folder, as ``make test`` runs it: once on the unmutated copy (it 
 pass) and once per mutation that names it (it must fail). One copy per CPU takes
 these runs as they come, a mutation restored on its copy before that copy's next run.
 
-``make mutations`` (``python tests/test_mutations.py``) runs the list and prints, per
-mutation, the tests that caught it and how long it took; `test_every_mutation_is_caught`
+``make mutations`` (``python tests/test_mutations.py``, or with mutation ids to run only
+those) runs the list and prints, per mutation, the tests that caught it and how long it took; `test_every_mutation_is_caught`
 runs it in CI. The cheap tests below check the list itself and the runner's verdicts.
 """
 
@@ -320,8 +320,14 @@ def test_a_malformed_entry_is_named(tmp_path: Path) -> None:
         load_mutations(listed)
 
 
-if __name__ == "__main__":  # `make mutations`
-    report = run_mutations(load_mutations(), verbose=True)
+if __name__ == "__main__":  # `make mutations`; `python tests/test_mutations.py ID ...` runs those alone
+    chosen = load_mutations()
+    if sys.argv[1:]:
+        unknown = sorted(set(sys.argv[1:]) - {mutation.id for mutation in chosen})
+        if unknown:
+            sys.exit(f"no mutation with id {', '.join(unknown)} in {MUTATIONS_FILE}")
+        chosen = [mutation for mutation in chosen if mutation.id in sys.argv[1:]]
+    report = run_mutations(chosen, verbose=True)
     print(f"{len(report.verdicts)} mutations in {report.seconds:.0f} s")
     for problem in report.problems():
         print(problem)

@@ -156,10 +156,12 @@ class ActorOptions:
         return options
 
 
-def _shard(model: torch.nn.Module, mesh: Any, mixed_precision: bool = False) -> None:
+def _shard(model: torch.nn.Module, mesh: Any, mixed_precision: bool = False) -> torch.dtype | None:
     """FSDP2: each decoder layer its own unit, the rest (embeddings, tied head) the root's;
     with ``mixed_precision`` under ``MixedPrecisionPolicy(param_dtype=bfloat16,
-    reduce_dtype=float32)`` (the shards stay as loaded, fp32 for what trains).
+    reduce_dtype=float32)`` (the shards stay as loaded, fp32 for what trains). Returns the
+    dtype the policy given to FSDP computes in (None: the parameters' own), which is what
+    the ranks report and hand out, so a report cannot say bfloat16 while FSDP computes fp32.
 
     A lone rank keeps the plain module: sharding over one rank splits nothing, and FSDP's
     hooks, gathers and DTensor dispatch made its steps about 20 % slower (forward/backward)
@@ -167,7 +169,7 @@ def _shard(model: torch.nn.Module, mesh: Any, mixed_precision: bool = False) -> 
     rank with it is sharded too. The rest of the worker treats sharded and plain
     parameters alike."""
     if mesh.size() == 1 and not mixed_precision:
-        return
+        return None
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPE, reduce_dtype=MASTER_DTYPE) if mixed_precision else MixedPrecisionPolicy()
@@ -175,6 +177,7 @@ def _shard(model: torch.nn.Module, mesh: Any, mixed_precision: bool = False) -> 
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    return policy.param_dtype
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -196,7 +199,7 @@ class FsdpActor:
         self.model_dir = resolve_model_dir(options.model)
         self.tokenizer = load_tokenizer(self.model_dir)
         torch.manual_seed(options.seed)
-        self.model, self._adapted = self._load_policy()
+        self.model, self._adapted, self.compute_dtype = self._load_policy()
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
@@ -208,21 +211,18 @@ class FsdpActor:
     def is_lora(self) -> bool:
         return self.options.lora.is_lora
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """What the policy computes in and the weights leaving the ranks are: bfloat16 over
-        fp32 masters with mixed precision, else the dtype it was loaded in."""
-        return COMPUTE_DTYPE if self.options.mixed_precision else torch_dtype(self.options.dtype)
-
-    def _load_policy(self) -> tuple[torch.nn.Module, Any]:
+    def _load_policy(self) -> tuple[torch.nn.Module, Any, torch.dtype]:
         """The policy, sharded, with only what `LoraSettings` trains requiring gradients;
-        and for LoRA on rank 0 the unsharded CPU copy of the adapted peft model that
-        `_adapted_on_rank_0` brings up to date (None elsewhere and for full fine-tuning).
+        for LoRA on rank 0 the unsharded CPU copy of the adapted peft model that
+        `_adapted_on_rank_0` brings up to date (None elsewhere and for full fine-tuning);
+        and what the policy computes in, which is also what the weights leaving the ranks
+        are: bfloat16 over fp32 masters with mixed precision, else the dtype it was loaded in.
         Mixed precision loads fp32 (the checkpoint's own values become the masters) and
         casts what never trains to bfloat16; the CPU copy holds what the model computes
         with, bfloat16."""
         mixed = self.options.mixed_precision
-        base = load_model(self.model_dir, MASTER_DTYPE if mixed else torch_dtype(self.options.dtype), device="cpu")
+        loaded = MASTER_DTYPE if mixed else torch_dtype(self.options.dtype)
+        base = load_model(self.model_dir, loaded, device="cpu")
         model, peft = apply_training_mode(base, self.options.lora, self.options.seed)
         if mixed:
             cast_parameters(model, COMPUTE_DTYPE, frozen_only=True)
@@ -232,8 +232,7 @@ class FsdpActor:
         if self.options.gradient_checkpointing:
             enable_checkpointing(model)
         model.to(self.device)
-        _shard(model, self.mesh, mixed)
-        return model, adapted
+        return model, adapted, _shard(model, self.mesh, mixed) or loaded
 
     def _load_base(self) -> torch.nn.Module:
         model = load_model(self.model_dir, torch_dtype(self.options.dtype), device=self.device)
