@@ -141,6 +141,19 @@ def last_rank(marker: str) -> int:
     return ranks[-1]
 
 
+def last_watchdog(marker: str) -> int:
+    """The newest watchdog, which beats for one rank (the rank itself runs on, unwatched)."""
+    watchdogs = _processes_running(marker, b"nexrl_fsdp.worker.watchdog")
+    assert len(watchdogs) == 2, watchdogs
+    return watchdogs[-1]
+
+
+def launcher(marker: str) -> int:
+    """The process that started the group's ranks (and whose end their watchdogs watch for)."""
+    (pid,) = _processes_running(marker, b"nexrl_fsdp.worker.loopback")
+    return pid
+
+
 def sampler_process(marker: str) -> int:
     (pid,) = _processes_running(marker, b"nexrl_fsdp.selfhosted.sampler_server")
     return pid
@@ -235,10 +248,16 @@ def assert_healed_once_and_matches(done: subprocess.CompletedProcess[str], marke
 
 
 @pytest.mark.slow
-def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(uninterrupted_self_hosted: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim", [last_rank, last_watchdog, launcher], ids=["rank", "its-watchdog", "the-launcher"])
+def test_any_killed_process_of_the_group_is_restarted_and_the_run_matches_an_uninterrupted_one(
+    uninterrupted_self_hosted: Path, tmp_path: Path, victim: Callable[[str], int]
+) -> None:
+    """Whichever of the group's processes dies during a step (a rank; the watchdog that
+    beats for it, which leaves the rank alive but unwatched; the launcher, whose end the
+    watchdogs answer by ending the ranks), the group is lost and replaced whole."""
     healed = tmp_path / "healed"
     # the one restart it may make, it makes
-    done, marker = run_and_kill(healed, "self-hosted", last_rank, *HEALING, "backend.options.max_restarts=1")
+    done, marker = run_and_kill(healed, "self-hosted", victim, *HEALING, "backend.options.max_restarts=1")
     assert_healed_once_and_matches(done, marker, uninterrupted_self_hosted, healed)
 
 

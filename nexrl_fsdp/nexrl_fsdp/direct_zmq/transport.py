@@ -241,13 +241,27 @@ class DirectZmqTransport:
             ack = self._await(op, op_id, deadline, "to acknowledge its data")
             if ack.header.get("kind") == "refused":
                 raise OpRefused(ack.header["error"])
-            self._http("POST", f"/groups/{self.options.identifier}/execute", {"op_id": op_id, "op": op})
+            self._execute(op, op_id)
             reply = self._await(op, op_id, deadline, "to finish")
             if reply.header.get("kind") == "error":
                 raise WorkerGroupError(reply.header["error"] + self._output_hint())
             return reply
         finally:
             self._spent_s += time.monotonic() - started
+
+    def _execute(self, op: str, op_id: str) -> None:
+        """Have the API server tell every rank to run ``op_id``. A group it has called dead
+        meanwhile (a rank, its watchdog or the launcher gone since the last op) is a lost
+        group, which the run answers with a restart, like a death noticed during an op."""
+        try:
+            self._http("POST", f"/groups/{self.options.identifier}/execute", {"op_id": op_id, "op": op})
+        except WorkerGroupError:
+            info = self.info()
+            if info["status"] in ("dead", "destroyed"):
+                raise WorkerGroupLost(
+                    f"worker group {self.options.identifier!r} is {info['status']} before {op}: {info['reason']}{self._output_hint()}"
+                ) from None
+            raise
 
     def _await(self, op: str, op_id: str, deadline: float, what: str) -> wire.Message:
         """The next message for ``op_id``; checks the group's liveness while waiting."""
