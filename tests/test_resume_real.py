@@ -206,11 +206,6 @@ def run_and_kill(
     return subprocess.CompletedProcess(process.args, process.returncode, output, ""), marker
 
 
-@pytest.fixture(scope="module")
-def uninterrupted_self_hosted(straight_run: StraightRun) -> Path:
-    return straight_run("self-hosted")
-
-
 VALIDATED = 6
 VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
 """Validation at steps 0, 3 and 6 (with a checkpoint at 4): killed runs cross both."""
@@ -232,73 +227,54 @@ def all_rows(out_dir: Path) -> dict[int, dict[str, float]]:
 
 def assert_healed_once_and_matches(done: subprocess.CompletedProcess[str], marker: str, straight: Path, healed: Path) -> None:
     """The run finished after one restart, left no process, and every step's numbers
-    equal the uninterrupted run's."""
+    (validation included) equal the uninterrupted run's."""
     assert done.returncode == 0, done.stdout[-4000:]
     assert done.stdout.count("restart 1:") == 1 and "restart 2:" not in done.stdout, done.stdout[-4000:]
     assert not processes_with(marker)
-    expected, got = training_rows(straight), training_rows(healed)
-    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
-    for step in range(1, STEPS + 1):
-        for key, value in expected[step].items():
-            if key.startswith(EXACT):
-                assert got[step][key] == value, f"step {step} {key}: {got[step][key]} != {value}"
-            elif key.startswith("train/"):
-                assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
-    assert [got[step].get(RESTARTS_METRIC, 0) for step in range(1, STEPS + 1)] == [0] * CHECKPOINT + [1] * (STEPS - CHECKPOINT)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("victim", [last_rank, last_watchdog, launcher], ids=["rank", "its-watchdog", "the-launcher"])
-def test_any_killed_process_of_the_group_is_restarted_and_the_run_matches_an_uninterrupted_one(
-    uninterrupted_self_hosted: Path, tmp_path: Path, victim: Callable[[str], int]
-) -> None:
-    """Whichever of the group's processes dies during a step (a rank; the watchdog that
-    beats for it, which leaves the rank alive but unwatched; the launcher, whose end the
-    watchdogs answer by ending the ranks), the group is lost and replaced whole."""
-    healed = tmp_path / "healed"
-    # the one restart it may make, it makes
-    done, marker = run_and_kill(healed, "self-hosted", victim, *HEALING, "backend.options.max_restarts=1")
-    assert_healed_once_and_matches(done, marker, uninterrupted_self_hosted, healed)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "moment",
-    [during_save(CHECKPOINT), after_step(VALIDATED - 1), after_step(VALIDATED)],
-    ids=["during-a-checkpoint-save", "before-a-validation-step", "after-a-validation-step"],
-)
-def test_a_rank_killed_at_any_point_of_a_step_heals_and_the_run_matches(
-    uninterrupted_validated: Path, tmp_path: Path, moment: Callable[[Path], bool]
-) -> None:
-    """The rank dies while the workers save a checkpoint, during the rollouts of a step
-    that validates, or right after one: the run restarts its group once, from the last
-    complete checkpoint, and every step's numbers (validation included) equal the
-    uninterrupted run's."""
-    healed = tmp_path / "healed"
-    done, marker = run_and_kill(healed, "self-hosted", last_rank, *HEALING, VALIDATE, "backend.options.max_restarts=1", moment=moment)
-    assert done.returncode == 0, done.stdout[-4000:]
-    assert done.stdout.count("restart 1:") == 1, done.stdout[-4000:]
-    assert not processes_with(marker)
-    expected, got = all_rows(uninterrupted_validated), all_rows(healed)
-    assert sorted(got) == sorted(expected) == list(range(0, STEPS + 1))
-    for step in range(STEPS + 1):
+    expected, got = all_rows(straight), all_rows(healed)
+    assert sorted(got) == sorted(expected)
+    assert sorted(training_rows(healed)) == list(range(1, STEPS + 1))
+    for step in sorted(expected):
         for key, value in expected[step].items():
             if key.startswith(EXACT) or key.startswith("val/"):
                 assert got[step][key] == value, f"step {step} {key}: {got[step][key]} != {value}"
             elif key.startswith("train/"):
                 assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
+    restarts = [got[step].get(RESTARTS_METRIC, 0) for step in range(1, STEPS + 1)]
+    assert restarts == sorted(restarts) and restarts[-1] == 1 and set(restarts) <= {0, 1}, f"one restart, from its step on: {restarts}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("victim", "moment"),
+    [(last_rank, during_save(CHECKPOINT)), (last_watchdog, after_step(VALIDATED - 1)), (launcher, after_step(VALIDATED))],
+    ids=["a-rank-during-a-checkpoint-save", "its-watchdog-before-a-validation-step", "the-launcher-after-a-validation-step"],
+)
+def test_any_killed_process_of_the_group_is_restarted_and_the_run_matches_an_uninterrupted_one(
+    uninterrupted_validated: Path, tmp_path: Path, victim: Callable[[str], int], moment: Callable[[Path], bool]
+) -> None:
+    """Whichever of the group's processes dies (a rank; the watchdog that beats for one,
+    which leaves the rank alive but unwatched; the launcher, whose end the watchdogs
+    answer by ending the ranks), and whenever (while the workers save a checkpoint, during
+    the rollouts of a step that validates, right after one), the run replaces the group
+    once, from the last complete checkpoint, and every step's numbers (validation
+    included) equal the uninterrupted run's."""
+    healed = tmp_path / "healed"
+    # the one restart it may make, it makes
+    done, marker = run_and_kill(healed, "self-hosted", victim, *HEALING, VALIDATE, "backend.options.max_restarts=1", moment=moment)
+    assert_healed_once_and_matches(done, marker, uninterrupted_validated, healed)
 
 
 @pytest.mark.slow
 def test_a_killed_sampler_process_is_restarted_and_the_run_matches_an_uninterrupted_one(
-    uninterrupted_self_hosted: Path, tmp_path: Path
+    uninterrupted_validated: Path, tmp_path: Path
 ) -> None:
     """The sampler's death reaches the loop as failed agent runs (their sampling calls
     meet a dead process); the backend names it, and the loop restarts it."""
     healed = tmp_path / "healed"
-    done, marker = run_and_kill(healed, "self-hosted", sampler_process, *HEALING)
+    done, marker = run_and_kill(healed, "self-hosted", sampler_process, *HEALING, VALIDATE)
     assert "the sampler process" in done.stdout and "is dead" in done.stdout, done.stdout[-4000:]
-    assert_healed_once_and_matches(done, marker, uninterrupted_self_hosted, healed)
+    assert_healed_once_and_matches(done, marker, uninterrupted_validated, healed)
 
 
 @pytest.mark.slow
