@@ -264,8 +264,8 @@ def test_a_worker_group_that_cannot_start_stops_the_run_in_one_line(tmp_path: Pa
     out = tmp_path / "run"
     command = [str(Path(sys.executable).parent / "nexrl"), "train", str(RECIPE), f"output.dir={out}"]
     started = time.monotonic()
-    result = subprocess.run(command, env={**os.environ, MARKER: marker, "NEXRL_WORKER_DEVICE": "tpu"}, capture_output=True, text=True, timeout=120)
-    assert time.monotonic() - started < 60
+    result = subprocess.run(command, env={**os.environ, MARKER: marker, "NEXRL_WORKER_DEVICE": "tpu"}, capture_output=True, text=True, timeout=300)
+    assert time.monotonic() - started < 120, "the rank's failure, not the connect timeout (180 s)"
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert "worker group could not start" in line and "failed: ValueError: NEXRL_WORKER_DEVICE='tpu'" in line, line

@@ -172,9 +172,9 @@ def test_a_frozen_rank_is_a_lost_group_within_the_op_deadline(tmp_path: Path) ->
 def test_a_rank_that_cannot_start_is_named_at_once(tmp_path: Path) -> None:
     """A rank that fails before it joins (here: a device setting it refuses) reports its
     exception to the API server as it exits: starting the group fails with that line and
-    the log's path in seconds, not after the connect timeout, and nothing is left."""
+    the log's path as the rank exits, not after the connect timeout, and nothing is left."""
     started = time.monotonic()
     with pytest.raises(WorkerGroupError, match=r"rank [01] failed: ValueError: NEXRL_WORKER_DEVICE='tpu': use cpu or cuda") as raised:
-        LocalWorkerGroup(2, tmp_path / "bad.log", heartbeat_s=0.5, connect_timeout_s=30, extra_env={"NEXRL_WORKER_DEVICE": "tpu"})
-    assert time.monotonic() - started < 20, "named when the rank exits, not at the connect timeout (30 s)"
+        LocalWorkerGroup(2, tmp_path / "bad.log", heartbeat_s=0.5, connect_timeout_s=300, extra_env={"NEXRL_WORKER_DEVICE": "tpu"})
+    assert time.monotonic() - started < 120, "named when the rank exits, not at the connect timeout (300 s)"
     assert str(tmp_path / "bad.log") in str(raised.value)
