@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from nexrl_tinker.testing import BASE_MODEL
 from tinker import types
@@ -74,3 +76,39 @@ def test_sft_halves_the_loss_and_new_sampler_sees_it(service_client) -> None:
         text = tokenizer.decode(result.sequences[0].tokens).replace("<|im_end|>", "").strip()
         correct += text == answer
     assert correct >= len(PROBLEMS) - 2
+
+
+def _datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+
+
+def _refusals() -> dict[str, object]:
+    """A request of each kind the service refuses before queueing it, by what it refuses."""
+    image = types.Datum(
+        model_input=types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png")]),
+        loss_fn_inputs={"target_tokens": [5], "weights": [1.0]},
+    )
+    return {
+        "an image chunk (the codec)": lambda client, _: client.forward_backward([image], "cross_entropy").result(timeout=60),
+        "sampler weights to load_state": lambda client, sampler_path: client.load_state(sampler_path).result(timeout=60),
+    }
+
+
+@pytest.mark.parametrize("refusal", sorted(_refusals()))
+def test_a_request_refused_before_it_is_queued_does_not_stall_the_next_one(service_client, refusal: str) -> None:
+    """The SDK numbers every request of a training client; a request the service refuses
+    before queueing it (its body, its checkpoint's kind) has used its number all the same,
+    so the client's next request runs at once instead of waiting out the service's gap
+    timeout for a number that never comes (120 s by default)."""
+
+    client = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4)
+    sampler_path = client.save_weights_for_sampler("refusals").result(timeout=60).path
+    with pytest.raises(Exception, match="400|image|training-state path"):
+        _refusals()[refusal](client, sampler_path)
+    started = time.monotonic()
+    # A stall would wait out the gap timeout (120 s); the call takes well under a second.
+    result = client.forward_backward([_datum([19, 20, 13, 21, 22, 31])], "cross_entropy").result(timeout=15)
+    assert time.monotonic() - started < 15 and result.metrics["loss:sum"] > 0

@@ -12,6 +12,7 @@ import json
 import logging
 from typing import Any
 
+import attrs
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
@@ -26,9 +27,11 @@ from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound, TooM
 from nexrl_service.state import ServiceState
 from nexrl_tinker.server.codec import (
     FORWARD_BACKWARD_JSON,
+    FwdBwdRequest,
     decode_forward_backward,
     decode_forward_backward_json,
     decompress_body,
+    forward_backward_ids,
 )
 from nexrl_tinker.server.runs import RunService
 from nexrl_tinker.server.sampling import SamplingService
@@ -207,20 +210,25 @@ def create_app(state: ServiceState) -> FastAPI:
         content_type = request.headers.get("content-type", "")
         encoding = request.headers.get("content-encoding")
 
-        def submit() -> dict[str, Any]:
-            data = decompress_body(raw, encoding, max_body)
+        def decode(data: bytes) -> FwdBwdRequest:
             if "json" in content_type:
                 try:
                     parsed = json.loads(data)
                 except (ValueError, UnicodeDecodeError) as exc:
                     raise BadRequest(f"malformed JSON body: {exc}") from None
-                fb_request = decode_forward_backward_json(parsed, forward_only)
-            else:
-                fb_request = decode_forward_backward(data)
-                if forward_only and not fb_request.forward_only:
-                    import attrs
+                return decode_forward_backward_json(parsed, forward_only)
+            fb_request = decode_forward_backward(data)
+            return attrs.evolve(fb_request, forward_only=True) if forward_only and not fb_request.forward_only else fb_request
 
-                    fb_request = attrs.evolve(fb_request, forward_only=True)
+        def submit() -> dict[str, Any]:
+            data = decompress_body(raw, encoding, max_body)
+            try:
+                fb_request = decode(data)
+            except BadRequest:
+                ids = forward_backward_ids(data, content_type)
+                if ids is not None:
+                    training.ops.consume_refused(who, *ids)
+                raise
             return training.forward_backward(who, fb_request)
 
         return await run_in_threadpool(submit)

@@ -13,6 +13,7 @@ clients; both forms end up as the same `FwdBwdRequest`.
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -281,6 +282,29 @@ FORWARD_BACKWARD_JSON: dict[str, Any] = {
 """The JSON ``ForwardBackwardRequest`` that `decode_forward_backward_json` reads, field by
 field, as JSON schemas (the routes' OpenAPI description): down to every number a client
 sends, so a fuzzer built on the schema reaches each one's check."""
+
+
+def forward_backward_ids(data: bytes, content_type: str) -> tuple[str, int] | None:
+    """The model id and ``seq_id`` of a forward/backward body the decoders refused, when
+    they can be read from it (a body refused for its datums still used its number)."""
+    if "json" in content_type:
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not isinstance(body, Mapping):
+            return None
+        model_id, seq_id = body.get("model_id"), body.get("seq_id", 0)
+    else:
+        message = _pb().ForwardBackwardRequest()
+        try:
+            message.ParseFromString(data)
+        except (DecodeError, RuntimeError, ValueError):
+            return None
+        model_id, seq_id = message.model_id, int(message.seq_id)
+    if not isinstance(model_id, str) or not model_id or isinstance(seq_id, bool) or not isinstance(seq_id, int):
+        return None
+    return (model_id, seq_id) if 0 <= seq_id <= SQL_INT_MAX else None
 
 
 def decode_forward_backward_json(body: Mapping[str, Any], forward_only: bool = False) -> FwdBwdRequest:

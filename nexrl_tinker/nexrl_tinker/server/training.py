@@ -260,9 +260,10 @@ class TrainingService:
         return self._submit(owner, model, body.seq_id, "SaveWeights", prepare)
 
     def save_weights_for_sampler(self, owner: str, body: SaveWeightsForSamplerBody) -> dict[str, Any]:
-        model = self.ops.usable_model(owner, body.model_id)
-        if body.path is None and body.sampling_session_seq_id is None:
-            raise BadRequest("save_weights_for_sampler needs a 'path' (a name) or a 'sampling_session_seq_id'")
+        with self.ops.consuming_refusals(owner, body.model_id, body.seq_id):
+            model = self.ops.usable_model(owner, body.model_id)
+            if body.path is None and body.sampling_session_seq_id is None:
+                raise BadRequest("save_weights_for_sampler needs a 'path' (a name) or a 'sampling_session_seq_id'")
 
         def prepare() -> Callable[[], Outcome]:
             if body.path is not None:
@@ -314,24 +315,20 @@ class TrainingService:
         return self._submit(owner, model, body.seq_id, "SaveWeightsExternal", prepare)
 
     def load_weights(self, owner: str, body: LoadWeightsBody) -> dict[str, Any]:
-        parsed = parse_tinker_path(body.path)
-        if parsed.kind != "training":
-            raise BadRequest(
-                f"load_weights needs a training-state path (tinker://<run>/weights/<name>), got {body.path!r}; "
-                f"sampler weights can only be sampled from"
-            )
         if body.session_id is not None:
-            return self._create_from_state(owner, body, parsed.path)
+            return self._create_from_state(owner, body, _training_state_path(body.path))
         if body.model_id is None:
             raise BadRequest("load_weights needs either session_id + model_seq_id (new model) or model_id (existing model)")
-        model = self.ops.usable_model(owner, body.model_id)
+        with self.ops.consuming_refusals(owner, body.model_id, body.seq_id):
+            parsed_path = _training_state_path(body.path)
+            model = self.ops.usable_model(owner, body.model_id)
 
         def prepare() -> Callable[[], Outcome]:
-            checkpoint = self.state.own_checkpoint(owner, parsed.path)
+            checkpoint = self.state.own_checkpoint(owner, parsed_path)
 
             def run() -> Outcome:
                 self.ops.load_state(model, checkpoint, body.optimizer)
-                return Outcome.json({"path": parsed.path, "model_id": model.model_id, "type": "load_weights"})
+                return Outcome.json({"path": parsed_path, "model_id": model.model_id, "type": "load_weights"})
 
             return run
 
@@ -358,3 +355,15 @@ def _check_optimizer(config: Any) -> None:
     kind = getattr(config, "type", "adamw") if config is not None else "adamw"
     if kind != "adamw":
         raise BadRequest(f"optimizer {kind!r} is not supported; this server trains with AdamW ('adamw')")
+
+
+def _training_state_path(path: str) -> str:
+    """The path of a training state (``tinker://<run>/weights/<name>``), the only kind
+    load_weights takes."""
+    parsed = parse_tinker_path(path)
+    if parsed.kind != "training":
+        raise BadRequest(
+            f"load_weights needs a training-state path (tinker://<run>/weights/<name>), got {path!r}; "
+            f"sampler weights can only be sampled from"
+        )
+    return parsed.path

@@ -24,10 +24,11 @@ which the log says. A group that loses a rank restarts itself without losing any
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,8 +207,7 @@ class TrainingOps:
         try:
             run = prepare()
         except (ApiError, ValueError) as exc:
-            self.state.scheduler.skip(model.model_id, seq)
-            self.state.store.bump_last_seq(model.model_id, seq)
+            self._consume(model.model_id, seq)
             if isinstance(exc, ApiError):
                 raise
             raise BadRequest(str(exc)) from None
@@ -215,6 +215,35 @@ class TrainingOps:
         if is_new:
             self.state.scheduler.submit_ordered(model.model_id, Job(row.request_id, run, seq=seq))
         return row.request_id
+
+    def _consume(self, model_id: str, seq: int) -> None:
+        self.state.scheduler.skip(model_id, seq)
+        self.state.store.bump_last_seq(model_id, seq)
+
+    def consume_refused(self, owner: str, model_id: str, seq_id: int | None) -> None:
+        """A request refused before it reached `submit` (a body the codec cannot take, a
+        checkpoint of the wrong kind) still consumes its ``seq_id``: the client has used the
+        number, and without it every later request of that client would wait out the gap
+        timeout. Nothing happens for a model the caller cannot use, or for a number a
+        request was already accepted under (a resubmission keeps its future)."""
+        if seq_id is None:
+            return
+        try:
+            model = self.usable_model(owner, model_id)
+        except ApiError:
+            return
+        if self.state.book.known(model.model_id, seq_id) is None:
+            self._consume(model.model_id, seq_id)
+
+    @contextlib.contextmanager
+    def consuming_refusals(self, owner: str, model_id: str, seq_id: int | None) -> Iterator[None]:
+        """Checks a protocol makes before `submit`: what they refuse consumes ``seq_id``
+        (`consume_refused`) and is raised on."""
+        try:
+            yield
+        except (ApiError, ValueError):
+            self.consume_refused(owner, model_id, seq_id)
+            raise
 
     def submit_after(self, owner: str, model: ModelRow, kind: str, prepare: Prepare) -> str:
         """Validate via ``prepare``, record the future and queue the job behind every job
