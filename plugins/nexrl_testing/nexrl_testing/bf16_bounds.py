@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BF16_UNIT_ROUNDOFF", "GRAD_NORM_RELATIVE", "LOGPROB_TOLERANCE", "abs_advantages", "loss_tolerance", "max_logprob_gap", "trained_tokens"]
+__all__ = ["BF16_UNIT_ROUNDOFF", "BF16_VISIBLE", "GRAD_NORM_RELATIVE", "LOGPROB_TOLERANCE", "abs_advantages", "loss_tolerance", "max_logprob_gap", "trained_tokens"]
 
 BF16_UNIT_ROUNDOFF = 2.0**-8
 """Half the gap between 1 and the next bfloat16 (8 bits of significand)."""
@@ -28,6 +28,10 @@ LOGPROB_TOLERANCE = 32 * BF16_UNIT_ROUNDOFF
 """How far a bfloat16 forward's per-token log-prob may be from fp32's (0.125 nats): the
 tiny model's logits pass through every layer's bfloat16 roundings. Measured at most 0.030
 (AVX-512 BF16 and AVX2 kernels, 1 and 2 threads), so a quarter of the bound."""
+BF16_VISIBLE = 1e-3
+"""The least largest per-token gap by which a bfloat16 forward shows against fp32's over a
+few dozen tokens (measured at least 0.02); two fp32 forwards that add up in other orders
+agree within 1e-5, so a gap above this says the side computed in bfloat16."""
 GRAD_NORM_RELATIVE = 2e-2
 """How far, relatively, a gradient norm computed in bfloat16 may be from another computed
 in bfloat16 on other kernels or splits, or from fp32's (5 bfloat16 roundoffs). Measured:
