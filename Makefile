@@ -37,7 +37,8 @@ test-gpu:
 	$(GPU_PYTHON) tests/run_suites.py --gpu
 
 # Each mutation of tests/mutations.yaml, applied to a throwaway copy, must fail the tests it names
-# (`make test` runs the same list through tests/test_mutations.py).
+# (`make test` runs the same list through tests/test_mutations.py; give that script mutation ids
+# to run only those).
 mutations:
 	$(BIN)/python tests/test_mutations.py
 
