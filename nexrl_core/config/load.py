@@ -11,6 +11,7 @@ import attrs
 import yaml
 
 from nexrl_core.config.converter import dump_config, structure_config
+from nexrl_core.config.env_refs import resolve_env_refs
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.overrides import apply_overrides
 from nexrl_core.config.schema import TrainConfig
@@ -69,12 +70,15 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: Sequence[
     """Build a `TrainConfig` from the defaults, the recipe at ``path`` (if any) and ``overrides``.
 
     The file and the overrides are layered over the defaults key by key, so an override
-    such as ``algorithm.loss.options.clip_low=0.1`` keeps the default loss name.
+    such as ``algorithm.loss.options.clip_low=0.1`` keeps the default loss name. The
+    ``${oc.env:NAME}`` references left after the overrides are resolved before any value
+    is checked (`nexrl_core.config.env_refs`), so an override can replace one whose
+    variable this machine lacks.
 
     :raises ConfigError: listing every problem, each with its full key path.
     """
     raw = _layer(dump_config(TrainConfig()), read_recipe(path) if path is not None else {})
-    raw = apply_overrides(raw, overrides)
+    raw = resolve_env_refs(apply_overrides(raw, overrides), source=_describe_source(path, overrides))
     return structure_config(_own_task_has_no_name(raw), TrainConfig, source=_describe_source(path, overrides))
 
 
