@@ -9,6 +9,7 @@ import click
 
 from nexrl_core import __version__
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, config
+from nexrl_core.commands.convert_v1 import convert_v1
 from nexrl_core.commands.eval import eval_command
 from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
@@ -165,6 +166,7 @@ def serve(
 
 
 cli.add_command(config)
+cli.add_command(convert_v1)
 cli.add_command(eval_command)
 cli.add_command(export)
 cli.add_command(train)
