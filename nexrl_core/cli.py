@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import click
+import yaml
 
 from nexrl_core import __version__
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, config
@@ -75,6 +78,20 @@ def _device(value: str) -> str:
     return value.strip().lower()
 
 
+def _placement_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--placement-option KEY=VALUE`` pairs as a mapping, each VALUE read as YAML (``30`` a number)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE (e.g. address=10.0.0.1:6379)")
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise click.BadParameter(f"{pair!r}: the value is not YAML ({error})") from None
+    return options
+
+
 @cli.command()
 @click.argument("name")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
@@ -109,6 +126,20 @@ def _device(value: str) -> str:
     help="With --workers: most training models (worker groups) at once; one more is refused.",
 )
 @click.option(
+    "--placement",
+    default=None,
+    help="With --workers: the placer that starts each group's ranks (default: this machine). `nexrl plugins` lists "
+    "the installed placers.",
+)
+@click.option(
+    "--placement-option",
+    "placement_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda _ctx, _param, value: _placement_options(value),
+    help="An option of the placer, repeatable (e.g. address=HEAD:6379); VALUE is read as YAML.",
+)
+@click.option(
     "--worker-save-every",
     default=10,
     show_default=True,
@@ -136,6 +167,8 @@ def serve(
     data_dir: str | None,
     workers: int,
     max_worker_groups: int,
+    placement: str | None,
+    placement_option: dict[str, Any],
     worker_save_every: int,
     max_tokens_per_microbatch: int,
 ) -> None:
@@ -155,6 +188,8 @@ def serve(
         data_dir=data_dir,
         workers=workers,
         max_worker_groups=max_worker_groups,
+        placement=placement,
+        placement_options=placement_option,
         worker_save_every=worker_save_every,
         max_tokens_per_microbatch=max_tokens_per_microbatch,
     )

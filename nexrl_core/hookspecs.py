@@ -13,6 +13,7 @@ from nexrl_core.specs import (
     AdvantageEstimatorSpec,
     BackendSpec,
     MetricsSinkSpec,
+    PlacerSpec,
     PolicyLossSpec,
     RolloutSourceSpec,
     ServiceHolderSpec,
@@ -139,6 +140,18 @@ def nexrl_services() -> list[ServiceSpec]:
 
     :return: the plugin's `ServiceSpec` records, started by ``nexrl serve NAME`` and by
         backends that start a local service for a run (an embedded service).
+    """
+
+
+@hookspec
+def nexrl_placers() -> list[PlacerSpec]:
+    """Register placers: what starts the ranks of worker groups on a cluster.
+
+    Called once, when the registries are first built. The factory is called with the
+    spec's config class and returns a `nexrl_core.placement.Placer`.
+
+    :return: the plugin's `PlacerSpec` records, looked up through ``get_placer(name)``
+        and named by ``--placement`` of a service and ``backend.options.placement``.
     """
 
 

@@ -20,6 +20,7 @@ from nexrl_core.specs import (
     BackendSpec,
     ComponentSpec,
     MetricsSinkSpec,
+    PlacerSpec,
     PolicyLossSpec,
     RolloutSourceSpec,
     ServiceHolderSpec,
@@ -36,6 +37,7 @@ KINDS: Mapping[str, type[ComponentSpec]] = {
     "service_holders": ServiceHolderSpec,
     "transports": TransportSpec,
     "services": ServiceSpec,
+    "placers": PlacerSpec,
     "tasks": TaskSpec,
     "backends": BackendSpec,
     "rollout_sources": RolloutSourceSpec,
@@ -215,3 +217,8 @@ def get_service_holder(name: str, config: Any = None) -> Any:
 def get_transport(name: str, config: Any = None) -> Any:
     """Build the transport registered as ``name``."""
     return _build("transports", name, config)
+
+
+def get_placer(name: str, config: Any = None) -> Any:
+    """Build the placer registered as ``name`` (see `nexrl_core.placement`)."""
+    return _build("placers", name, config)

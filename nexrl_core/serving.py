@@ -74,6 +74,11 @@ class ServeOptions:
     gives each training model its own worker group of N processes (torchrun, FSDP)."""
     max_worker_groups: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     """With ``workers``: most worker groups (training models) at once; one more is refused."""
+    placement: str | None = None
+    """With ``workers``: the registered placer that starts each group's ranks (``nexrl
+    plugins`` lists them); None: the service's own default, this machine."""
+    placement_options: dict[str, Any] = attrs.field(factory=dict)
+    """The placer's own options (structured into its config class when the service starts)."""
     worker_save_every: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     """With ``workers``: a group saves its model's whole training state every this many
     optimizer steps and journals the calls in between, which a restart replays."""

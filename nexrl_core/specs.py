@@ -133,6 +133,14 @@ class ServiceSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
+class PlacerSpec(ComponentSpec):
+    """Registers a placer: what starts the ranks of worker groups (see
+    `nexrl_core.placement.Placer`); the factory takes ``config_class`` options."""
+
+    kind: ClassVar[str] = "placer"
+
+
+@attrs.frozen(kw_only=True)
 class TaskSpec(ComponentSpec):
     """Registers a task (items plus agent, see `nexrl_core.tasks.Task`) by name."""
 

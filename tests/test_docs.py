@@ -18,6 +18,7 @@ def test_there_are_hooks() -> None:
         "nexrl_advantage_estimators",
         "nexrl_backends",
         "nexrl_metrics_sinks",
+        "nexrl_placers",
         "nexrl_policy_losses",
         "nexrl_rollout_sources",
         "nexrl_service_holders",

@@ -1,5 +1,6 @@
 """Entry-point module of nexrl-fsdp: registers the ``self-hosted`` backend, the
-``direct-zmq`` transport and the workers' API server (``nexrl serve workers``).
+``direct-zmq`` transport, the workers' API server (``nexrl serve workers``) and the
+``local`` placer.
 
 Imports nothing heavy: the backend is named by a string and loaded when chosen; its config
 class is torch-free.
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import BackendSpec, ServiceSpec, TransportSpec
+from nexrl_core.specs import BackendSpec, PlacerSpec, ServiceSpec, TransportSpec
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
+from nexrl_fsdp.local_placer import LOCAL_PLACEMENT, LocalPlacerOptions
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 
 
@@ -49,5 +51,18 @@ def nexrl_services() -> list[ServiceSpec]:
             factory="nexrl_fsdp.direct_zmq.api_server:WorkersApiServer",
             config_class=ServeOptions,
             description="API server of direct-ZMQ worker groups (register, endpoints, heartbeats, execute)",
+        )
+    ]
+
+
+@hookimpl
+def nexrl_placers() -> list[PlacerSpec]:
+    """Ranks on this machine, every socket on 127.0.0.1."""
+    return [
+        PlacerSpec(
+            name=LOCAL_PLACEMENT,
+            factory="nexrl_fsdp.local_placer:LocalPlacer",
+            config_class=LocalPlacerOptions,
+            description="worker ranks on this machine, every socket on 127.0.0.1 (the loopback launcher)",
         )
     ]

@@ -1,7 +1,7 @@
 """A training model on its own worker group: `Engine`'s training operations, run by FSDP ranks.
 
 ``nexrl serve tinker --workers N`` gives every training model a group of N ranks under
-torchrun (`nexrl_fsdp.direct_zmq.launch.LocalWorkerGroup`: the self-hosted backend's
+torchrun (`nexrl_fsdp.direct_zmq.launch.WorkerGroup`: the self-hosted backend's
 workers and transport). `WorkerGroupEngine` is what the engine pool hands the service
 for such a model instead of an `Engine`: the same calls (forward and forward_backward
 on Tinker datums with any registered loss, optim_step with every AdamW field, the
@@ -48,7 +48,9 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_core.placement import Placer
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
+from nexrl_fsdp.local_placer import LocalPlacer
 from nexrl_fsdp.direct_zmq.transport import OpRefused, WorkerGroupError, WorkerGroupLost
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_engine.engine import Engine, adam_settings
@@ -91,6 +93,9 @@ class GroupSettings:
     saves less often but keeps more steps' data and replays more."""
     max_restarts: int = attrs.field(default=3, validator=attrs.validators.ge(0))
     """Restarts one call may cause before it fails (the group keeps dying)."""
+    placer: Placer = attrs.field(factory=LocalPlacer)
+    """Starts each group's ranks (every group of the service, each restart too); its
+    owner closes it. This machine's loopback unless the service was given another."""
 
 
 @attrs.frozen
@@ -178,11 +183,13 @@ class WorkerGroupEngine:
         self.group = self._start_group()
         self.ranks = settings.ranks
 
-    def _start_group(self) -> LocalWorkerGroup:
+    def _start_group(self) -> WorkerGroup:
         settings = self.settings
-        group = LocalWorkerGroup(
+        group = WorkerGroup(
             settings.ranks,
             self.log_path,
+            placer=settings.placer,
+            cpus_per_rank=float(settings.threads_per_rank),
             identifier=group_identifier(self.model_id),
             heartbeat_s=settings.heartbeat_s,
             dead_after_s=settings.dead_after_s,
@@ -272,7 +279,7 @@ class WorkerGroupEngine:
         base = self._base_sampler()
 
         def push() -> Engine:
-            with WeightsInbox(lambda weights: base.sampler_with(weights, path)) as inbox:
+            with WeightsInbox(lambda weights: base.sampler_with(weights, path), key=self.group.key) as inbox:
                 self.group.transport.push_weights(inbox.endpoint)
             return inbox.loaded()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.backend import BackendSetup
+from nexrl_core.backend import BackendSetup, BackendStartError
 from nexrl_core.batch import Batch
 from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
@@ -28,6 +28,7 @@ from nexrl_core.testing.hf_model import load_exported
 from nexrl_testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_engine.loading import load_model, resolve_model_dir
+from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_grpo.config import SelfHostedGrpoConfig
@@ -63,6 +64,15 @@ def test_options_the_workers_cannot_honour_are_refused_before_anything_starts(
     assert not (tmp_path / "backend" / "workers.log").exists(), "no worker may start for a refused recipe"
 
 
+def test_a_workers_url_without_the_key_is_refused_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group started elsewhere answers only its key: a run without ``NEXRL_WORKER_KEY``
+    is refused at once, naming it, with no sampler started and nothing sent to the URL."""
+    monkeypatch.delenv(ENV_WORKER_KEY, raising=False)
+    with pytest.raises(BackendStartError, match=f"set {ENV_WORKER_KEY}"):
+        open_backend(recipe(tmp_path, "backend.options.workers_url=http://127.0.0.1:9"), tmp_path / "backend")
+    assert not (tmp_path / "backend" / "sampler.log").exists(), "no sampler may start without the key"
+
+
 CONTRACT_OPTIONS = (
     "backend.options.heartbeat_s=0.5",
     "backend.options.dead_after_s=10",
@@ -85,7 +95,7 @@ def contract_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SelfH
         yield backend
     finally:
         backend.close()
-    assert backend.group is not None and backend.group.process is None
+    assert backend.group is not None and backend.group.placed is None
     assert not backend.sampler.alive(), "closing the backend ends the sampler process"
 
 
@@ -145,8 +155,8 @@ def test_the_sampler_is_a_process_of_its_own(contract_backend: SelfHostedBackend
 def test_a_self_hosted_run_listens_on_the_loopback_only(contract_backend: SelfHostedBackend) -> None:
     """The driver (the workers' API server), the worker group and the sampler process
     listen on 127.0.0.1 or ::1 only."""
-    assert contract_backend.group is not None and contract_backend.group.process is not None
-    pids = [os.getpid(), contract_backend.sampler.pid, *process_tree(contract_backend.group.process.pid)]
+    assert contract_backend.group is not None and contract_backend.group.placed is not None
+    pids = [os.getpid(), contract_backend.sampler.pid, *process_tree(contract_backend.group.placed.process.pid)]
     listeners = tcp_listeners(pids)
     assert {contract_backend.sampler.pid, *contract_backend.group.rank_pids().values()} <= {pid for pid, _, _ in listeners}
     assert [entry for entry in listeners if entry[1] not in ("127.0.0.1", "::1")] == []
@@ -159,12 +169,14 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path) -> None:
+def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The several-machines path of docs/self-hosted.md on one machine: ``nexrl serve workers``
-    and ``torchrun -m nexrl_fsdp.worker`` started by hand, the run given ``workers_url``
-    (and bf16, which the workers load and train in)."""
+    and ``torchrun -m nexrl_fsdp.worker`` started by hand, each with the run's key in
+    ``NEXRL_WORKER_KEY`` as the driver has it, the run given ``workers_url`` (and bf16,
+    which the workers load and train in)."""
     url = f"http://127.0.0.1:{_free_port()}"
     log = open(tmp_path / "group.log", "wb")  # noqa: SIM115 - closed below
+    monkeypatch.setenv(ENV_WORKER_KEY, new_group_key())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nexrl = str(Path(sys.executable).parent / "nexrl")
     server = subprocess.Popen([nexrl, "serve", "workers", "--port", url.rsplit(":", 1)[1]], stdout=log, stderr=subprocess.STDOUT, env=env)

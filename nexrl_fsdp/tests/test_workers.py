@@ -29,7 +29,7 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_engine import Engine
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
@@ -48,8 +48,8 @@ PACKAGES = [Path(__file__).parents[1] / "nexrl_fsdp" / name for name in ("direct
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkerGroup]:
-    workers = LocalWorkerGroup(
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerGroup]:
+    workers = WorkerGroup(
         2, tmp_path_factory.mktemp("workers") / "workers.log", heartbeat_s=0.5, dead_after_s=5, op_timeout_s=120,
         extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"},
     )
@@ -75,14 +75,14 @@ def _engine_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
     return out
 
 
-def test_compute_log_prob_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
+def test_compute_log_prob_equals_the_engine(group: WorkerGroup, engine: Engine) -> None:
     batch = training_batch()
     got = group.transport.compute_log_prob(batch, micro_batch_rows=2)
     assert got.shape == batch.tensors["input_ids"].shape
     torch.testing.assert_close(got, _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
 
 
-def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup, engine: Engine) -> None:
+def test_update_actor_gives_the_engines_loss_and_weights(group: WorkerGroup, engine: Engine) -> None:
     """Every AdamW field (none at its default) reaches the workers' optimizer: their weights
     after the step are the engine's after the same step."""
     optimizer = AdamWSettings(learning_rate=1e-3, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.5)
@@ -101,12 +101,12 @@ def test_update_actor_gives_the_engines_loss_and_weights(group: LocalWorkerGroup
     assert worst < 1e-5
 
 
-def test_compute_log_prob_after_a_step_still_equals_the_engine(group: LocalWorkerGroup, engine: Engine) -> None:
+def test_compute_log_prob_after_a_step_still_equals_the_engine(group: WorkerGroup, engine: Engine) -> None:
     batch = training_batch()
     torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
 
 
-def test_a_checkpoint_carries_the_policy_as_a_plain_hf_directory(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_a_checkpoint_carries_the_policy_as_a_plain_hf_directory(group: WorkerGroup, tmp_path: Path) -> None:
     saved = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint")))
     model, tokenizer = load_exported(saved / HF_EXPORT_DIR)
     assert tokenizer.chat_template, "the export must carry the chat template"
@@ -123,7 +123,7 @@ def test_a_checkpoint_carries_the_policy_as_a_plain_hf_directory(group: LocalWor
         torch.testing.assert_close(workers[row, columns], expected, atol=1e-5, rtol=0)
 
 
-def test_reference_log_probs_are_the_base_weights(group: LocalWorkerGroup) -> None:
+def test_reference_log_probs_are_the_base_weights(group: WorkerGroup) -> None:
     batch = training_batch()
     base = Engine(model="nexrl-tiny", seed=0, share_prefixes=False)
     torch.testing.assert_close(group.transport.compute_ref_log_prob(batch), _engine_log_probs(base, batch), atol=1e-5, rtol=0)
@@ -137,7 +137,7 @@ def test_reference_log_probs_are_the_base_weights(group: LocalWorkerGroup) -> No
         (lambda b: b.tensors.__setitem__("loss_mask", b.tensors["loss_mask"][:, :-1].contiguous()), "'loss_mask' has shape"),
     ],
 )
-def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: LocalWorkerGroup, damage, complaint: str) -> None:
+def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: WorkerGroup, damage, complaint: str) -> None:
     batch = training_batch()
     damage(batch)
     with pytest.raises(WorkerGroupError, match=complaint):
@@ -146,15 +146,15 @@ def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: LocalWo
     assert group.transport.compute_log_prob(training_batch()).shape == training_batch().tensors["input_ids"].shape
 
 
-def test_bad_update_options_are_refused_by_name(group: LocalWorkerGroup) -> None:
+def test_bad_update_options_are_refused_by_name(group: WorkerGroup) -> None:
     with pytest.raises(WorkerGroupError, match="'seq-mean-token-avg' is not a valid AggMode"):
         group.transport.update_actor(training_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-avg"}})
     with pytest.raises(WorkerGroupError, match="unknown update_actor options"):
         group.transport.update_actor(training_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
 
 
-def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: LocalWorkerGroup, tmp_path: Path) -> None:
-    with ready_sampler(tmp_path) as (sampler, endpoint):
+def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: WorkerGroup, tmp_path: Path) -> None:
+    with ready_sampler(tmp_path, group.key) as (sampler, endpoint):
         with pytest.raises(WorkerGroupError, match="push_weights refused: push_weights needs options.endpoint"):
             group.transport.push_weights("http://127.0.0.1:1")
         gathered = group.transport.get_weights()
@@ -165,7 +165,7 @@ def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: L
         assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), "the sampler holds the trained weights, exactly"
 
 
-def test_no_pickle_on_the_driver_side(group: LocalWorkerGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_pickle_on_the_driver_side(group: WorkerGroup, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("pickle was used")
 
@@ -187,13 +187,13 @@ def test_no_module_of_the_transport_or_the_workers_can_pickle() -> None:
             assert not calls & {"send_pyobj", "recv_pyobj", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"}, path
 
 
-def test_a_local_group_listens_on_the_loopback_only(group: LocalWorkerGroup) -> None:
+def test_a_local_group_listens_on_the_loopback_only(group: WorkerGroup) -> None:
     """Every socket the group listens on (the process group's store, gloo's sockets, the
     ranks' data sockets, this process's API server and command socket) is on 127.0.0.1
     or ::1: nothing of a local run is reachable from another machine."""
     import os
 
-    pids = process_tree(group.process.pid) + [os.getpid()]
+    pids = process_tree(group.placed.process.pid) + [os.getpid()]
     listeners = tcp_listeners(pids)
     ranks = set(group.rank_pids().values())
     beyond = [(pid, address, port) for pid, address, port in listeners if address not in ("127.0.0.1", "::1")]
@@ -206,13 +206,13 @@ class TestDirectZmqTransport(TransportContract):
     """The conformance kit's transport contract against the module's worker group."""
 
     @pytest.fixture
-    def transport(self, group: LocalWorkerGroup) -> DirectZmqTransport:
+    def transport(self, group: WorkerGroup) -> DirectZmqTransport:
         return group.transport
 
 
 @pytest.mark.parametrize(
     "flag",
-    ["--db=sqlite://", "--model=/some/model", "--dtype=bf16", "--device=cuda", "--api-key=k", "--data-dir=/tmp/x", "--max-tokens-per-microbatch=24"],
+    ["--db=sqlite://", "--model=/some/model", "--dtype=bf16", "--device=cuda", "--data-dir=/tmp/x", "--max-tokens-per-microbatch=24"],
 )
 def test_serve_workers_refuses_flags_it_has_no_use_for(flag: str) -> None:
     nexrl = str(Path(sys.executable).with_name("nexrl"))
@@ -232,7 +232,7 @@ RATIO_SHIFTS = torch.tensor([0.5, -0.5, 2.0, -0.1, 0.3, -2.0, 0.05, 1.0, -1.0])
 range, huge ones on the rows with negative advantages (dual clip)."""
 
 
-def _probe_batch(group: LocalWorkerGroup) -> Batch:
+def _probe_batch(group: WorkerGroup) -> Batch:
     """The module's batch with old logprobs set so the importance ratios are `RATIO_SHIFTS`."""
     batch = training_batch()
     current = group.transport.compute_log_prob(batch)
@@ -242,7 +242,7 @@ def _probe_batch(group: LocalWorkerGroup) -> Batch:
     return batch
 
 
-def test_every_loss_option_reaches_the_workers_gradient(group: LocalWorkerGroup) -> None:
+def test_every_loss_option_reaches_the_workers_gradient(group: WorkerGroup) -> None:
     """Each option of each registered loss (`LOSS_OPTION_CASES`) changes the gradient the
     workers compute, with an optimizer that cannot move the weights."""
     from nexrl_grpo.option_cases import LOSS_OPTION_CASES
@@ -267,7 +267,7 @@ AGGREGATION_CASES = loss_aggregation_cases()
 
 
 @pytest.mark.parametrize(("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES])
-def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: LocalWorkerGroup, loss: str, options: dict[str, Any]) -> None:
+def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: WorkerGroup, loss: str, options: dict[str, Any]) -> None:
     """Every registered loss under every aggregation: the 2-rank group's gradient norm and
     loss are the same with one row, every row, or a 20-token budget per pass, and equal to one process's
     (the engine's) on the whole batch; an optimizer with learning rate 0 keeps the weights."""
@@ -289,7 +289,7 @@ def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: Local
         assert metrics[key] == pytest.approx(reference.metrics[key], rel=1e-4, abs=1e-6), f"passes of {limits}"
 
 
-def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: LocalWorkerGroup) -> None:
+def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: WorkerGroup) -> None:
     """Rows of one group run their shared prompt once on each rank (`chunk_logprobs`, the
     engine's prefix sharing, inside FSDP): logprobs, loss and gradient norm equal a
     plain pass of the engine (which shares nothing) on the same weights."""
@@ -361,7 +361,7 @@ def _worst(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> f
     return max(float((got[name] - expected[name]).abs().max()) for name in expected)
 
 
-def test_a_lora_update_on_two_ranks_equals_the_engines(group: LocalWorkerGroup) -> None:
+def test_a_lora_update_on_two_ranks_equals_the_engines(group: WorkerGroup) -> None:
     info = group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=LORA)
     assert info["world_size"] == 2
     engine = _lora_engine(LORA)
@@ -377,17 +377,17 @@ def test_a_lora_update_on_two_ranks_equals_the_engines(group: LocalWorkerGroup) 
     torch.testing.assert_close(group.transport.compute_log_prob(batch), _engine_log_probs(engine, batch), atol=1e-5, rtol=0)
 
 
-def test_the_reference_of_a_lora_policy_is_its_base(group: LocalWorkerGroup, base_engine: Engine) -> None:
+def test_the_reference_of_a_lora_policy_is_its_base(group: WorkerGroup, base_engine: Engine) -> None:
     batch = training_batch()
     reference = group.transport.compute_ref_log_prob(batch)
     torch.testing.assert_close(reference, _engine_log_probs(base_engine, batch), atol=1e-5, rtol=0)
     assert not torch.allclose(group.transport.compute_log_prob(batch), reference, atol=1e-4), "the policy has moved"
 
 
-def test_pushed_lora_weights_are_the_merged_policy(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_pushed_lora_weights_are_the_merged_policy(group: WorkerGroup, tmp_path: Path) -> None:
     """The sampler (a plain model with tied embeddings) takes the merged weights, its
     head untied, and scores as the workers' policy does."""
-    with ready_sampler(tmp_path) as (sampler, endpoint):
+    with ready_sampler(tmp_path, group.key) as (sampler, endpoint):
         gathered = group.transport.get_weights()
         assert group.transport.push_weights(endpoint) == len(gathered)
         exported, _ = load_exported(Path(sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]))
@@ -402,7 +402,7 @@ def _adapter_tensors(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(directory / "adapter_model.safetensors"))
 
 
-def test_a_lora_checkpoint_resumes_and_exports_like_the_engine(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_a_lora_checkpoint_resumes_and_exports_like_the_engine(group: WorkerGroup, tmp_path: Path) -> None:
     """Save after one step, take a second; load the save into a freshly loaded model and
     take the second again: the same loss and weights. The checkpoint holds the adapters
     and their optimizer state, and its ``hf`` export is `Engine.export_hf`'s."""
@@ -440,7 +440,7 @@ def _checkpoint_tensors(path: Path) -> list[str]:
     return [key.removeprefix("model.") for key in FileSystemReader(str(path)).read_metadata().state_dict_metadata if key.startswith("model.")]
 
 
-def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: WorkerGroup, tmp_path: Path) -> None:
     """Plain transformers loads the merged weights, peft the adapter onto the base model,
     and both score as the workers' policy does."""
     from peft import PeftModel
@@ -461,14 +461,14 @@ def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: LocalW
             torch.testing.assert_close(workers[row, columns], expected, atol=1e-5, rtol=0)
 
 
-def test_a_checkpoint_with_other_lora_settings_is_refused(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_a_checkpoint_with_other_lora_settings_is_refused(group: WorkerGroup, tmp_path: Path) -> None:
     saved = group.transport.save_checkpoint(str(tmp_path / "checkpoint"))
     group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=attention_only())
     with pytest.raises(WorkerGroupError, match="was saved with LoRA settings"):
         group.transport.load_checkpoint(saved)
 
 
-def test_only_the_attention_adapters_train(group: LocalWorkerGroup, base_engine: Engine, tmp_path: Path) -> None:
+def test_only_the_attention_adapters_train(group: WorkerGroup, base_engine: Engine, tmp_path: Path) -> None:
     """LoRA on q/k/v/o alone: after a step the merged policy differs from the base in the
     attention projections only, and the adapter names exactly those."""
     group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, lora=attention_only())
@@ -484,7 +484,7 @@ def test_only_the_attention_adapters_train(group: LocalWorkerGroup, base_engine:
     assert (config["r"], config["lora_alpha"], config["target_modules"]) == (2, 4.0, ["k_proj", "o_proj", "q_proj", "v_proj"])
 
 
-def test_bad_lora_settings_are_refused_by_name(group: LocalWorkerGroup) -> None:
+def test_bad_lora_settings_are_refused_by_name(group: WorkerGroup) -> None:
     with pytest.raises(WorkerGroupError, match=r"unknown init_model lora fields \['dropout'\]"):
         group.transport._call("init_model", {"model": "nexrl-tiny", "lora": {"rank": 4, "dropout": 0.1}})
     with pytest.raises(WorkerGroupError, match="needs at least one of train_mlp, train_attn, train_unembed"):

@@ -17,10 +17,11 @@ import torch
 
 from nexrl_core.batch import Batch
 from nexrl_core.types import Trajectory
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_core.backend import BackendLost
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
-from nexrl_fsdp.selfhosted.backend import start_local_group
+from nexrl_fsdp.local_placer import LocalPlacer
+from nexrl_fsdp.selfhosted.backend import start_group
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 
 pytestmark = pytest.mark.slow
@@ -40,10 +41,10 @@ def _batch(seed: int, rows: int = 4) -> Batch:
     return batch
 
 
-def _group(tmp_path: Path, name: str, dead_after_s: float = 3) -> LocalWorkerGroup:
+def _group(tmp_path: Path, name: str, dead_after_s: float = 3) -> WorkerGroup:
     """Two local ranks, with ``backend.options`` that notice a silent rank within seconds."""
     fast_faults = SelfHostedBackendConfig(heartbeat_s=0.5, dead_after_s=dead_after_s, op_timeout_s=120)
-    group = start_local_group(fast_faults, tmp_path / f"{name}.log", extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"})
+    group = start_group(fast_faults, tmp_path / f"{name}.log", LocalPlacer(), extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"})
     group.transport.init_model("nexrl-tiny")
     return group
 
@@ -93,7 +94,7 @@ def test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs(tm
             group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 500})
         assert time.monotonic() - started < 1.0 + 10, "the group's death is known at once, not when its heartbeats time out (30 s)"
         assert str(tmp_path / "killed.log") in str(raised.value), "the error names the ranks' log"
-        torchrun = group.process.pid
+        torchrun = group.placed.process.pid
     finally:
         group.stop()
     assert _gone([*pids.values(), torchrun], 20)
@@ -125,7 +126,7 @@ def test_a_group_whose_watchdog_died_between_ops_is_lost_at_the_next_op(tmp_path
             time.sleep(0.2)
         with pytest.raises(BackendLost, match=r"worker group 'actor' is dead before update_actor: ranks \[1\] stopped beating"):
             group.transport.update_actor(_batch(3), OPTIONS)
-        launcher = group.process.pid
+        launcher = group.placed.process.pid
     finally:
         group.stop()
     assert _gone([*pids.values(), launcher], 20)
@@ -151,7 +152,7 @@ def test_a_frozen_rank_is_a_lost_group_within_the_op_deadline(tmp_path: Path) ->
     `BackendLost`, which the loop answers with a restart, and nothing is left running.
     The group starts and loads under a deadline any machine meets; only the frozen op
     runs under the tight one."""
-    group = LocalWorkerGroup(2, tmp_path / "frozen.log", heartbeat_s=0.5, dead_after_s=3, op_timeout_s=300,
+    group = WorkerGroup(2, tmp_path / "frozen.log", heartbeat_s=0.5, dead_after_s=3, op_timeout_s=300,
                              extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "600"})
     try:
         group.transport.init_model("nexrl-tiny")
@@ -163,7 +164,7 @@ def test_a_frozen_rank_is_a_lost_group_within_the_op_deadline(tmp_path: Path) ->
         with pytest.raises(BackendLost, match="worker group 'actor' (did not answer update_actor to finish within the op timeout|is dead)"):
             group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 500})
         assert time.monotonic() - started < 6 + 15, "the op deadline, not the collective's 600 s"
-        torchrun = group.process.pid
+        torchrun = group.placed.process.pid
     finally:
         group.stop()
     assert _gone([*pids.values(), torchrun], 20)
@@ -175,6 +176,6 @@ def test_a_rank_that_cannot_start_is_named_at_once(tmp_path: Path) -> None:
     the log's path as the rank exits, not after the connect timeout, and nothing is left."""
     started = time.monotonic()
     with pytest.raises(WorkerGroupError, match=r"rank [01] failed: ValueError: NEXRL_WORKER_DEVICE='tpu': use cpu or cuda") as raised:
-        LocalWorkerGroup(2, tmp_path / "bad.log", heartbeat_s=0.5, connect_timeout_s=300, extra_env={"NEXRL_WORKER_DEVICE": "tpu"})
+        WorkerGroup(2, tmp_path / "bad.log", heartbeat_s=0.5, connect_timeout_s=300, extra_env={"NEXRL_WORKER_DEVICE": "tpu"})
     assert time.monotonic() - started < 120, "named when the rank exits, not at the connect timeout (300 s)"
     assert str(tmp_path / "bad.log") in str(raised.value)

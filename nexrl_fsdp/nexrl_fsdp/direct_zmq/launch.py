@@ -1,68 +1,79 @@
-"""Start a worker group on this machine for one run (API server + ranks) and end it again.
+"""Start a worker group for one run (API server + ranks placed by a placer) and end it again.
 
-`LocalWorkerGroup` is what the self-hosted backend and the tests use: an API server in a
-thread of this process (on 127.0.0.1), ``python -m nexrl_fsdp.worker.loopback --nproc=N``
-in its own session (it starts the ranks as torchrun would, with every socket they
-listen on bound to 127.0.0.1, and stopping it ends every rank), and a connected
-transport. Ranks also exit on their own when the API server goes away, so nothing
-outlives the run.
+`WorkerGroup` is what the self-hosted backend, the local services' worker groups and the
+tests use: an API server in a thread of this process, listening where every rank the
+placer starts can reach it (`nexrl_core.placement.Placer.control_host`: 127.0.0.1 for
+the ``local`` placer), ``python -m nexrl_fsdp.worker`` placed once per rank, and a
+connected transport. Ranks also exit on their own when the API server goes away, so
+nothing outlives the run. Each group has a key of its own (`group_key`), which its API
+server, its ranks (through their environment) and its transport check.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import IO
 
+from nexrl_core.placement import PlacedRanks, PlacementRequest, Placer, RankPlace
 from nexrl_core.serving import ServeOptions
 from nexrl_fsdp.direct_zmq.api_server import WorkersApiServer
+from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
 from nexrl_fsdp.direct_zmq.protocol import ENV_HEARTBEAT_INTERVAL
 from nexrl_fsdp.direct_zmq.transport import DirectZmqOptions, DirectZmqTransport, WorkerGroupError
+from nexrl_fsdp.local_placer import LocalPlacer
 
-__all__ = ["LocalWorkerGroup"]
+__all__ = ["WorkerGroup"]
 
 _STOP_TIMEOUT_S = 15.0
 
 
-class LocalWorkerGroup:
-    """An API server, ``nproc`` worker ranks on the loopback, and a transport to them."""
+class WorkerGroup:
+    """An API server, ``nproc`` worker ranks where ``placer`` puts them, and a transport to them."""
 
     def __init__(
         self,
         nproc: int,
         log_path: Path,
         *,
+        placer: Placer | None = None,
         identifier: str = "actor",
         heartbeat_s: float = 5.0,
         dead_after_s: float = 15.0,
         connect_timeout_s: float = 180.0,
         op_timeout_s: float = 600.0,
         extra_env: dict[str, str] | None = None,
+        key: str | None = None,
+        cpus_per_rank: float = 1.0,
     ) -> None:
+        """``placer`` starts the ranks (this machine's loopback when None; the caller
+        closes a placer it passes). ``key`` is the group's key; a new one
+        (`new_group_key`) when None. A caller passes its own when a process it started
+        before the group (a sampler the ranks push weights to) must hold the same key.
+
+        :raises nexrl_core.placement.PlacementError: when the placer cannot start the
+            ranks (`PlacementUnavailable`: no room for them in time).
+        :raises WorkerGroupError: when they start but do not all report in time.
+        """
         self.nproc = nproc
         self.log_path = Path(log_path)
-        self.server = WorkersApiServer(ServeOptions(port=0), dead_after_s=dead_after_s)
+        self.placer = placer or LocalPlacer()
+        self.key = key or new_group_key()
+        self.server = WorkersApiServer(ServeOptions(host=self.placer.control_host(), port=0), key=self.key, dead_after_s=dead_after_s)
         url = self.server.start()
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self.placed: PlacedRanks | None = None
+        self.transport: DirectZmqTransport | None = None
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop()
-            env = {**os.environ, ENV_HEARTBEAT_INTERVAL: str(heartbeat_s), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(extra_env or {})}
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "nexrl_fsdp.worker.loopback", f"--nproc={nproc}",
-                 "--", "--api-server-url", url, "--identifier", identifier],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
+            self.placed = self.placer.place(
+                PlacementRequest(
+                    group=identifier,
+                    ranks=nproc,
+                    command=["-m", "nexrl_fsdp.worker", "--api-server-url", url, "--identifier", identifier],
+                    env={ENV_HEARTBEAT_INTERVAL: str(heartbeat_s), **(extra_env or {}), ENV_WORKER_KEY: self.key},
+                    cpus_per_rank=cpus_per_rank,
+                    log_path=self.log_path,
+                )
             )
             self.transport = DirectZmqTransport(
-                DirectZmqOptions(api_server_url=url, identifier=identifier, world_size=nproc,
+                DirectZmqOptions(api_server_url=url, key=self.key, identifier=identifier, world_size=nproc,
                                  connect_timeout_s=connect_timeout_s, op_timeout_s=op_timeout_s, log_path=str(self.log_path))
             )
             self.transport.initialize_worker()
@@ -72,43 +83,31 @@ class LocalWorkerGroup:
 
     def rank_pids(self) -> dict[int, int]:
         """Each rank's process id, as the rank reported it."""
+        assert self.transport is not None, "the group was stopped"
         return {int(rank): pid for rank, pid in self.transport.info()["pids"].items()}
 
+    def places(self) -> list[RankPlace]:
+        """Where each rank runs (node, address, device), as the placer put it."""
+        return self.placed.places() if self.placed is not None else []
+
     def ended(self) -> bool:
-        """Whether the launcher (and so the whole group) has exited, or was stopped."""
-        return self.process is None or self.process.poll() is not None
+        """Whether a rank's process (and so the whole group) has exited, or the group was stopped."""
+        return self.placed is None or self.placed.ended()
 
     def stop(self) -> None:
-        """Destroy the group if it still answers, then end the launcher's session and the server."""
-        transport = getattr(self, "transport", None)
-        if transport is not None and self.process is not None and self.process.poll() is None:
+        """Destroy the group if it still answers, then end its ranks and the server."""
+        transport = self.transport
+        if transport is not None and self.placed is not None and not self.placed.ended():
             try:
                 transport.destroy()
             except WorkerGroupError:
                 pass
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=_STOP_TIMEOUT_S if transport is not None else 0.1)
-            except subprocess.TimeoutExpired:
-                pass
-            if self.process.poll() is None:
-                try:
-                    os.killpg(self.process.pid, signal.SIGTERM)
-                    self.process.wait(timeout=_STOP_TIMEOUT_S)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    try:
-                        os.killpg(self.process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    self.process.wait()
-            _end_session(self.process.pid)
-            self.process = None
+        if self.placed is not None:
+            self.placed.stop(grace_s=_STOP_TIMEOUT_S if transport is not None else 0.1)
+            self.placed = None
         if transport is not None:
             transport.close()
-            self.transport = None  # type: ignore[assignment]
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+            self.transport = None
         self.server.stop()
 
     def log_tail(self, limit: int = 4000) -> str:
@@ -117,12 +116,3 @@ class LocalWorkerGroup:
             return self.log_path.read_text(errors="replace")[-limit:]
         except OSError:
             return ""
-
-
-def _end_session(session_id: int) -> None:
-    """Kill whatever is left of the launcher's session once the launcher has exited: a
-    rank that was stopped (SIGSTOP, a debugger) never acts on the SIGTERM it was sent."""
-    try:
-        os.killpg(session_id, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

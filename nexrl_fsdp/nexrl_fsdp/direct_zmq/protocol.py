@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from nexrl_core.placement import ENV_RANK_ADDRESS
+
 __all__ = [
     "BATCH_OPS",
     "DATUM_OPS",
@@ -60,8 +62,9 @@ OPTIONAL_BATCH_TENSORS: Mapping[str, str] = {
 }
 """[B, L] tensors a loss may need (``update_actor`` checks the loss's ``requires``)."""
 
-ENV_WORKER_IP = "NEXRL_WORKER_IP"
-"""Address a worker binds its data socket on and reports (default 127.0.0.1; a pod IP on Kubernetes)."""
+ENV_WORKER_IP = ENV_RANK_ADDRESS
+"""Address a worker binds its data socket on and reports (every placer sets it; by hand:
+default 127.0.0.1, a pod IP on Kubernetes)."""
 ENV_DATA_BASE_PORT = "NEXRL_WORKER_DATA_BASE_PORT"
 """Rank r binds its data socket on this port + r; unset or 0: a free port each."""
 ENV_HEARTBEAT_INTERVAL = "NEXRL_WORKER_HEARTBEAT_S"

@@ -4,7 +4,7 @@ Opening the backend checks every recipe option the workers cannot honour (and re
 it by key) before anything starts, then starts the sampler process (`SamplerProcess`:
 an `Engine` of its own, so its compute and the rollouts' Python do not share this
 process's GIL) and, while it loads, the workers' API server and ranks on 127.0.0.1
-(`LocalWorkerGroup`), or connects to a group started elsewhere
+(`WorkerGroup`), or connects to a group started elsewhere
 (``backend.options.workers_url``), and loads the model on every rank (with the recipe's
 LoRA adapters, if any: the sampler then gets the merged weights). After each step
 `sync_weights` gathers the policy on rank 0, which sends it straight to the sampler
@@ -14,6 +14,12 @@ acknowledges before the sync returns, so the next rollouts see the newest weight
 a later step may keep sampling while the workers train (``rollout.max_staleness``).
 `close` stops the sampler process, destroys the group and stops the ranks' whole
 session; the sampler and the ranks also end themselves when this process dies.
+
+One key (`nexrl_fsdp.direct_zmq.group_key`) guards the run's group and its sampler: a
+group started here gets a new one, which the sampler process (started first) holds too
+so rank 0's pushes reach it, and every restarted group reuses it; a ``workers_url``
+group's is the one its API server and ranks were given, from ``NEXRL_WORKER_KEY``,
+without which the run is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -30,17 +36,20 @@ from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.model_export import ModelExportError
+from nexrl_core.placement import PlacementError, Placer, is_loopback, open_placer
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
 from nexrl_core.trainer import build_trainer
 from nexrl_core.types import Trajectory
 from nexrl_engine.config import EngineConfig
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env, new_group_key
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, OpRefused, WorkerGroupError
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 from nexrl_engine.loss_fns import build_loss_fn
 from nexrl_engine.recipe_checks import check_device, check_model_name
+from nexrl_fsdp.local_placer import LOCAL_PLACEMENT
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
@@ -79,7 +88,8 @@ class SelfHostedBackend:
         chat: SamplerChat,
         *,
         work_dir: Path,
-        group: LocalWorkerGroup | None,
+        group: WorkerGroup | None,
+        placer: Placer | None,
         run_info: Mapping[str, str],
         setup: BackendSetup,
     ) -> None:
@@ -93,6 +103,7 @@ class SelfHostedBackend:
         self.sampler = chat.process
         self.work_dir = work_dir
         self.group = group
+        self.placer = placer
         self._run_info = dict(run_info)
         self._version = 0
         self._closed = False
@@ -117,12 +128,13 @@ class SelfHostedBackend:
         """Gather the policy on rank 0 and load it into the sampler process in place; returns
         once the process has loaded it, so every sample asked for afterwards uses it.
 
-        A group started here pushes the weights from rank 0 straight to the sampler
-        (``push_weights``); the ranks of a ``workers_url`` group may run on other machines,
-        which cannot reach the sampler's 127.0.0.1, so their weights come through here:
-        the frames rank 0 sent, forwarded uncopied."""
+        A group placed on this machine pushes the weights from rank 0 straight to the
+        sampler (``push_weights``); the ranks of a ``workers_url`` group or of a placer
+        that spans machines may run elsewhere, where the sampler's 127.0.0.1 is not
+        reachable, so their weights come through here: the frames rank 0 sent, forwarded
+        uncopied."""
         self.sampler.check_alive("load_weights")
-        if self.group is not None:
+        if self.group is not None and is_loopback(self.group.placer.control_host()):
             assert self.sampler.endpoint is not None
             self.transport.push_weights(self.sampler.endpoint)
         else:
@@ -157,7 +169,7 @@ class SelfHostedBackend:
             self.sampler.wait_ready()
         logger.warning("the lost worker group's last output (%s):\n%s", self.group.log_path, self.group.log_tail(2000))
         self.group.stop()
-        self.transport, self.group = _connect(self.setup, self.options)
+        self.transport, self.group = _connect(self.setup, self.options, self.transport.options.key, self.placer)
         _init_workers(self.setup, self.trainer, self.transport)
         self.trainer.load_state(self._initial_trainer_state)
         self.publish()
@@ -196,13 +208,17 @@ class SelfHostedBackend:
             self.trainer.close()
         finally:
             self.sampler.stop()
-            if self.group is not None:
-                self.group.stop()
-            else:
-                try:
-                    self.transport.destroy()
-                finally:
-                    self.transport.close()
+            try:
+                if self.group is not None:
+                    self.group.stop()
+                else:
+                    try:
+                        self.transport.destroy()
+                    finally:
+                        self.transport.close()
+            finally:
+                if self.placer is not None:
+                    self.placer.close()
 
 
 def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedTrainer:
@@ -220,6 +236,11 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
         },
     )
     problems = refused_options(trainer.train_step)
+    if options.workers_url is not None and (options.placement != LOCAL_PLACEMENT or options.placement_options):
+        problems.append(
+            "backend.options.placement: the group at backend.options.workers_url was started elsewhere, so nothing is "
+            "placed; leave placement and placement_options unset, or workers_url null to place the ranks"
+        )
     if setup.recipe.algorithm.kl.coef > 0 and not trainer.supports_kl:
         problems.append(f"algorithm.kl.coef: trainer {options.trainer!r} applies no KL penalty; set it to 0 or use self_hosted_grpo")
     if problems:
@@ -236,7 +257,7 @@ def sampler_threads(options: SelfHostedBackendConfig) -> str:
     two ranks, two sampler threads took the quickstart's rollouts from 0.10 to 0.25 s."""
     if os.environ.get("OMP_NUM_THREADS"):
         return os.environ["OMP_NUM_THREADS"]
-    local_ranks = options.world_size if options.workers_url is None else 0
+    local_ranks = options.world_size if options.workers_url is None and options.placement == LOCAL_PLACEMENT else 0
     return str(max(1, len(os.sched_getaffinity(0)) - local_ranks - 1))
 
 
@@ -250,27 +271,51 @@ def rank_threads(options: SelfHostedBackendConfig) -> str:
     return str(max(1, len(os.sched_getaffinity(0)) // options.world_size))
 
 
-def start_local_group(options: SelfHostedBackendConfig, log_path: Path, extra_env: dict[str, str] | None = None) -> LocalWorkerGroup:
-    """The worker group ``options`` describe, started on this machine (no ``workers_url``)."""
-    return LocalWorkerGroup(
+def start_group(
+    options: SelfHostedBackendConfig, log_path: Path, placer: Placer, extra_env: dict[str, str] | None = None, key: str | None = None
+) -> WorkerGroup:
+    """The worker group ``options`` describe (no ``workers_url``), its ranks where
+    ``placer`` puts them, with ``key`` (a new one when None)."""
+    threads = rank_threads(options)
+    return WorkerGroup(
         options.world_size,
         log_path,
+        placer=placer,
         identifier=options.identifier,
         heartbeat_s=options.heartbeat_s,
         dead_after_s=options.dead_after_s,
         connect_timeout_s=options.connect_timeout_s,
         op_timeout_s=options.op_timeout_s,
-        extra_env={"OMP_NUM_THREADS": rank_threads(options), **(extra_env or {})},
+        extra_env={"OMP_NUM_THREADS": threads, **(extra_env or {})},
+        key=key,
+        cpus_per_rank=float(threads),
     )
 
 
-def _connect(setup: BackendSetup, options: SelfHostedBackendConfig) -> tuple[DirectZmqTransport, LocalWorkerGroup | None]:
+def _group_key(options: SelfHostedBackendConfig) -> str:
+    """The run's key: a new one for a group started here, ``NEXRL_WORKER_KEY`` for a
+    ``workers_url`` group.
+
+    :raises BackendStartError: for a ``workers_url`` group without ``NEXRL_WORKER_KEY``.
+    """
     if options.workers_url is None:
-        group = start_local_group(options, setup.work_dir / WORKERS_LOG)
+        return new_group_key()
+    try:
+        return key_from_env(f"backend.options.workers_url ({options.workers_url})")
+    except MissingGroupKey as error:
+        raise BackendStartError(str(error)) from None
+
+
+def _connect(
+    setup: BackendSetup, options: SelfHostedBackendConfig, key: str, placer: Placer | None
+) -> tuple[DirectZmqTransport, WorkerGroup | None]:
+    if placer is not None:
+        group = start_group(options, setup.work_dir / WORKERS_LOG, placer, key=key)
         return group.transport, group
     transport = DirectZmqTransport(
         DirectZmqOptions(
             api_server_url=options.workers_url,
+            key=key,
             identifier=options.identifier,
             world_size=options.world_size,
             connect_timeout_s=options.connect_timeout_s,
@@ -315,7 +360,13 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         before any process starts.
     """
     options: SelfHostedBackendConfig = setup.options
+    key = _group_key(options)
     trainer = _check(setup, options)
+    try:
+        placer = None if options.workers_url is not None else open_placer(options.placement, options.placement_options, "backend.options.placement")
+    except BaseException:
+        trainer.close()
+        raise
     recipe = setup.recipe
     setup.work_dir.mkdir(parents=True, exist_ok=True)
     engine_config = _engine_config(setup)
@@ -328,24 +379,25 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     sampler = SamplerProcess(
         SamplerSettings(engine=engine_config, batching=batching),
         setup.work_dir / SAMPLER_LOG,
+        key=key,
         extra_env={"OMP_NUM_THREADS": sampler_threads(options)},
     )
-    group: LocalWorkerGroup | None = None
+    group: WorkerGroup | None = None
     transport: DirectZmqTransport | None = None
     try:
         try:
-            transport, group = _connect(setup, options)
+            transport, group = _connect(setup, options, key, placer)
             info = _init_workers(setup, trainer, transport)
         except OpRefused:
             raise
-        except WorkerGroupError as error:
+        except (WorkerGroupError, PlacementError) as error:
             raise BackendStartError(f"the self-hosted backend's worker group could not start: {error}") from None
         chat = SamplerChat(sampler, load_tokenizer(resolve_model_dir(engine_config.model)))
         sampler.wait_ready()
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
         if "master_dtype" in info:
             run_info["master_dtype"] = str(info["master_dtype"])
-        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, run_info=run_info, setup=setup)
+        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, placer=placer, run_info=run_info, setup=setup)
         backend.publish()
         return backend
     except BaseException:
@@ -355,4 +407,6 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
             group.stop()
         elif transport is not None:
             transport.close()
+        if placer is not None:
+            placer.close()
         raise

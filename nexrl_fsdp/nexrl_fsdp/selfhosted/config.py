@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from nexrl_core.config.checks import non_empty, optional_non_empty, positive
 from nexrl_core.self_hosted import UpdateSettings
 from nexrl_engine.batching import BatchedSamplingOptions, positive_int
+from nexrl_fsdp.local_placer import LOCAL_PLACEMENT
 
 __all__ = ["SamplerOptions", "SelfHostedBackendConfig"]
 
@@ -24,8 +27,15 @@ class SelfHostedBackendConfig:
     """``backend.options`` of the ``self-hosted`` backend."""
 
     world_size: int = attrs.field(default=2, validator=positive_int)
-    """Worker ranks. With ``workers_url`` null the run starts them on this machine, every
-    socket on 127.0.0.1 (`nexrl_fsdp.worker.loopback`; gloo on CPU, NCCL on GPUs)."""
+    """Worker ranks. With ``workers_url`` null the run starts them where ``placement``
+    puts them (gloo on CPU, NCCL on GPUs)."""
+    placement: str = attrs.field(default=LOCAL_PLACEMENT, validator=non_empty)
+    """The registered placer that starts the ranks (``workers_url`` null): ``local`` puts
+    them on this machine, every socket on 127.0.0.1 (`nexrl_fsdp.worker.loopback`);
+    ``ray`` (nexrl-ray) on a Ray cluster; ``nexrl plugins`` lists what is installed."""
+    placement_options: dict[str, Any] = attrs.field(factory=dict)
+    """The placer's own options (``ray``: ``address``, ``strategy``, ``place_timeout_s``,
+    ``resources_per_rank``)."""
     workers_url: str | None = attrs.field(default=None, validator=optional_non_empty)
     """URL of a workers API server (``nexrl serve workers``) whose ``world_size`` ranks
     were started elsewhere (several machines, Kubernetes); null starts both here."""

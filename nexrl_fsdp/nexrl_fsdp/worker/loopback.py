@@ -13,7 +13,9 @@ of them when it is told to stop; each rank's watchdog ends the rank when this la
 gone. Several machines are explicit: torchrun with ``--nnodes`` and a rendezvous
 endpoint, ``NEXRL_WORKER_IP`` for the data sockets (docs/self-hosted.md).
 
-``python -m nexrl_fsdp.worker.loopback --nproc N -- --api-server-url URL --identifier NAME``
+``python -m nexrl_fsdp.worker.loopback --nproc N -- -m nexrl_fsdp.worker --api-server-url URL --identifier NAME``
+(after ``--``: what each rank runs with ``python``; the ``local`` placer,
+`nexrl_fsdp.local_placer`, starts it so).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from nexrl_fsdp.direct_zmq.protocol import ENV_STORE_FD, ENV_WORKER_IP
+from nexrl_core.placement import ENV_RANK_ADDRESS
+from nexrl_fsdp.direct_zmq.protocol import ENV_STORE_FD
 
 __all__ = ["LOOPBACK_ADDRESS", "LOOPBACK_INTERFACE", "process_group_store", "rank_environment"]
 
@@ -52,7 +55,7 @@ def rank_environment(rank: int, nproc: int, store_port: int) -> dict[str, str]:
         "MASTER_PORT": str(store_port),
         "GLOO_SOCKET_IFNAME": LOOPBACK_INTERFACE,
         "NCCL_SOCKET_IFNAME": LOOPBACK_INTERFACE,
-        ENV_WORKER_IP: LOOPBACK_ADDRESS,
+        ENV_RANK_ADDRESS: LOOPBACK_ADDRESS,
     }
 
 
@@ -87,8 +90,8 @@ def _stop(ranks: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
-def launch(nproc: int, worker_args: list[str]) -> int:
-    """Run ``nproc`` ranks of ``python -m nexrl_fsdp.worker worker_args`` until they all
+def launch(nproc: int, command: list[str]) -> int:
+    """Run ``nproc`` ranks of ``python command`` until they all
     exit (0), one fails (its exit status; the others are stopped) or this process is
     asked to stop (SIGTERM, SIGINT)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -102,8 +105,7 @@ def launch(nproc: int, worker_args: list[str]) -> int:
         for rank in range(nproc):
             env = {**os.environ, **rank_environment(rank, nproc, port), ENV_STORE_FD: str(listener.fileno())}
             descriptors = (listener.fileno(),) if rank == 0 else ()
-            command = [sys.executable, "-u", "-m", "nexrl_fsdp.worker", *worker_args]
-            ranks.append(subprocess.Popen(command, env=env, pass_fds=descriptors, stdin=subprocess.DEVNULL))
+            ranks.append(subprocess.Popen([sys.executable, "-u", *command], env=env, pass_fds=descriptors, stdin=subprocess.DEVNULL))
         listener.close()
         while not stopping:
             codes = [process.poll() for process in ranks]
@@ -126,12 +128,14 @@ def main() -> None:
         description="Start a worker group's ranks on this machine, every socket on 127.0.0.1 (torchrun --standalone listens on all interfaces).",
     )
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start (one per GPU, or CPU processes)")
-    parser.add_argument("worker_args", nargs=argparse.REMAINDER, help="after --: the arguments of python -m nexrl_fsdp.worker")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: what each rank runs with python, e.g. -m nexrl_fsdp.worker ...")
     args = parser.parse_args()
     if args.nproc < 1:
         parser.error(f"--nproc must be at least 1, got {args.nproc}")
-    worker_args = args.worker_args[1:] if args.worker_args[:1] == ["--"] else args.worker_args
-    sys.exit(launch(args.nproc, worker_args))
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give each rank's command after --, e.g. -- -m nexrl_fsdp.worker --api-server-url URL --identifier NAME")
+    sys.exit(launch(args.nproc, command))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ class RemoteApiBackendConfig:
     """For the embedded service (``base_url`` null): ranks of the worker group the run's
     model trains on (``nexrl serve NAME --workers N``); 0 trains it in the service's own
     process. A service at ``base_url`` is configured where it runs."""
+    placement: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """For the embedded service with ``workers``: the registered placer of the group's
+    ranks (``nexrl serve NAME --placement``); null: this machine."""
+    placement_options: dict[str, Any] = attrs.field(factory=dict)
+    """The placer's own options (``nexrl serve NAME --placement-option KEY=VALUE``)."""
     device: str = attrs.field(default=DEFAULT_DEVICE, validator=service_device)
     """For the embedded service: where its engines live (``nexrl serve NAME --device``):
     ``cpu``, ``cuda`` or ``cuda:N``. A service at ``base_url`` is configured where it runs."""
@@ -134,6 +139,12 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                 [f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
                  f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"]
             )
+        if (options.placement is not None or options.placement_options) and (base_url is not None or not options.workers):
+            raise ConfigError(
+                ["backend.options.placement: a placer starts the ranks of the embedded service's worker groups, so it "
+                 "needs base_url: null and workers: N (a service at base_url decides its own placement: nexrl serve NAME "
+                 "--workers N --placement NAME)"]
+            )
         if base_url is not None and options.device != DEFAULT_DEVICE:
             raise ConfigError(
                 [f"backend.options.device: {options.device} applies to the embedded service only; the service at "
@@ -162,6 +173,8 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                     data_dir=str(data_dir),
                     api_key=api_key,
                     workers=options.workers,
+                    placement=options.placement,
+                    placement_options=dict(options.placement_options),
                     device=options.device,
                     separate_process=True,
                     **packing,

@@ -31,6 +31,7 @@ import attrs
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine.config import EngineConfig, TrainingSpec
 
+from nexrl_core.placement import PlacementUnavailable
 from nexrl_service.errors import RequestFailed, TooManyRequests
 from nexrl_service.group_starts import GroupStarts
 
@@ -203,6 +204,8 @@ class EnginePool:
             with self._lock:
                 self._group_slots.discard(model_id)
                 self._gpus_of.pop(model_id, None)
+            if isinstance(exc, PlacementUnavailable):  # a full cluster, not a broken start: ask again later
+                raise TooManyRequests(str(exc)) from None
             if isinstance(exc, Exception):
                 self.group_starts.failed(exc)
             raise

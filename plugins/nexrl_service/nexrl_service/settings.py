@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import attrs
 
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
 
 __all__ = ["ServerSettings", "default_data_dir"]
 
@@ -83,6 +84,9 @@ class ServerSettings:
     gives each its own worker group of N processes (`nexrl_fsdp.worker_groups`)."""
     max_worker_groups: int = 4
     """With ``workers``: most worker groups at once; creating one more model is refused."""
+    placement: str | None = None
+    """With ``workers``: the registered placer of each group's ranks; None: this machine."""
+    placement_options: dict[str, Any] = attrs.field(factory=dict)
     worker_heartbeat_s: float = 5.0
     worker_dead_after_s: float = 15.0
     """A group whose ranks stop beating this long is lost and restarted (`nexrl_fsdp.worker_groups`)."""
@@ -122,8 +126,12 @@ class ServerSettings:
             "api_key": options.api_key or None,
             "workers": options.workers,
             "max_worker_groups": options.max_worker_groups,
+            "placement": options.placement,
+            "placement_options": dict(options.placement_options),
             "worker_save_every": options.worker_save_every,
         }
+        if (options.placement is not None or options.placement_options) and not options.workers:
+            raise ServiceStartError("--placement places the ranks of worker groups; give --workers N as well, or leave it out")
         if options.workers:
             # A compute thread waits on each group's calls; one more samples.
             values["compute_threads"] = options.max_worker_groups + 1

@@ -13,6 +13,7 @@ import logging
 import time
 from pathlib import Path
 
+from nexrl_core.serving import ServiceStartError
 from nexrl_service.downloads import SignedDownloads
 from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
 from nexrl_service.errors import BadRequest, Forbidden, Gone, NotFound
@@ -47,12 +48,26 @@ def warm_up_imports() -> None:
 
 def _group_limits(settings: ServerSettings) -> GroupLimits | None:
     """Worker groups for training models when ``settings.workers`` asks for them, each
-    rank with an equal share of this process's torch threads."""
+    rank with an equal share of this process's torch threads, placed by the placer
+    ``settings.placement`` names (opened here, so a placer that is not installed or a
+    cluster that is not there stops the service at start).
+
+    :raises ServiceStartError: naming ``--placement`` and why it cannot be used.
+    """
     if settings.workers == 0:
         return None
     import torch
 
+    from nexrl_core.config.errors import ConfigError
+    from nexrl_core.placement import PlacementError, is_loopback, open_placer
+    from nexrl_fsdp.local_placer import LOCAL_PLACEMENT
     from nexrl_fsdp.worker_groups import GroupSettings
+
+    name = settings.placement or LOCAL_PLACEMENT
+    try:
+        placer = open_placer(name, settings.placement_options, "--placement")
+    except (ConfigError, PlacementError) as error:
+        raise ServiceStartError(f"--placement {name}: {error}", option="placement") from None
 
     group = GroupSettings(
         ranks=settings.workers,
@@ -63,8 +78,11 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
         op_timeout_s=settings.worker_op_timeout_s,
         save_every=settings.worker_save_every,
         max_restarts=settings.worker_max_restarts,
+        placer=placer,
     )
-    return GroupLimits(settings=group, max_groups=settings.max_worker_groups, gpus=worker_gpus())
+    # GPUs of this machine are handed out here only to ranks placed on it; a cluster's placer hands out its own.
+    gpus = worker_gpus() if is_loopback(placer.control_host()) else 0
+    return GroupLimits(settings=group, max_groups=settings.max_worker_groups, gpus=gpus)
 
 
 def worker_gpus() -> int:
@@ -126,6 +144,8 @@ class ServiceState:
         except Exception:
             log.exception("could not record fetched results")
         self.engines.clear()
+        if self.engines.groups is not None:
+            self.engines.groups.settings.placer.close()
         self.store.close()
 
     def release_model(self, model_id: str) -> None:
