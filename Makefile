@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so pip takes the CPU build instead of several GB of CUDA packages.
 PIP_INSTALL := $(BIN)/pip install --quiet --no-compile -c constraints.txt
 DISTRIBUTIONS := -e '.[test,tensorboard,postgres,data]' -e 'plugins/nexrl_remote_api[test]' -e 'plugins/nexrl_grpo[test]' -e 'plugins/nexrl_engine[test]' -e 'nexrl_fsdp[test]' -e 'plugins/nexrl_service[test]' -e 'nexrl_tinker[server,test]' \
-	-e 'nexrl_weaver[server,test]' -e 'plugins/nexrl_episodes[test]' -e 'plugins/nexrl_math[test]' -e 'plugins/nexrl_sinks[test]' -e 'plugins/nexrl_testing[test,fuzz,postgres]' \
+	-e 'nexrl_weaver[server,test]' -e 'plugins/nexrl_episodes[test]' -e 'plugins/nexrl_math[test]' -e 'plugins/nexrl_sinks[test]' -e 'plugins/nexrl_ray[test]' -e 'plugins/nexrl_testing[test,fuzz,postgres]' \
 	-e 'examples/nexrl-example-plugin[test]'
 # tinker-cookbook cannot be installed with its declared dependencies from PyPI (it wants
 # tml-renderers>=0.4.1, which is not published there): install it without them, plus the

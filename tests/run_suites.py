@@ -63,6 +63,7 @@ SUITES = (
     Suite("tests", ".", ("tests", *(f"--ignore={path}" for path in RESUME + ROOT_E2E), *(f"--deselect={test}" for test in READERS))),
     Suite("nexrl_episodes", "plugins/nexrl_episodes"),
     Suite("nexrl_engine", "plugins/nexrl_engine"),
+    Suite("nexrl_ray", "plugins/nexrl_ray"),
     Suite("nexrl_sinks", "plugins/nexrl_sinks"),
     Suite("nexrl_grpo", "plugins/nexrl_grpo"),
     Suite("nexrl_service", "plugins/nexrl_service"),

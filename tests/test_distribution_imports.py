@@ -96,6 +96,10 @@ ALLOWED: dict[str, Row] = {
         "the episode server: rollouts from scripts on any machine",
     ),
     "nexrl-sinks": Row("plugins/nexrl_sinks", "nexrl_sinks", "metrics sinks", (CORE,), "TensorBoard, W&B, MLflow and Trackio sinks"),
+    "nexrl-ray": Row(
+        "plugins/nexrl_ray", "nexrl_ray", "placer", (CORE,),
+        "the `ray` placer: each worker group's ranks on a Ray cluster, one placement group per group",
+    ),
     "nexrl-math": Row("plugins/nexrl_math", "nexrl_math", "library", (), "verified math rewards an agent may call"),
     "nexrl-testing": Row(
         "plugins/nexrl_testing", "nexrl_testing", "test machinery", (CORE,),
