@@ -6,7 +6,8 @@ message into tensors and acknowledges it. Timed per send, from the first byte ha
 ZMQ to the ACK, for three ways of moving the same bytes:
 
 * ``wire``: `nexrl_fsdp.direct_zmq.wire` (JSON header, raw frames sent zero-copy, tensors
-  built over the received buffers);
+  built over the received buffers, the HMAC-SHA256 of the group's key made on one side
+  and checked on the other, as every message of a worker group is);
 * ``pickle``: the same tensors pickled, sent over the same sockets, unpickled there (what
   the original NexRL did; the product never unpickles a socket, this is the baseline);
 * ``copy``: no socket at all, a copy of the same bytes into freshly allocated memory in
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import io
 import mmap
+import os
 import pickle
 import statistics
 import subprocess
@@ -34,9 +36,12 @@ import torch
 import zmq
 
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, key_from_env, new_group_key
 
 TARGET_RATIO = 0.75
 MB = 1 << 20
+KEY = new_group_key()
+"""The benchmark's group key, given to the receiver through the environment as a group's is."""
 
 
 def _batch(size_mb: int) -> dict[str, torch.Tensor]:
@@ -46,7 +51,7 @@ def _batch(size_mb: int) -> dict[str, torch.Tensor]:
     return {name: torch.randn(elements, generator=generator) for name in ("input_ids", "loss_mask", "old_logprobs", "advantages")}
 
 
-def receive_forever(port: int) -> None:
+def receive_forever(port: int, key: str) -> None:
     """The rank-0 stand-in: decode each message (wire or pickle) and ACK it."""
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
@@ -59,7 +64,7 @@ def receive_forever(port: int) -> None:
             tensors = pickle.loads(body[1].buffer)  # noqa: S301 - the benchmark's own baseline, on its own loopback socket
             count = len(tensors)
         else:
-            message = wire.decode(body)
+            message = wire.decode(body, key=key)
             if message.header.get("kind") == "stop":
                 socket.send_multipart([identity, b"bye"])
                 break
@@ -107,7 +112,7 @@ def main() -> None:
     parser.add_argument("--receiver", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver is not None:
-        receive_forever(args.receiver)
+        receive_forever(args.receiver, key_from_env("the benchmark's receiver"))
         return
     torch.set_num_threads(1)
     context = zmq.Context()
@@ -115,7 +120,7 @@ def main() -> None:
     socket.setsockopt(zmq.SNDBUF, 1 << 23)
     port = socket.bind_to_random_port("tcp://127.0.0.1")
     socket.unbind(socket.last_endpoint)
-    receiver = subprocess.Popen([sys.executable, __file__, "--receiver", str(port)])
+    receiver = subprocess.Popen([sys.executable, __file__, "--receiver", str(port)], env={**os.environ, ENV_WORKER_KEY: KEY})
     socket.connect(f"tcp://127.0.0.1:{port}")
     verdict_ratio = None
     try:
@@ -123,7 +128,7 @@ def main() -> None:
         for size_mb in args.sizes_mb:
             tensors = _batch(size_mb)
             nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-            wire_s = _time_sends(lambda: wire.send(socket, {"kind": "data", "op_id": "bench"}, tensors), socket, args.reps)
+            wire_s = _time_sends(lambda: wire.send(socket, {"kind": "data", "op_id": "bench"}, tensors, key=KEY), socket, args.reps)
             pickle_s = _time_sends(lambda: socket.send_multipart([b"pickle", _pickled(tensors)]), socket, args.reps)
             copy_s = _time_copy(tensors, args.reps)
             rates = [nbytes / seconds / 1e9 for seconds in (wire_s, pickle_s, copy_s)]
@@ -133,7 +138,7 @@ def main() -> None:
             )
             if size_mb == max(args.sizes_mb):
                 verdict_ratio = rates[0] / rates[2]
-        wire.send(socket, {"kind": "stop"})
+        wire.send(socket, {"kind": "stop"}, key=KEY)
         socket.recv()
     finally:
         receiver.wait(timeout=30) if receiver.poll() is None else None

@@ -83,12 +83,12 @@ def training_datums(group_size: int = 1) -> list[Datum]:
 
 
 @contextlib.contextmanager
-def ready_sampler(log_dir: Path, **engine: Any) -> Iterator[tuple[SamplerProcess, str]]:
-    """A sampler process on nexrl-tiny (seed 0; ``engine`` as more `EngineConfig` fields),
-    once it serves, with its endpoint; stopped on the way out. Its log is ``sampler.log``
-    in ``log_dir``."""
+def ready_sampler(log_dir: Path, key: str, **engine: Any) -> Iterator[tuple[SamplerProcess, str]]:
+    """A sampler process on nexrl-tiny (seed 0; ``engine`` as more `EngineConfig` fields)
+    holding ``key`` (the key of the group that pushes to it), once it serves, with its
+    endpoint; stopped on the way out. Its log is ``sampler.log`` in ``log_dir``."""
     settings = SamplerSettings(engine=EngineConfig(model="nexrl-tiny", seed=0, **engine), batching=BatchedSamplingOptions())
-    sampler = SamplerProcess(settings, log_dir / "sampler.log")
+    sampler = SamplerProcess(settings, log_dir / "sampler.log", key=key)
     try:
         sampler.wait_ready()
         assert sampler.endpoint is not None

@@ -2,7 +2,9 @@
 once took it down refused by name.
 
 A run's driver and ranks are its only clients, but it listens on a port: nothing a
-request carries may answer 5xx, hang, or make the server allocate without bound.
+request carries may answer 5xx, hang, or make the server allocate without bound. The
+fuzzer holds the key here, so its requests reach the routes (`test_group_keys` fuzzes
+without it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from nexrl_core.serving import ServeOptions
 from nexrl_testing.fuzz import fuzz_app
 from nexrl_fsdp.direct_zmq.api_server import MAX_WORLD_SIZE, WorkersApiServer, create_app
+from nexrl_fsdp.direct_zmq.group_key import bearer_header, new_group_key
 
 MAX_EXAMPLES = 40
 """Generated requests per operation and mode (valid, schema-breaking)."""
@@ -21,7 +24,7 @@ MAX_EXAMPLES = 40
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[WorkersApiServer]:
-    started = WorkersApiServer(ServeOptions(port=0))
+    started = WorkersApiServer(ServeOptions(port=0), key=new_group_key())
     started.start()
     try:
         yield started
@@ -30,7 +33,7 @@ def server() -> Iterator[WorkersApiServer]:
 
 
 def api(server: WorkersApiServer) -> httpx.Client:
-    return httpx.Client(base_url=f"{server.base_url}/api/v1", timeout=10)
+    return httpx.Client(base_url=f"{server.base_url}/api/v1", headers=bearer_header(server.key), timeout=10)
 
 
 def test_a_world_size_no_cluster_has_is_refused_by_name(server: WorkersApiServer) -> None:
@@ -50,7 +53,7 @@ def test_booleans_are_not_integers(server: WorkersApiServer) -> None:
 
 
 def test_no_request_fails_the_server(server: WorkersApiServer) -> None:
-    report = fuzz_app(create_app(server.registry).openapi(), server.base_url, max_examples=MAX_EXAMPLES)
+    report = fuzz_app(create_app(server.registry, server.key).openapi(), server.base_url, headers=bearer_header(server.key), max_examples=MAX_EXAMPLES)
     print(f"workers API: {report.summary()}")
     assert not report.server_errors, "\n".join(report.server_errors)
     assert not report.hangs, report.hangs
@@ -67,7 +70,10 @@ def test_a_group_created_used_and_removed_under_fuzzing(server: WorkersApiServer
             if "identifier" in (case.path_parameters or {}):  # type: ignore[attr-defined]
                 case.path_parameters["identifier"] = "fuzzed"  # type: ignore[attr-defined]
 
-        report = fuzz_app(create_app(server.registry).openapi(), server.base_url, max_examples=MAX_EXAMPLES // 2, on_case=aim_at_the_group)
+        report = fuzz_app(
+            create_app(server.registry, server.key).openapi(), server.base_url, headers=bearer_header(server.key),
+            max_examples=MAX_EXAMPLES // 2, on_case=aim_at_the_group,
+        )
         print(f"workers API, one live group: {report.summary()}")
         assert not report.server_errors, "\n".join(report.server_errors)
         assert not report.hangs, report.hangs

@@ -26,6 +26,7 @@ from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerError, SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 from nexrl_engine.types import SamplingParams
+from nexrl_fsdp.direct_zmq.group_key import new_group_key
 
 SETTINGS = SamplerSettings(
     engine=EngineConfig(model="nexrl-tiny", seed=3), batching=BatchedSamplingOptions(sample_linger_s=0.002, max_batch_rows=16)
@@ -34,7 +35,7 @@ MESSAGES = [{"role": "user", "content": "12+30="}]
 
 
 def start(log: Path, settings: SamplerSettings = SETTINGS) -> SamplerChat:
-    process = SamplerProcess(settings, log)
+    process = SamplerProcess(settings, log, key=new_group_key())
     try:
         process.wait_ready()
     except BaseException:
@@ -133,8 +134,9 @@ def test_it_exits_when_its_driver_dies(tmp_path: Path) -> None:
         import os
         from pathlib import Path
         from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
+        from nexrl_fsdp.direct_zmq.group_key import new_group_key
         from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
-        process = SamplerProcess(SamplerSettings.from_json({SETTINGS.to_json()!r}), Path({str(tmp_path / "sampler.log")!r}))
+        process = SamplerProcess(SamplerSettings.from_json({SETTINGS.to_json()!r}), Path({str(tmp_path / "sampler.log")!r}), key=new_group_key())
         process.wait_ready()
         print(process.pid, flush=True)
         os.kill(os.getpid(), 9)

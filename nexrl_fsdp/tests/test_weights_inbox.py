@@ -11,6 +11,7 @@ import torch
 import zmq
 
 from nexrl_testing.processes import tcp_listeners
+from nexrl_fsdp.direct_zmq.group_key import new_group_key
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_fsdp.worker.weights_push import push_weights
 
@@ -26,11 +27,12 @@ def test_the_inbox_listens_on_the_loopback_only_while_weights_arrive() -> None:
         seen["weights"] = {name: tensor.clone() for name, tensor in received.items()}
         return "loaded"
 
-    with WeightsInbox(load) as inbox:
+    key = new_group_key()
+    with WeightsInbox(load, key=key) as inbox:
         inbox_port = int(inbox.endpoint.rsplit(":", 1)[1])
         context = zmq.Context()
         try:
-            push_weights(context, inbox.endpoint, weights, "push-1", timeout_s=30)
+            push_weights(context, inbox.endpoint, weights, "push-1", timeout_s=30, key=key)
         finally:
             context.term()
         assert inbox.loaded() == "loaded"

@@ -31,7 +31,7 @@ from nexrl_engine import Engine
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.lora import merged_copy
 from nexrl_fsdp.direct_zmq import wire
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
 from nexrl_fsdp.selfhosted.backend import _check, _init_workers
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
@@ -46,8 +46,8 @@ UPDATE = {"loss_fn": "importance_sampling", "optimizer": OPTIMIZER.to_json(), "m
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkerGroup]:
-    workers = LocalWorkerGroup(
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerGroup]:
+    workers = WorkerGroup(
         2, tmp_path_factory.mktemp("workers") / "workers.log", heartbeat_s=0.5, dead_after_s=5, op_timeout_s=120,
         extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"},
     )  # fmt: skip
@@ -65,7 +65,7 @@ def _fp32_engine(lora: LoraSettings) -> Engine:
     return Engine(EngineConfig(model="nexrl-tiny", seed=0, share_prefixes=False, lora=lora))
 
 
-def _masters_saved(group: LocalWorkerGroup, path: Path) -> dict[str, torch.Tensor]:
+def _masters_saved(group: WorkerGroup, path: Path) -> dict[str, torch.Tensor]:
     """The trained tensors of a worker checkpoint (the sharded DCP state, gathered whole)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -80,7 +80,7 @@ def _worst(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> f
     return max(float((got[name].float() - expected[name].detach().float()).abs().max()) for name in expected)
 
 
-def _assert_the_engines_pass(group: LocalWorkerGroup, engine: Engine) -> float:
+def _assert_the_engines_pass(group: WorkerGroup, engine: Engine) -> float:
     """Before any step: the ranks' per-token log-probs are the mixed-precision engine's
     within bfloat16's rounding on any CPU (each side's kernels round alike only on the
     same CPU and split), and they compute in bfloat16 (some token differs from fp32's by
@@ -109,7 +109,7 @@ def _relative(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], s
     return float((moved - reference).norm() / reference.norm())
 
 
-def test_a_mixed_precision_step_on_two_ranks_is_the_engines(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_a_mixed_precision_step_on_two_ranks_is_the_engines(group: WorkerGroup, tmp_path: Path) -> None:
     """The ranks hold fp32 shards and compute in bfloat16: the loss and gradient norm are
     the engine's within bfloat16's rounding, the fp32 masters after the step are the
     engine's to within a small part of the step, and the gathered weights are the
@@ -132,7 +132,7 @@ def test_a_mixed_precision_step_on_two_ranks_is_the_engines(group: LocalWorkerGr
     assert all(torch.equal(gathered[name], masters[name].to(torch.bfloat16)) for name in gathered)
 
 
-def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: WorkerGroup, tmp_path: Path) -> None:
     """``push_weights`` sends bfloat16 frames (half the bytes of the masters), and the
     sampler process, a plain bfloat16 engine, then holds exactly the gathered weights."""
     group.transport.init_model("nexrl-tiny", dtype="bfloat16", seed=0, mixed_precision=True)
@@ -146,9 +146,9 @@ def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWork
         """Take one load_weights request, note its frames' dtypes and say they are loaded
         (the socket is only used on this thread, and closed when the thread is done)."""
         if probe.poll(60_000):
-            (identity,), message = wire.recv(probe, prefix_frames=1)
+            (identity,), message = wire.recv(probe, key=group.key, prefix_frames=1)
             received.append({name: tensor.dtype for name, tensor in message.tensors.items()})
-            wire.send(probe, {"kind": "loaded", "id": message.header["id"]}, prefix=[identity])
+            wire.send(probe, {"kind": "loaded", "id": message.header["id"]}, key=group.key, prefix=[identity])
 
     listener = threading.Thread(target=answer_one, daemon=True)
     listener.start()
@@ -161,7 +161,7 @@ def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWork
     (dtypes,) = received
     assert dtypes and set(dtypes.values()) == {torch.bfloat16}
 
-    with ready_sampler(tmp_path, dtype="bf16") as (sampler, endpoint):
+    with ready_sampler(tmp_path, group.key, dtype="bf16") as (sampler, endpoint):
         gathered = group.transport.get_weights()
         assert group.transport.push_weights(endpoint) == len(gathered)
         from safetensors.torch import load_file
@@ -171,7 +171,7 @@ def test_the_sampler_gets_the_bf16_weights_the_masters_round_to(group: LocalWork
         assert all(torch.equal(loaded[name], gathered[name]) for name in loaded), "the sampler holds the rounded masters, exactly"
 
 
-def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit(group: WorkerGroup, tmp_path: Path) -> None:
     """Save after one step, take a second; load the save into freshly loaded ranks and
     take the second again: the same loss and the same masters, bit for bit. The sharded
     state is fp32 (masters and AdamW moments); the checkpoint's HF export is bfloat16."""
@@ -198,7 +198,7 @@ def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit
     assert _worst(_masters_saved(group, tmp_path / "again"), after_second) == 0.0
 
 
-def test_lora_with_mixed_precision_on_two_ranks_is_the_engines(group: LocalWorkerGroup, tmp_path: Path) -> None:
+def test_lora_with_mixed_precision_on_two_ranks_is_the_engines(group: WorkerGroup, tmp_path: Path) -> None:
     """Only the adapters have (fp32) masters; the ranks' step moves them as the engine's
     mixed-precision LoRA step does, and the merged weights they hand out are bfloat16."""
     lora = LoraSettings(rank=4, alpha=8.0)
@@ -221,12 +221,12 @@ def test_lora_with_mixed_precision_on_two_ranks_is_the_engines(group: LocalWorke
     assert _worst(gathered, merged) < 2e-3  # measured 5e-4: one bfloat16 step where a rounding went the other way
 
 
-def test_mixed_precision_with_float32_is_refused_by_the_workers(group: LocalWorkerGroup) -> None:
+def test_mixed_precision_with_float32_is_refused_by_the_workers(group: WorkerGroup) -> None:
     with pytest.raises(WorkerGroupError, match="mixed_precision needs dtype bfloat16"):
         group.transport.init_model("nexrl-tiny", dtype="float32", seed=0, mixed_precision=True)
 
 
-def test_the_recipe_key_reaches_the_workers_through_the_backend(tmp_path: Path, group: LocalWorkerGroup) -> None:
+def test_the_recipe_key_reaches_the_workers_through_the_backend(tmp_path: Path, group: WorkerGroup) -> None:
     """``model.mixed_precision`` in a self-hosted recipe: the backend's checks pass it,
     ``init_model`` gives the ranks fp32 masters under bfloat16 compute, and a step trains."""
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:

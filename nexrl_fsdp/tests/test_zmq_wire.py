@@ -1,4 +1,5 @@
-"""The direct-ZMQ wire: JSON header plus raw tensor frames, over real sockets, never pickle."""
+"""The direct-ZMQ wire: JSON header plus raw tensor frames, over real sockets, never pickle.
+(Its MAC, the group's key on every message, is `test_group_keys`'.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import torch
 import zmq
 
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import new_group_key
+
+KEY = new_group_key()
 
 
 @pytest.fixture
@@ -45,8 +49,8 @@ def _sample_tensors() -> dict[str, torch.Tensor]:
 def test_round_trip_over_tcp_keeps_every_dtype_shape_and_value(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
     push, pull = pair
     tensors = _sample_tensors()
-    wire.send(push, {"kind": "update_actor", "op_id": "a1", "options": {"epochs": 2}}, tensors)
-    _, message = wire.recv(pull)
+    wire.send(push, {"kind": "update_actor", "op_id": "a1", "options": {"epochs": 2}}, tensors, key=KEY)
+    _, message = wire.recv(pull, key=KEY)
     assert message.header == {"kind": "update_actor", "op_id": "a1", "options": {"epochs": 2}}
     assert list(message.tensors) == list(tensors)
     for name, tensor in tensors.items():
@@ -58,9 +62,9 @@ def test_round_trip_over_tcp_keeps_every_dtype_shape_and_value(pair: tuple[zmq.S
 def test_received_tensors_are_views_over_the_received_frames(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
     push, pull = pair
     payload = torch.arange(1 << 16, dtype=torch.float32)
-    push.send_multipart(wire.encode({"kind": "x"}, {"payload": payload}), copy=False)
+    push.send_multipart(wire.encode({"kind": "x"}, {"payload": payload}, key=KEY), copy=False)
     frames = pull.recv_multipart(copy=False)
-    message = wire.decode(frames)
+    message = wire.decode(frames, key=KEY)
     frame_address = np.frombuffer(frames[1].buffer, dtype=np.uint8).ctypes.data
     assert message.tensors["payload"].data_ptr() == frame_address
     assert torch.equal(message.tensors["payload"], payload)
@@ -68,7 +72,7 @@ def test_received_tensors_are_views_over_the_received_frames(pair: tuple[zmq.Soc
 
 def test_sending_does_not_copy_the_tensor() -> None:
     tensor = torch.arange(1000, dtype=torch.float32)
-    frames = wire.encode({"kind": "x"}, {"t": tensor})
+    frames = wire.encode({"kind": "x"}, {"t": tensor}, key=KEY)
     assert np.frombuffer(frames[1], dtype=np.uint8).ctypes.data == tensor.data_ptr()
 
 
@@ -81,8 +85,8 @@ def test_no_pickle_is_used_on_the_socket(pair: tuple[zmq.Socket, zmq.Socket], mo
     for name in ("send_pyobj", "recv_pyobj"):
         monkeypatch.setattr(zmq.Socket, name, refuse)
     push, pull = pair
-    wire.send(push, {"kind": "x"}, _sample_tensors())
-    _, message = wire.recv(pull)
+    wire.send(push, {"kind": "x"}, _sample_tensors(), key=KEY)
+    _, message = wire.recv(pull, key=KEY)
     assert torch.equal(message.tensors["int64"], torch.arange(12).view(3, 4))
 
 
@@ -98,18 +102,18 @@ class _TouchWhenUnpickled:
 
 def test_a_pickled_header_is_refused_and_never_unpickled(tmp_path: Path) -> None:
     """Whatever module could unpickle it (``pickle``, ``_pickle``, ``copyreg``...), a
-    header that is a valid pickle is refused as not JSON and nothing in it runs."""
+    header that is a valid pickle is refused as not JSON and nothing in it runs, even
+    from a sender with the key."""
     marker = tmp_path / "unpickled"
     for header in (pickle.dumps({"kind": "x"}), pickle.dumps({"kind": "x", "run": _TouchWhenUnpickled(marker)}, protocol=2)):
         with pytest.raises(wire.WireError, match="not JSON"):
-            wire.decode([header])
+            wire.decode(wire.add_mac([header], KEY), key=KEY)
     assert not marker.exists(), "the header was unpickled"
 
 
 @pytest.mark.parametrize(
     ("frames", "complaint"),
     [
-        ([], "empty message"),
         ([b"\x80not json"], "not JSON"),
         ([b"[1, 2]"], "must be a JSON object"),
         ([b'{"tensors": [{"name": "a", "dtype": "float32", "shape": [2]}]}'], "lists 1 tensors but 0"),
@@ -120,10 +124,11 @@ def test_a_pickled_header_is_refused_and_never_unpickled(tmp_path: Path) -> None
     ],
 )
 def test_malformed_messages_are_refused_with_what_is_wrong(frames: list[bytes], complaint: str) -> None:
+    """Sent with the key: the MAC is right, the message is not."""
     with pytest.raises(wire.WireError, match=complaint):
-        wire.decode(frames)
+        wire.decode(wire.add_mac(frames, KEY), key=KEY)
 
 
 def test_unsupported_tensor_dtype_is_refused_when_encoding() -> None:
     with pytest.raises(wire.WireError, match="complex64"):
-        wire.encode({"kind": "x"}, {"z": torch.zeros(2, dtype=torch.complex64)})
+        wire.encode({"kind": "x"}, {"z": torch.zeros(2, dtype=torch.complex64)}, key=KEY)

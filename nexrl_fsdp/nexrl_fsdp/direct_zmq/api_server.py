@@ -8,10 +8,19 @@ to rank 0 directly. A monitor thread publishes a hello on every group's socket (
 waits for one before it reports itself, so no command is published before it
 listens) and marks a group dead when a rank stops beating; every driver waiting on
 that group learns it from the group's info, with the missing ranks named.
+
+Everything here answers only the run's key (`nexrl_fsdp.direct_zmq.group_key`): every
+route but ``/api/v1/healthz`` needs ``Authorization: Bearer <key>`` (a request without it
+is answered 401, logged, and nothing of it runs, so nobody else creates, reports into,
+executes on or removes a group), and every command published carries a MAC made with
+the key, which the ranks check before they act on it. ``nexrl serve workers`` takes the
+key from ``--api-key`` or ``NEXRL_WORKER_KEY``; listening beyond the loopback it refuses
+to start without one, on the loopback it makes one and prints it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -26,6 +35,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field
 
 from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
+from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, bearer_matches, frames_mac, new_group_key
 from nexrl_fsdp.direct_zmq.protocol import OPS
 
 __all__ = ["GroupRegistry", "WorkersApiServer"]
@@ -35,10 +45,12 @@ logger = logging.getLogger("nexrl_fsdp.workers_api")
 ENV_DEAD_AFTER = "NEXRL_WORKER_DEAD_AFTER_S"
 """Seconds without a heartbeat after which a rank counts as dead (default 15)."""
 UNUSED_SERVE_OPTIONS = frozenset(
-    {"db", "model", "dtype", "device", "api_key", "data_dir", "workers", "max_worker_groups", "worker_save_every", "max_tokens_per_microbatch"}
+    {"db", "model", "dtype", "device", "data_dir", "workers", "max_worker_groups", "worker_save_every", "max_tokens_per_microbatch"}
 )
 """`ServeOptions` fields of other services that mean nothing here."""
 _HELLO_EVERY_S = 0.2
+OPEN_PATHS = frozenset({"/api/v1/healthz"})
+"""The one route anyone may call: it says the server is up and nothing else."""
 
 
 @attrs.define
@@ -73,9 +85,10 @@ class _Group:
 class GroupRegistry:
     """Worker groups, their command sockets and their liveness; thread-safe."""
 
-    def __init__(self, host: str, dead_after_s: float) -> None:
+    def __init__(self, host: str, dead_after_s: float, key: str) -> None:
         self.host = host
         self.dead_after_s = dead_after_s
+        self.key = key
         self.context = zmq.Context()
         self.groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
@@ -160,7 +173,10 @@ class GroupRegistry:
                 group.publisher.close(linger=0)
 
     def _publish(self, group: _Group, message: dict[str, Any]) -> None:
-        group.publisher.send_multipart([group.identifier.encode(), json.dumps(message).encode()])
+        """Send ``message`` to the group's ranks: the topic, the JSON, and their MAC under
+        the key (a rank acts only on a command whose MAC it can check)."""
+        frames = [group.identifier.encode(), json.dumps(message).encode()]
+        group.publisher.send_multipart([*frames, frames_mac(frames, self.key)])
 
     def _watch(self) -> None:
         while not self._stop.wait(_HELLO_EVERY_S):
@@ -226,11 +242,26 @@ class Execute(_Body):
     op: str = Field(min_length=1, max_length=64)
 
 
-def create_app(registry: GroupRegistry) -> Any:
-    """The FastAPI routes over a registry; bad input is a 4xx naming what is wrong."""
-    from fastapi import FastAPI, HTTPException
+def create_app(registry: GroupRegistry, key: str) -> Any:
+    """The FastAPI routes over a registry; bad input is a 4xx naming what is wrong, and a
+    request without ``Authorization: Bearer <key>`` (but to `OPEN_PATHS`) is a 401 before
+    any route, body parsing included, sees it."""
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse
 
     app = FastAPI(title="NexRL workers API")
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next: Any) -> Any:
+        if request.url.path in OPEN_PATHS or bearer_matches(request.headers.get("authorization"), key):
+            return await call_next(request)
+        client = f"{request.client.host}:{request.client.port}" if request.client else "an unknown client"
+        logger.warning("refused %s %s from %s: no Authorization: Bearer header with the group's key", request.method, request.url.path, client)
+        return JSONResponse(
+            {"detail": f"the workers' API needs the header Authorization: Bearer <key>, with the key its workers have as {ENV_WORKER_KEY}"},
+            status_code=401,
+            headers={"www-authenticate": "Bearer"},
+        )
 
     def _group(identifier: str) -> Any:
         try:
@@ -292,10 +323,17 @@ def create_app(registry: GroupRegistry) -> Any:
 class WorkersApiServer:
     """The API server as a `nexrl_core.serving.Service`: in a background thread, or in the foreground."""
 
-    def __init__(self, options: ServeOptions | None = None, *, dead_after_s: float | None = None) -> None:
-        """:raises ServiceStartError: for a `ServeOptions` field the API server has no use
-        for (it keeps no database or files, loads no model: the workers do, and it takes
-        no key), so ``nexrl serve workers --db ...`` is refused rather than ignored."""
+    def __init__(self, options: ServeOptions | None = None, *, key: str | None = None, dead_after_s: float | None = None) -> None:
+        """``key`` is the group's key; without one, ``options.api_key`` (``--api-key``), then
+        ``NEXRL_WORKER_KEY``, and on the loopback only a new key (`generated_key` says so;
+        `serve_forever` prints it for the workers).
+
+        :raises ServiceStartError: for a `ServeOptions` field the API server has no use
+            for (it keeps no database or files, loads no model: the workers do), so ``nexrl
+            serve workers --db ...`` is refused rather than ignored; and for a ``host``
+            beyond the loopback without a key, which would let whoever reaches the port
+            drive the workers.
+        """
         self.options = options or ServeOptions()
         unused = [
             f"--{field.name.replace('_', '-')}"
@@ -305,8 +343,19 @@ class WorkersApiServer:
         if unused:
             raise ServiceStartError(
                 f"{', '.join(unused)}: the workers' API server keeps no database or files, loads no model (the workers "
-                "load the one a run's init_model names) and checks no key; leave them out"
+                "load the one a run's init_model names); leave them out"
             )
+        key = key or self.options.api_key or os.environ.get(ENV_WORKER_KEY) or None
+        self.generated_key = key is None
+        """Whether no key was given and this server made its own (on the loopback only)."""
+        if key is None and not _is_loopback(self.options.host):
+            raise ServiceStartError(
+                f"--host {self.options.host} is reachable from other machines, so the workers' API needs a key: pass --api-key KEY "
+                f"or set {ENV_WORKER_KEY} (the ranks and the driver get the same key as {ENV_WORKER_KEY})",
+                option="api_key",
+            )
+        self.key = key or new_group_key()
+        """The key every request (but the health check) and every command is checked with."""
         if dead_after_s is None:
             dead_after_s = float(os.environ.get(ENV_DEAD_AFTER, "15"))
         self.dead_after_s = dead_after_s
@@ -321,8 +370,8 @@ class WorkersApiServer:
         except OSError as error:
             raise RuntimeError(f"cannot listen on {self.options.host}:{self.options.port}: {error}") from error
         self.base_url = base_url_of(self._socket)
-        self.registry = GroupRegistry(self.options.host, self.dead_after_s)
-        self._server = UvicornServer(create_app(self.registry), self._socket, name="nexrl-workers-api")
+        self.registry = GroupRegistry(self.options.host, self.dead_after_s, self.key)
+        self._server = UvicornServer(create_app(self.registry, self.key), self._socket, name="nexrl-workers-api")
         return self._server
 
     def start(self) -> str:
@@ -352,6 +401,9 @@ class WorkersApiServer:
 
     def serve_forever(self) -> None:
         server = self._prepare()
+        if self.generated_key:
+            print(f"NexRL workers API: no key given, so it made one; give it to the workers and the driver as {ENV_WORKER_KEY}={self.key}",
+                  file=sys.stderr, flush=True)
         print(f"NexRL workers API serving at {self.base_url}", file=sys.stderr, flush=True)
         try:
             server.run()
@@ -360,3 +412,14 @@ class WorkersApiServer:
         finally:
             self._server = None
             self.stop()
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (a name other than
+    ``localhost`` may resolve anywhere, so it counts as reachable from others)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

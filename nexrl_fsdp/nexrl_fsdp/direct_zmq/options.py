@@ -9,9 +9,13 @@ __all__ = ["DirectZmqOptions"]
 
 @attrs.frozen(kw_only=True)
 class DirectZmqOptions:
-    """Where the worker group is and how long to wait for it."""
+    """Where the worker group is, the key it answers, and how long to wait for it."""
 
     api_server_url: str
+    key: str = attrs.field(repr=False)
+    """The group's key (`nexrl_fsdp.direct_zmq.group_key`): the bearer token of every call
+    to the API server and the key of every message's MAC to and from rank 0. Required:
+    a group answers nobody without it. Left out of the repr, so logs do not show it."""
     identifier: str = "actor"
     world_size: int = 1
     connect_timeout_s: float = 120.0

@@ -4,12 +4,15 @@ Every op is two phases: the op's header and tensors go straight to rank 0's data
 and rank 0 answers ACK (or why it refuses them); then the API server broadcasts
 "execute" and rank 0 sends the result back on the same socket. While it waits, the
 client asks the API server whether the group is still alive, so a dead rank is an
-error naming it within seconds, and every wait has a timeout from the config.
+error naming it within seconds, and every wait has a timeout from the config. Every
+call to the API server carries the group's key as a bearer token and every message to
+and from rank 0 its MAC (`DirectZmqOptions.key`); a reply without it is dropped and logged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +26,7 @@ from nexrl_core.config.lora import LoraSettings
 
 from nexrl_core.backend import BackendLost
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import bearer_header
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
 
@@ -30,6 +34,8 @@ if TYPE_CHECKING:
     from nexrl_core.batch import Batch
 
 __all__ = ["DirectZmqOptions", "DirectZmqTransport", "WorkerGroupError", "WorkerGroupLost"]
+
+logger = logging.getLogger(__name__)
 
 _POLL_S = 0.25
 WORKER_TENSORS = frozenset(BATCH_TENSORS) | frozenset(OPTIONAL_BATCH_TENSORS)
@@ -68,7 +74,7 @@ class DirectZmqTransport:
             self.api + path,
             data=None if body is None else json.dumps(body).encode(),
             method=method,
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **bearer_header(self.options.key)},
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
@@ -237,7 +243,7 @@ class DirectZmqTransport:
         deadline = started + limit
         op_id = uuid.uuid4().hex
         try:
-            wire.send(self.socket, {"op": op, "op_id": op_id, "options": dict(options)}, tensors)
+            wire.send(self.socket, {"op": op, "op_id": op_id, "options": dict(options)}, tensors, key=self.options.key)
             ack = self._await(op, op_id, deadline, "to acknowledge its data")
             if ack.header.get("kind") == "refused":
                 raise OpRefused(ack.header["error"])
@@ -268,7 +274,11 @@ class DirectZmqTransport:
         next_check = time.monotonic() + _STATUS_EVERY_S
         while True:
             if self.socket.poll(int(_POLL_S * 1000)):
-                _, message = wire.recv(self.socket)
+                try:
+                    _, message = wire.recv(self.socket, key=self.options.key)
+                except wire.UnauthenticatedMessage as error:
+                    logger.warning("worker group %r: dropped a reply: %s", self.options.identifier, error)
+                    continue
                 if message.header.get("op_id") == op_id:
                     return message
                 continue  # a late answer to an op that timed out earlier

@@ -6,11 +6,14 @@ a thread), asks the group to ``push_weights`` to the inbox's endpoint, and gets 
 weights handed to ``load`` the moment they arrive: rank 0 sends them as raw frames (the
 same ``load_weights`` request a sampler process answers, `nexrl_fsdp.worker.weights_push`),
 ``load`` copies them out of the frames, and the inbox answers ``loaded`` (or the error),
-which ends the group's op. Nothing is pickled and nothing touches the disk.
+which ends the group's op. Nothing is pickled and nothing touches the disk. The inbox
+holds the group's key: a message not MACed with it is dropped (and logged) unread, so
+only the group's rank 0 can hand ``load`` weights.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 from collections.abc import Callable
@@ -23,16 +26,20 @@ from nexrl_fsdp.direct_zmq import wire
 
 __all__ = ["WeightsInbox"]
 
+logger = logging.getLogger(__name__)
+
 _POLL_MS = 100
 
 
 class WeightsInbox:
     """Receives one push of weights; use it as a context manager around the push."""
 
-    def __init__(self, load: Callable[[dict[str, torch.Tensor]], Any]) -> None:
+    def __init__(self, load: Callable[[dict[str, torch.Tensor]], Any], *, key: str) -> None:
         """``load`` gets every parameter by name (read-only views over the received
-        frames: copy what must outlive the call) and may return a value, kept as `result`."""
+        frames: copy what must outlive the call) and may return a value, kept as `result`;
+        ``key`` is the pushing group's key."""
         self._load = load
+        self._key = key
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.RCVBUF, 1 << 23)
@@ -68,12 +75,17 @@ class WeightsInbox:
             if not self._socket.poll(_POLL_MS):
                 continue
             try:
-                prefix, message = wire.recv(self._socket, prefix_frames=1)
+                prefix, message = wire.recv(self._socket, key=self._key, prefix_frames=1)
+            except wire.UnauthenticatedMessage as error:
+                logger.warning("weights inbox %s: dropped a message: %s", self.endpoint, error)
+                continue
             except wire.WireError:
                 continue
             request_id = message.header.get("id")
             if message.header.get("kind") != "load_weights":
-                wire.send(self._socket, {"kind": "error", "id": request_id, "error": "this inbox only takes load_weights"}, prefix=prefix)
+                wire.send(
+                    self._socket, {"kind": "error", "id": request_id, "error": "this inbox only takes load_weights"}, key=self._key, prefix=prefix
+                )
                 continue
             try:
                 self.result = self._load(message.tensors)
@@ -82,4 +94,4 @@ class WeightsInbox:
                 self.error = error
                 reply = {"kind": "error", "id": request_id, "error": "".join(traceback.format_exception_only(type(error), error)).strip()}
             self._received = True
-            wire.send(self._socket, reply, prefix=prefix)
+            wire.send(self._socket, reply, key=self._key, prefix=prefix)

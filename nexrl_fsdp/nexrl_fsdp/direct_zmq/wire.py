@@ -12,6 +12,16 @@ memory is exposed through numpy, which leaves the tensor's storage unresizable: 
 a copy of a buffer something later resizes (an FSDP parameter held unsharded).
 Receiving is zero-copy too: each tensor is built over the received frame's buffer, so
 the decoded tensors are read-only views; clone one before writing into it.
+
+Every message ends with one more frame, its MAC: HMAC-SHA256 under the worker group's key
+(`nexrl_fsdp.direct_zmq.group_key`) over every other frame, each preceded by its length
+(so no two ways of cutting the same bytes into frames share a MAC). The sockets listen on
+ports others may reach; `decode` checks the MAC before it reads anything else, so a
+message from someone without the key (or one changed on the way) is refused whole
+(`UnauthenticatedMessage`) and none of it is parsed, stored or run. The MAC proves who
+sent a message, it hides nothing: see `group_key` for what that leaves to a VPN or TLS.
+Hashing reads the tensors' memory in place (``hmac.update`` over the frames' buffers),
+so sending stays zero-copy.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ from typing import Any
 import attrs
 import torch
 
-__all__ = ["DTYPES", "Message", "WireError", "decode", "encode", "recv", "send"]
+from nexrl_fsdp.direct_zmq.group_key import frames_mac, mac_matches
+
+__all__ = ["DTYPES", "Message", "UnauthenticatedMessage", "WireError", "add_mac", "decode", "encode", "recv", "send", "verify_mac"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -45,6 +57,11 @@ _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 class WireError(ValueError):
     """A message that does not follow the wire format (says which part is wrong)."""
+
+
+class UnauthenticatedMessage(WireError):
+    """A message without a valid MAC under the group's key: its sender lacks the run's key
+    (or it was changed on the way); it was dropped unread."""
 
 
 @attrs.frozen
@@ -70,8 +87,40 @@ def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[dict[str, Any], memo
     return {"name": name, "dtype": dtype, "shape": list(tensor.shape)}, memoryview(data)
 
 
-def encode(header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None) -> list[Any]:
-    """The frames of one message: the JSON header, then each tensor's bytes (not copied).
+def _buffer(frame: Any) -> memoryview:
+    """The bytes of a frame without copying (a zmq.Frame, bytes or a memoryview)."""
+    buffer = getattr(frame, "buffer", frame)
+    return buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+
+
+def add_mac(frames: Sequence[Any], key: str) -> list[Any]:
+    """``frames`` and, last, their MAC under ``key`` (the frames themselves are not copied)."""
+    return [*frames, frames_mac([_buffer(frame) for frame in frames], key)]
+
+
+def verify_mac(frames: Sequence[Any], key: str) -> Sequence[Any]:
+    """The frames before the MAC, once the MAC is found to be theirs under ``key``.
+
+    :raises UnauthenticatedMessage: when the last frame is not that MAC (no MAC at all,
+        another key's, or a frame changed), before any other frame is read.
+    """
+    if len(frames) < 2:
+        raise UnauthenticatedMessage(
+            f"a message of {len(frames)} frame(s) lacks the run's key: every message is its header frame, its tensor "
+            "frames, then a MAC frame made with the group's key"
+        )
+    body = frames[:-1]
+    if not mac_matches([_buffer(frame) for frame in body], _buffer(frames[-1]), key):
+        raise UnauthenticatedMessage(
+            "the message lacks the run's key: its last frame is not the MAC of the others under the group's key "
+            "(a sender without NEXRL_WORKER_KEY, another group's key, or a frame changed on the way); dropped unread"
+        )
+    return body
+
+
+def encode(header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None, *, key: str) -> list[Any]:
+    """The frames of one message: the JSON header, then each tensor's bytes (not copied),
+    then their MAC under the group's ``key``.
 
     :raises WireError: for a tensor of a dtype the wire does not carry, or a header that
         is not JSON (or already has a ``tensors`` key).
@@ -87,13 +136,7 @@ def encode(header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None
         head = json.dumps({**header, "tensors": described}, allow_nan=True).encode()
     except (TypeError, ValueError) as error:
         raise WireError(f"a message header must be JSON: {error}") from None
-    return [head, *frames]
-
-
-def _buffer(frame: Any) -> memoryview:
-    """The bytes of a received frame without copying (a zmq.Frame, bytes or a memoryview)."""
-    buffer = getattr(frame, "buffer", frame)
-    return buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    return add_mac([head, *frames], key)
 
 
 def _tensor_over(buffer: memoryview, description: Any, index: int) -> tuple[str, torch.Tensor]:
@@ -120,14 +163,15 @@ def _tensor_over(buffer: memoryview, description: Any, index: int) -> tuple[str,
     return name, flat.view(dtype).view(shape)
 
 
-def decode(frames: Sequence[Any]) -> Message:
+def decode(frames: Sequence[Any], *, key: str) -> Message:
     """A message from its frames; tensors are read-only views over the frames' buffers.
 
-    :raises WireError: naming what is wrong: no header, a header that is not a JSON
-        object, a frame count or size that does not match the header.
+    :raises UnauthenticatedMessage: when its MAC is not the one the group's ``key`` makes
+        (checked first: nothing of such a message is parsed).
+    :raises WireError: naming what is wrong: a header that is not a JSON object, a frame
+        count or size that does not match the header.
     """
-    if not frames:
-        raise WireError("empty message: expected a JSON header frame")
+    frames = verify_mac(frames, key)  # at least the header frame is left
     try:
         header = json.loads(bytes(_buffer(frames[0])))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -145,15 +189,23 @@ def decode(frames: Sequence[Any]) -> Message:
     return Message(header=header, tensors=tensors)
 
 
-def send(socket: Any, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None, *, prefix: Sequence[bytes] = ()) -> None:
-    """Send one message on a pyzmq socket without copying the tensors; ``prefix`` frames
-    (a ROUTER's peer identity) go first."""
-    socket.send_multipart([*prefix, *encode(header, tensors)], copy=False)
+def send(
+    socket: Any, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None, *, key: str, prefix: Sequence[bytes] = ()
+) -> None:
+    """Send one message, MACed with the group's ``key``, on a pyzmq socket without copying
+    the tensors; ``prefix`` frames (a ROUTER's peer identity, which ZMQ strips before
+    the peer sees the message) go first, outside the MAC."""
+    socket.send_multipart([*prefix, *encode(header, tensors, key=key)], copy=False)
 
 
-def recv(socket: Any, *, prefix_frames: int = 0) -> tuple[list[bytes], Message]:
+def recv(socket: Any, *, key: str, prefix_frames: int = 0) -> tuple[list[bytes], Message]:
     """Receive one message from a pyzmq socket without copying its tensor frames; returns
-    the first ``prefix_frames`` frames (a ROUTER's peer identity) and the message."""
+    the first ``prefix_frames`` frames (a ROUTER's peer identity, outside the MAC) and
+    the message.
+
+    :raises UnauthenticatedMessage: for a message not MACed with the group's ``key``
+        (it is consumed from the socket, and nothing of it is read).
+    """
     frames = socket.recv_multipart(copy=False)
     prefix = [bytes(frame.buffer) for frame in frames[:prefix_frames]]
-    return prefix, decode(frames[prefix_frames:])
+    return prefix, decode(frames[prefix_frames:], key=key)

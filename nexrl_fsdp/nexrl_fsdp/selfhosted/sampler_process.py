@@ -7,7 +7,9 @@ travel in the direct-ZMQ wire format (JSON header, raw tensor frames). Each call
 thread gets its own DEALER socket, so the rollouts' many threads sample concurrently
 without a lock, and the server batches what they send. While a thread waits for its
 answer it checks that the process lives: if it died, the call raises `SamplerError`
-naming it, with the end of its log, within a second instead of hanging.
+naming it, with the end of its log, within a second instead of hanging. The process
+gets the worker group's key in its environment (``NEXRL_WORKER_KEY``; a command line is
+readable by every user of the machine), and every message both ways carries its MAC.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import zmq
 
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
 
 __all__ = ["SamplerError", "SamplerProcess"]
@@ -44,8 +47,12 @@ class SamplerError(RuntimeError):
 class SamplerProcess:
     """A running sampler process and the sockets this process talks to it on."""
 
-    def __init__(self, settings: SamplerSettings, log_path: Path, *, extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, settings: SamplerSettings, log_path: Path, *, key: str, extra_env: Mapping[str, str] | None = None) -> None:
+        """``key`` is the run's key: the worker group's, whose rank 0 pushes weights to the
+        process (with a ``workers_url`` group, whose weights come through the driver, the
+        same key still guards the process's port)."""
         self.settings = settings
+        self.key = key
         self._extra_env = dict(extra_env or {})
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +66,7 @@ class SamplerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self._extra_env},
+            env={**os.environ, **self._extra_env, ENV_WORKER_KEY: key},
             start_new_session=True,
         )
         self.endpoint: str | None = None
@@ -86,7 +93,7 @@ class SamplerProcess:
         """A new process like this one (settings, log, environment), after this one died;
         it has the base weights until it is given others."""
         self.stop()
-        return SamplerProcess(self.settings, self.log_path, extra_env=self._extra_env)
+        return SamplerProcess(self.settings, self.log_path, key=self.key, extra_env=self._extra_env)
 
     def wait_ready(self, timeout_s: float = _START_TIMEOUT_S) -> None:
         """Wait until the process serves (it has loaded the model).
@@ -117,13 +124,16 @@ class SamplerProcess:
         kind = header["kind"]
         self.check_alive(kind)
         try:
-            wire.send(socket, {**header, "id": request_id}, tensors)
+            wire.send(socket, {**header, "id": request_id}, tensors, key=self.key)
         except zmq.Again:
             self.check_alive(kind)
             raise SamplerError(f"the sampler process (pid {self.pid}) did not take a {kind} request for {_SEND_TIMEOUT_MS / 1000:.0f} s") from None
         while True:
             if socket.poll(int(_POLL_S * 1000)):
-                _, reply = wire.recv(socket)
+                try:
+                    _, reply = wire.recv(socket, key=self.key)
+                except wire.UnauthenticatedMessage as error:
+                    raise SamplerError(f"the sampler process (pid {self.pid}) answered a {kind} request without the key: {error}") from None
                 if reply.header.get("id") != request_id:
                     continue  # the answer to a request whose caller gave up on it
                 if reply.header.get("kind") == "error":
@@ -144,7 +154,7 @@ class SamplerProcess:
                 socket = self._context.socket(zmq.DEALER)
                 socket.setsockopt(zmq.LINGER, 0)
                 socket.connect(self.endpoint)
-                wire.send(socket, {"kind": "close", "id": -1})
+                wire.send(socket, {"kind": "close", "id": -1}, key=self.key)
                 socket.poll(int(_STOP_TIMEOUT_S * 1000))
                 socket.close()
             except zmq.ZMQError:

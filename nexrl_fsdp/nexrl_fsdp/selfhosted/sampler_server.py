@@ -25,6 +25,12 @@ samples queued before a weight load use the old weights and those after it the n
 this thread only receives and sends, and answers a request as soon as its future is
 done. A watcher thread ends the process when the driver (``--parent``) is gone, so a
 killed run leaves no sampler behind.
+
+The process holds the worker group's key, from ``NEXRL_WORKER_KEY`` (the driver sets it in
+its environment, never on its command line, which every user of the machine can read):
+every request and reply carries the key's MAC, and a request without it (someone else
+who reaches the port) is dropped and logged unread, so it can neither sample nor
+replace the weights.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import collections
 import concurrent.futures
 import json
 import os
+import sys
 import threading
 import time
 import traceback
@@ -48,6 +55,7 @@ import zmq
 
 from nexrl_engine.config import EngineConfig
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env
 from nexrl_engine.engine import Engine
 from nexrl_engine.chat import EngineChat
 from nexrl_engine.batching import BatchedSamplingOptions
@@ -81,7 +89,8 @@ class SamplerSettings:
 class SamplerServer:
     """Serves one engine on a ROUTER socket until a ``close`` request."""
 
-    def __init__(self, engine: Engine, batching: BatchedSamplingOptions) -> None:
+    def __init__(self, engine: Engine, batching: BatchedSamplingOptions, *, key: str) -> None:
+        self.key = key
         self.engine = engine
         self.batching = batching
         self.chat = EngineChat(engine, batching, name="nexrl-sampler-compute")
@@ -108,7 +117,7 @@ class SamplerServer:
                 os.read(self._wake_read, 1 << 16)
             while self._done:
                 identity, header = self._done.popleft()
-                wire.send(self.socket, header, prefix=[identity])
+                wire.send(self.socket, header, key=self.key, prefix=[identity])
             if self.socket in ready:
                 while self.socket.poll(0):
                     closing = self._receive() or closing
@@ -117,7 +126,10 @@ class SamplerServer:
     def _receive(self) -> bool:
         """Handle one request; True when it asks the process to exit."""
         try:
-            prefix, message = wire.recv(self.socket, prefix_frames=1)
+            prefix, message = wire.recv(self.socket, key=self.key, prefix_frames=1)
+        except wire.UnauthenticatedMessage as error:
+            print(f"sampler: dropped a message: {error}", flush=True)
+            return False
         except wire.WireError as error:
             print(f"sampler: ignored a malformed message: {error}", flush=True)
             return False
@@ -138,14 +150,14 @@ class SamplerServer:
                 self._answer_when_done(identity, request_id, future, lambda done: {"kind": "exported", "path": str(done)})
             elif kind == "info":
                 wire.send(self.socket, {"kind": "info", "id": request_id, "pid": os.getpid(), "endpoint": self.endpoint,
-                                        "threads": torch.get_num_threads(), **attrs.asdict(self.batching)}, prefix=[identity])
+                                        "threads": torch.get_num_threads(), **attrs.asdict(self.batching)}, key=self.key, prefix=[identity])
             elif kind == "close":
-                wire.send(self.socket, {"kind": "closing", "id": request_id}, prefix=[identity])
+                wire.send(self.socket, {"kind": "closing", "id": request_id}, key=self.key, prefix=[identity])
                 return True
             else:
                 raise ValueError(f"unknown request kind {kind!r}; the sampler answers sample, load_weights, export, info and close")
         except Exception as error:  # noqa: BLE001 - a bad request is answered, the server keeps serving
-            wire.send(self.socket, _error(request_id, error), prefix=[identity])
+            wire.send(self.socket, _error(request_id, error), key=self.key, prefix=[identity])
         return False
 
     def _answer_when_done(
@@ -199,9 +211,13 @@ def main() -> None:
     parser.add_argument("--ready-file", required=True, type=Path, help="where to write the endpoint once serving")
     parser.add_argument("--parent", required=True, type=int, help="the driver's pid; the process exits when it is gone")
     args = parser.parse_args()
+    try:
+        key = key_from_env("the sampler process")
+    except MissingGroupKey as error:
+        sys.exit(f"sampler: {error}")
     threading.Thread(target=_watch_parent, args=(args.parent,), name="parent-watch", daemon=True).start()
     settings = SamplerSettings.from_json(args.settings)
-    server = SamplerServer(Engine(settings.engine), settings.batching)
+    server = SamplerServer(Engine(settings.engine), settings.batching, key=key)
     _write_ready(args.ready_file, server.endpoint)
     print(f"sampler: serving {settings.engine.model} ({settings.engine.dtype}, {settings.engine.device}) at {server.endpoint}", flush=True)
     server.serve()

@@ -1,11 +1,12 @@
 """One rank: ``python -m nexrl_fsdp.worker --api-server-url URL --identifier NAME``, started by
 ``python -m nexrl_fsdp.worker.loopback --nproc=N -- ...`` on one machine or by ``torchrun -m
-nexrl_fsdp.worker ...`` across several."""
+nexrl_fsdp.worker ...`` across several; either way with the group's key in ``NEXRL_WORKER_KEY``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads
 
@@ -16,11 +17,15 @@ def main() -> None:
     parser.add_argument("--identifier", required=True, help="the worker group's name (a driver names the same)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey
     from nexrl_fsdp.worker import collective_check
     from nexrl_fsdp.worker.runtime import WorkerRank
 
     collective_check.install()
-    rank = WorkerRank(args.api_server_url, args.identifier)
+    try:
+        rank = WorkerRank(args.api_server_url, args.identifier)
+    except MissingGroupKey as error:
+        sys.exit(f"python -m nexrl_fsdp.worker: {error}")
     try:
         rank.start()
         rank.serve()

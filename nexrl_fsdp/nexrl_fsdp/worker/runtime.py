@@ -11,6 +11,11 @@ is pickled: headers are JSON (as uint8 tensors between ranks), tensors are raw f
 
 A watchdog process (`watchdog`) beats for the rank and ends it when the API server is
 gone or calls the group dead, so no worker outlives its run.
+
+A rank holds the group's key (``NEXRL_WORKER_KEY``, `nexrl_fsdp.direct_zmq.group_key`):
+it sends it as a bearer token on every call to the API server, acts only on commands
+whose MAC it checks, and rank 0 drops (and logs) every data message not MACed with it,
+so nothing someone without the key sends to its port is acknowledged, stored or run.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch.distributed as dist
 import zmq
 
 from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import bearer_header, key_from_env
 from nexrl_fsdp.direct_zmq.protocol import (
     BATCH_OPS,
     DATUM_OPS,
@@ -58,9 +64,10 @@ _ERROR_BYTES = 8192
 """Most bytes of a rank's traceback that travel to rank 0."""
 
 
-def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+def _http(url: str, key: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST", headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json", **bearer_header(key)}
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST", headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
@@ -69,6 +76,8 @@ class WorkerRank:
     """One rank of a worker group (under torchrun or the loopback launcher)."""
 
     def __init__(self, api_server_url: str, identifier: str) -> None:
+        """:raises MissingGroupKey: when ``NEXRL_WORKER_KEY`` is unset (before anything starts)."""
+        self.key = key_from_env(f"worker rank {os.environ.get('RANK', '0')} of group {identifier!r}")
         self.api = api_server_url.rstrip("/") + "/api/v1"
         self.identifier = identifier
         self.rank = int(os.environ.get("RANK", "0"))
@@ -98,11 +107,12 @@ class WorkerRank:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        group = _http(f"{self.api}/groups", {"identifier": self.identifier, "world_size": self.world_size})
+        group = _http(f"{self.api}/groups", self.key, {"identifier": self.identifier, "world_size": self.world_size})
         self.commands = self.context.socket(zmq.SUB)
         self.commands.setsockopt(zmq.SUBSCRIBE, self.identifier.encode())
         self.commands.connect(group["command_endpoint"])
-        self.commands.recv_multipart()  # the server's periodic hello: the subscription is live
+        while self._command() is None:  # the server's periodic hello: the subscription is live
+            pass
         self.data = self.context.socket(zmq.ROUTER)
         self.data.setsockopt(zmq.RCVBUF, 1 << 23)
         self.data.setsockopt(zmq.SNDBUF, 1 << 23)
@@ -115,6 +125,7 @@ class WorkerRank:
             port = self.data.bind_to_random_port(f"tcp://{host}")
         _http(
             f"{self.api}/groups/{self.identifier}/workers",
+            self.key,
             {"rank": self.rank, "endpoint": f"tcp://{host}:{port}", "pid": os.getpid(), "host": socket.gethostname()},
         )
         self.watchdog = subprocess.Popen(
@@ -135,17 +146,32 @@ class WorkerRank:
             if self.rank == 0 and self.data in ready:
                 self._receive_data()
             if self.commands in ready:
-                _, body = self.commands.recv_multipart()
-                command = json.loads(body)
-                if command.get("kind") != "execute":
+                command = self._command()
+                if command is None or command.get("kind") != "execute":
                     continue
                 if self._execute(command) == "destroy":
                     return
 
-    def _receive_data(self) -> None:
-        """Store an op's data by op id and ACK it, or answer why it is refused."""
+    def _command(self) -> dict[str, Any] | None:
+        """The next command from the API server; None (logged) for one whose MAC is not the
+        group key's: whoever can reach the command socket's port cannot make ranks run."""
+        frames = self.commands.recv_multipart()
         try:
-            prefix, message = wire.recv(self.data, prefix_frames=1)
+            _, body = wire.verify_mac(frames, self.key)
+        except wire.UnauthenticatedMessage as error:
+            logger.warning("rank %d: dropped a command: %s", self.rank, error)
+            return None
+        return json.loads(body)
+
+    def _receive_data(self) -> None:
+        """Store an op's data by op id and ACK it, or answer why it is refused; a message
+        not MACed with the group's key is dropped unanswered (its sender lacks the key,
+        so it learns nothing, not even that the op was refused)."""
+        try:
+            prefix, message = wire.recv(self.data, key=self.key, prefix_frames=1)
+        except wire.UnauthenticatedMessage as error:
+            logger.warning("rank 0: dropped a data message: %s", error)
+            return
         except wire.WireError as error:
             logger.warning("rank 0: refused a malformed message: %s", error)
             return
@@ -154,10 +180,12 @@ class WorkerRank:
         try:
             self._check(header, message.tensors)
         except (BatchError, ValueError, TypeError) as error:
-            wire.send(self.data, {"kind": "refused", "op_id": op_id, "error": f"{header.get('op')} refused: {error}"}, prefix=[identity])
+            wire.send(
+                self.data, {"kind": "refused", "op_id": op_id, "error": f"{header.get('op')} refused: {error}"}, key=self.key, prefix=[identity]
+            )
             return
         self.pending[op_id] = (identity, message)
-        wire.send(self.data, {"kind": "ack", "op_id": op_id}, prefix=[identity])
+        wire.send(self.data, {"kind": "ack", "op_id": op_id}, key=self.key, prefix=[identity])
 
     def _check(self, header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         op = header.get("op")
@@ -211,9 +239,9 @@ class WorkerRank:
                 rank, text = failures[0]
                 cause = text.strip().splitlines()[-1] if text.strip() else "no traceback"
                 reply = {"kind": "error", "op_id": header["op_id"], "error": f"rank {rank} raised during {op}: {cause}"}
-                wire.send(self.data, reply, prefix=[identity])
+                wire.send(self.data, reply, key=self.key, prefix=[identity])
             else:
-                wire.send(self.data, {**reply, **result[0]}, result[1], prefix=[identity])
+                wire.send(self.data, {**reply, **result[0]}, result[1], key=self.key, prefix=[identity])
         if op == "destroy":
             dist.destroy_process_group()
         return op
@@ -314,7 +342,7 @@ class WorkerRank:
         if op == "push_weights":
             weights = actor.full_weights()
             if self.rank == 0:
-                push_weights(self.context, options["endpoint"], weights, header["op_id"], float(options["timeout_s"]))
+                push_weights(self.context, options["endpoint"], weights, header["op_id"], float(options["timeout_s"]), key=self.key)
             return {"parameters": len(weights)}, {}
         if op == "save_checkpoint":
             path = Path(options["path"])
@@ -337,7 +365,7 @@ class WorkerRank:
         so the driver names it at once; best effort, the log has the traceback."""
         line = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1][:3000]
         try:
-            _http(f"{self.api}/groups/{self.identifier}/failed", {"rank": self.rank, "error": line}, timeout=5)
+            _http(f"{self.api}/groups/{self.identifier}/failed", self.key, {"rank": self.rank, "error": line}, timeout=5)
         except (OSError, ValueError):
             logger.warning("rank %d: could not report its failure to the API server", self.rank)
 

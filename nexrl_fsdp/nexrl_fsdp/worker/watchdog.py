@@ -9,6 +9,10 @@ and kills the rank when its launcher (torchrun's agent, or
 stops answering or calls the group dead or destroyed, so no rank outlives its run.
 
 ``python -m nexrl_fsdp.worker.watchdog --pid PID --parent PPID --rank R --group-url URL --interval S``
+
+It inherits the rank's environment, the group's key (``NEXRL_WORKER_KEY``) included, and
+sends it as a bearer token with every beat and report: the API server answers nothing
+without it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import signal
 import time
 import urllib.error
 import urllib.request
+
+from nexrl_fsdp.direct_zmq.group_key import bearer_header, key_from_env
 
 _SERVER_GONE_AFTER_S = 30.0
 
@@ -41,17 +47,18 @@ def _alive(pid: int) -> bool:
     return state != b"Z"
 
 
-def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> None:
+def watch(pid: int, parent: int, rank: int, group_url: str, interval: float, key: str) -> None:
     """Beat for ``pid`` until it exits; kill it when its run is gone (the API server, or
-    ``parent``, the launcher that started it)."""
+    ``parent``, the launcher that started it). Every request carries the group's ``key``."""
     last_ok = time.monotonic()
     body = json.dumps({"rank": rank}).encode()
+    headers = {"content-type": "application/json", **bearer_header(key)}
     while _alive(pid):
         if not _alive(parent):
             os.kill(pid, signal.SIGKILL)
             return
         try:
-            request = urllib.request.Request(f"{group_url}/heartbeat", data=body, method="POST", headers={"content-type": "application/json"})
+            request = urllib.request.Request(f"{group_url}/heartbeat", data=body, method="POST", headers=headers)
             with urllib.request.urlopen(request, timeout=5) as response:
                 status = json.loads(response.read()).get("status")
             last_ok = time.monotonic()
@@ -65,14 +72,14 @@ def watch(pid: int, parent: int, rank: int, group_url: str, interval: float) -> 
                 os.kill(pid, signal.SIGKILL)
                 return
         time.sleep(interval)
-    _report_exit(rank, group_url)
+    _report_exit(rank, group_url, headers)
 
 
-def _report_exit(rank: int, group_url: str) -> None:
+def _report_exit(rank: int, group_url: str, headers: dict[str, str]) -> None:
     """Tell the API server at once that the rank's process is gone (a group being
     destroyed ignores it; a rank that failed with an exception has said why already)."""
     body = json.dumps({"rank": rank, "error": "its process exited (its output is in the workers' log)"}).encode()
-    request = urllib.request.Request(f"{group_url}/failed", data=body, method="POST", headers={"content-type": "application/json"})
+    request = urllib.request.Request(f"{group_url}/failed", data=body, method="POST", headers=headers)
     try:
         urllib.request.urlopen(request, timeout=5).close()
     except OSError:
@@ -87,7 +94,7 @@ def main() -> None:
     parser.add_argument("--group-url", required=True)
     parser.add_argument("--interval", type=float, required=True)
     args = parser.parse_args()
-    watch(args.pid, args.parent, args.rank, args.group_url, args.interval)
+    watch(args.pid, args.parent, args.rank, args.group_url, args.interval, key_from_env(f"the watchdog of rank {args.rank}"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The weights go from rank 0 to the sampler as raw frames (`nexrl_fsdp.direct_zmq.
 never through the driver, in the sampler process's ``load_weights`` request (see
 `nexrl_fsdp.selfhosted.sampler_server`); the op finishes only once the sampler has
 answered that it loaded them, so the driver's ``push_weights`` returning means every
-sample asked for afterwards uses the new weights.
+sample asked for afterwards uses the new weights. Both ways the messages carry the MAC
+of the group's key: the sampler loads nothing someone without the key sent, and rank 0
+takes no answer from someone without it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ class SamplerPushError(RuntimeError):
     """The sampler process did not load the pushed weights (refused them, or never answered)."""
 
 
-def push_weights(context: zmq.Context, endpoint: str, weights: Mapping[str, torch.Tensor], request_id: str, timeout_s: float) -> None:
-    """Send ``weights`` to the sampler at ``endpoint`` and wait until it has loaded them.
+def push_weights(
+    context: zmq.Context, endpoint: str, weights: Mapping[str, torch.Tensor], request_id: str, timeout_s: float, *, key: str
+) -> None:
+    """Send ``weights`` (MACed with the group's ``key``) to the sampler at ``endpoint`` and
+    wait until it has loaded them.
 
     :raises SamplerPushError: naming the endpoint, when the sampler refuses them or does
         not answer within ``timeout_s``.
@@ -36,11 +41,14 @@ def push_weights(context: zmq.Context, endpoint: str, weights: Mapping[str, torc
     try:
         socket.connect(endpoint)
         try:
-            wire.send(socket, {"kind": "load_weights", "id": request_id}, weights)
+            wire.send(socket, {"kind": "load_weights", "id": request_id}, weights, key=key)
         except zmq.Again:
             raise SamplerPushError(f"the sampler at {endpoint} did not take the weights within {timeout_s:.0f} s") from None
         while socket.poll(int(timeout_s * 1000)):
-            _, reply = wire.recv(socket)
+            try:
+                _, reply = wire.recv(socket, key=key)
+            except wire.UnauthenticatedMessage as error:
+                raise SamplerPushError(f"the sampler at {endpoint} answered without the group's key: {error}") from None
             if reply.header.get("id") != request_id:
                 continue
             if reply.header.get("kind") != "loaded":
