@@ -29,8 +29,20 @@ def _train(out: Path, *overrides: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _run_groups(address: str) -> list[dict[str, Any]]:
+    """The placement groups the runs made (Ray lists removed ones too, for a while)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address)
+    return [group for group in ray.util.placement_group_table().values() if group["name"].startswith("nexrl-actor-")]
+
+
 def test_the_self_hosted_quickstart_on_ray_trains_like_on_this_machine(ray_cluster: Any, tmp_path: Path) -> None:
     on_ray = _train(tmp_path / "ray", "backend.options.placement=ray", f"backend.options.placement_options.address={ray_cluster.address}")
+    (group,) = _run_groups(ray_cluster.address)
+    assert len(set(group["bundles_to_node_id"].values())) == 2, f"a rank on each node: {group}"
+    assert group["state"] == "REMOVED", "the run removed its placement group when it ended"
     local = _train(tmp_path / "local")
     validated = {row["step"]: row["val/reward/mean"] for row in on_ray if "val/reward/mean" in row}
     assert set(validated) == {0, 4}
