@@ -160,14 +160,14 @@ def resolve(config: dict[str, Any]) -> dict[str, Any]:
     """
     done: dict[tuple[str, ...], Any] = {}
 
-    def value_at(path: list[str], stack: tuple[tuple[str, ...], ...]) -> Any:
+    def value_at(path: list[str], stack: tuple[tuple[str, ...], ...], written_at: str) -> Any:
         key = tuple(path)
         if key in done:
             return done[key]
         if key in stack:
             chain = " -> ".join(".".join(step) for step in (*stack, key))
             raise V1RecipeError(f"interpolation loop: {chain}")
-        raw = _lookup(config, path, ".".join(path), ".".join(stack[-1]) if stack else ".".join(path))
+        raw = _lookup(config, path, ".".join(path), written_at)
         value = walk(raw, path, (*stack, key))
         done[key] = value
         return value
@@ -193,7 +193,7 @@ def resolve(config: dict[str, Any]) -> dict[str, Any]:
                 raise V1RecipeError(
                     f"{'.'.join(where)}: ${{{reference}}} uses a resolver; only ${{oc.env:NAME}} and ${{oc.env:NAME,default}} are read"
                 )
-            target = value_at(_target(reference, where), stack)
+            target = value_at(_target(reference, where), stack, ".".join(where))
             if whole:
                 return target
             pieces.append(text(target, where))

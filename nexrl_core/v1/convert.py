@@ -42,6 +42,9 @@ class Carried:
     """A v1 key (or v1's default for it) and the NexRL keys it set."""
 
     v1: str
+    """The key as the recipe wrote it (or would have)."""
+    key: str
+    """The key in the table's one shape (``train_service.*``)."""
     assignments: dict[str, Any]
     from_default: bool = False
     """The recipe left the key out: these are v1's values for it."""
@@ -183,8 +186,8 @@ def _leaves(raw: dict[str, Any], recipe: Path, table: KeyTable) -> tuple[Shape, 
     for key, value in _flatten(canonical, ""):
         if key == "defaults":
             continue
-        if value is None and any(prefix == key or prefix.startswith(key + ".") for prefix in section_prefixes):
-            continue  # a section left null (`service: null` in a common file): nothing set
+        if value in (None, {}) and any(prefix == key or prefix.startswith(key + ".") for prefix in section_prefixes):
+            continue  # a section left null or empty (`service: null` in a common file): nothing set
         leaves[key] = Leaf(shape.written(key), value)
     for written, value in worker_file.items():
         file, _, top = written.partition(":")
@@ -279,7 +282,7 @@ class Converter:
                 continue
             self.written[new] = (self.name(v1), value)
             _set_path(self.recipe, new, value)
-        self.carried.append(Carried(self.name(v1), dict(assignments), from_default=v1 not in self.leaves, note=note))
+        self.carried.append(Carried(self.name(v1), v1, dict(assignments), from_default=v1 not in self.leaves, note=note))
         self.reported.add(v1)
 
     def drop(self, v1: str, why: str) -> None:
