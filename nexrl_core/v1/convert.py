@@ -32,7 +32,7 @@ import yaml
 from nexrl_core.v1.compose import V1RecipeError, read_v1_recipe
 from nexrl_core.v1.table import ABSENT, Fate, KeyRule, KeyTable, Profile, key_table
 
-__all__ = ["Carried", "Conversion", "Note", "V1RecipeError", "convert_v1_recipe"]
+__all__ = ["Carried", "Conversion", "Converter", "Note", "V1RecipeError", "convert_v1_recipe", "show"]
 
 TRAIN_SERVICE = "train_service"
 
@@ -51,7 +51,7 @@ class Carried:
     note: str = ""
 
     def line(self) -> str:
-        values = ", ".join(f"{key} = {_show(value)}" for key, value in self.assignments.items())
+        values = ", ".join(f"{key} = {show(value)}" for key, value in self.assignments.items())
         source = f"{self.v1} (v1 default)" if self.from_default else self.v1
         return f"{source} -> {values}" + (f"  [{self.note}]" if self.note else "")
 
@@ -84,7 +84,8 @@ class Conversion:
         return yaml.safe_dump(self.recipe, sort_keys=False)
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """``value`` as it would be written in a recipe (``0.001``, ``[prompt]``, ``null``), on one line."""
     return yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip().removesuffix("...").strip()
 
 
@@ -133,68 +134,67 @@ def _get(data: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def _shape(raw: dict[str, Any], recipe: Path) -> tuple[Shape, dict[str, Any], list[Note]]:
-    """The recipe's shape, its keys in canonical form and the other train services it names."""
+@attrs.frozen
+class Shaped:
+    """A recipe in the table's one shape."""
+
+    shape: Shape
+    keys: dict[str, Any]
+    """The recipe with the actor's train service under ``train_service``."""
+    worker_file: dict[str, Any] = attrs.field(factory=dict)
+    """The design documents' worker training-config file, by its path as the recipe names it."""
+    others: list[Note] = attrs.field(factory=list)
+    """A not-supported line per train service beside the actor's."""
+
+
+def _shape(raw: dict[str, Any], recipe: Path) -> Shaped:
+    """The recipe brought to the table's one shape."""
     design, service = _get(raw, "trainer.train_service"), _get(raw, "service.train_service")
     if isinstance(design, dict) and isinstance(service, dict):
         raise V1RecipeError("the recipe has both trainer.train_service and service.train_service; keep the one v1 read")
-    others: list[Note] = []
-    extra: dict[str, Any] = {}
     if isinstance(design, dict):
-        shape = Shape("design", "trainer.train_service.")
+        body = {**raw, "trainer": {key: value for key, value in raw["trainer"].items() if key != TRAIN_SERVICE}, TRAIN_SERVICE: design}
         config_path = design.get("training_config_path")
-        if config_path:
-            file = Path(str(config_path))
-            file = file if file.is_absolute() else recipe.parent / file
-            worker = read_v1_recipe(file)
-            shape = Shape("design", "trainer.train_service.", actor_prefix=f"{config_path}:actor.")
-            extra = {f"{config_path}:{key}": value for key, value in worker.items()}
-        body = {key: value for key, value in raw.items()}
-        body["trainer"] = {key: value for key, value in raw["trainer"].items() if key != TRAIN_SERVICE}
-        return shape, {**body, TRAIN_SERVICE: design, "__worker_file__": extra}, others
+        if not config_path:
+            return Shaped(Shape("design", "trainer.train_service."), body)
+        file = Path(str(config_path))
+        worker = read_v1_recipe(file if file.is_absolute() else recipe.parent / file)
+        return Shaped(Shape("design", "trainer.train_service.", actor_prefix=f"{config_path}:actor."), body, {str(config_path): worker})
     if not isinstance(service, dict):
         raise V1RecipeError("not a v1 recipe: it has neither trainer.train_service nor service.train_service")
-    body = {key: value for key, value in raw.items()}
-    body["service"] = {key: value for key, value in raw["service"].items() if key != TRAIN_SERVICE}
+    body = {**raw, "service": {key: value for key, value in raw["service"].items() if key != TRAIN_SERVICE}}
     nested = {name: entry for name, entry in service.items() if isinstance(entry, dict) and ("role" in entry or "backend" in entry)}
     if "backend" in service or not nested:
-        return Shape("v1", "service.train_service."), {**body, TRAIN_SERVICE: service}, others
+        return Shaped(Shape("v1", "service.train_service."), {**body, TRAIN_SERVICE: service})
     named = _get(raw, "service.actor_train_service")
     actors = [named] if named else [name for name, entry in nested.items() if entry.get("role", "actor") == "actor"]
     if len(actors) != 1 or actors[0] not in nested:
         raise V1RecipeError(f"service.train_service: cannot tell which service is the actor (role actor: {actors or 'none'})")
     (actor,) = actors
-    for name, entry in service.items():
-        if name == actor:
-            continue
-        role = entry.get("role", "?") if isinstance(entry, dict) else "?"
-        others.append(
-            Note(
-                f"service.train_service.{name}",
-                f"a second model (role {role}) beside the actor, as on-policy distillation uses; NexRL trains one policy "
-                "per run; instead: train the actor alone (distillation from a teacher is not carried)",
-            )
+    others = [
+        Note(
+            f"service.train_service.{name}",
+            f"a second model (role {entry.get('role', '?') if isinstance(entry, dict) else '?'}) beside the actor, as on-policy "
+            "distillation uses; NexRL trains one policy per run; instead: train the actor alone (distillation from a teacher is not carried)",
         )
-    return Shape("v1.4", f"service.train_service.{actor}."), {**body, TRAIN_SERVICE: service[actor]}, others
+        for name, entry in service.items()
+        if name != actor
+    ]
+    return Shaped(Shape("v1.4", f"service.train_service.{actor}."), {**body, TRAIN_SERVICE: service[actor]}, others=others)
 
 
-def _leaves(raw: dict[str, Any], recipe: Path, table: KeyTable) -> tuple[Shape, dict[str, Leaf], list[Note]]:
-    shape, canonical, others = _shape(raw, recipe)
-    worker_file = canonical.pop("__worker_file__", {})
+def _leaves(shaped: Shaped, table: KeyTable) -> dict[str, Leaf]:
+    """Every value the recipe sets, by its key in the table's shape."""
     leaves: dict[str, Leaf] = {}
     section_prefixes = {rule.v1.rsplit(".", 1)[0] for rule in table.rules}
-    for key, value in _flatten(canonical, ""):
-        if key == "defaults":
-            continue
+    for key, value in _flatten(shaped.keys, ""):
         if value in (None, {}) and any(prefix == key or prefix.startswith(key + ".") for prefix in section_prefixes):
             continue  # a section left null or empty (`service: null` in a common file): nothing set
-        leaves[key] = Leaf(shape.written(key), value)
-    for written, value in worker_file.items():
-        file, _, top = written.partition(":")
-        for key, leaf_value in _flatten(value, top):
-            canonical_key = f"{TRAIN_SERVICE}.{key}"
-            leaves[canonical_key] = Leaf(f"{file}:{key}", leaf_value)
-    return shape, leaves, others
+        leaves[key] = Leaf(shaped.shape.written(key), value)
+    for file, worker in shaped.worker_file.items():
+        for key, value in _flatten(worker, ""):
+            leaves[f"{TRAIN_SERVICE}.{key}"] = Leaf(f"{file}:{key}", value)
+    return leaves
 
 
 # --- the conversion ----------------------------------------------------------------------
@@ -277,7 +277,7 @@ class Converter:
             if new in self.written and self.written[new][1] != value:
                 earlier, earlier_value = self.written[new]
                 self.unsupported.append(
-                    Note(self.name(v1), f"sets {new} = {_show(value)} where {earlier} set {_show(earlier_value)}; instead: keep one of them")
+                    Note(self.name(v1), f"sets {new} = {show(value)} where {earlier} set {show(earlier_value)}; instead: keep one of them")
                 )
                 continue
             self.written[new] = (self.name(v1), value)
@@ -298,7 +298,7 @@ class Converter:
     def refuse(self, v1: str, why: str, instead: str) -> None:
         """``v1`` changes training in a way NexRL cannot: a not-supported line (if the recipe sets it)."""
         if v1 in self.leaves and v1 not in self.reported:
-            self.unsupported.append(Note(f"{self.name(v1)} = {_show(self.leaves[v1].value)}", f"{why}; instead: {instead}"))
+            self.unsupported.append(Note(f"{self.name(v1)} = {show(self.leaves[v1].value)}", f"{why}; instead: {instead}"))
             self.reported.add(v1)
 
     def ask(self, v1: str, text: str) -> None:
@@ -335,8 +335,8 @@ def _direct(converter: Converter, row: KeyRule) -> None:
             if value != used:
                 converter.ask(
                     row.v1,
-                    f"v1 never sent this to {converter.profile.about}, which trained with {_show(used)}; written: the recipe's "
-                    f"{_show(value)}; set {new}: {_show(used)} to train as v1 did",
+                    f"v1 never sent this to {converter.profile.about}, which trained with {show(used)}; written: the recipe's "
+                    f"{show(value)}; set {new}: {show(used)} to train as v1 did",
                 )
         else:
             converter.carry(row.v1, {new: used}, note=f"what {converter.profile.about} used: v1 never sent it")
@@ -364,7 +364,8 @@ def convert_v1_recipe(path: str | Path, *, agent: str | None = None, table: KeyT
     table = table or key_table()
     recipe_path = Path(path)
     raw = read_v1_recipe(recipe_path)
-    shape, leaves, others = _leaves(raw, recipe_path, table)
+    shaped = _shape(raw, recipe_path)
+    shape, leaves = shaped.shape, _leaves(shaped, table)
     unknown = [leaf.written for key, leaf in leaves.items() if table.find(key) is None]
     if unknown:
         raise V1RecipeError(
@@ -372,7 +373,7 @@ def convert_v1_recipe(path: str | Path, *, agent: str | None = None, table: KeyT
         )
     profile = _profile(table, leaves)
     converter = Converter(table, shape, leaves, profile, recipe_path, agent)
-    converter.unsupported.extend(others)
+    converter.unsupported.extend(shaped.others)
     _set_path(converter.recipe, "backend", {})
     rule_names: list[str] = []
     for key in leaves:

@@ -9,8 +9,13 @@ backend), so they cannot drift either.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from nexrl_core.v1.convert import Conversion, convert_v1_recipe, show
 from nexrl_core.v1.table import ABSENT, Fate, KeyRule, KeyTable, Profile, key_table
 
 INTRO = """\
@@ -80,9 +85,7 @@ def _code(text: str) -> str:
 
 
 def _value(value: Any) -> str:
-    import yaml
-
-    return "`" + yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip().removesuffix("...").strip() + "`"
+    return f"`{show(value)}`"
 
 
 def _kinds(rule: KeyRule, profiles: tuple[Profile, ...]) -> str:
@@ -120,16 +123,9 @@ def _profiles(table: KeyTable) -> list[str]:
     return lines
 
 
-def _minimal_conversion(profile: Profile) -> Any:
+def _minimal_conversion(profile: Profile) -> Conversion:
     """What the converter writes for a v1 recipe that names only ``profile``'s backend:
     v1's default for every key that changes training."""
-    import tempfile
-    from pathlib import Path
-
-    import yaml
-
-    from nexrl_core.v1.convert import convert_v1_recipe
-
     with tempfile.TemporaryDirectory() as folder:
         recipe = Path(folder) / "recipe.yaml"
         recipe.write_text(yaml.safe_dump({"service": {"train_service": {"backend": profile.v1_backends[0]}}}))

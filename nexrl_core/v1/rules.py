@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nexrl_core.config.env_refs import env_refs, is_single_ref
-from nexrl_core.v1.convert import Converter, _show
+from nexrl_core.v1.convert import Converter, show
 from nexrl_core.v1.table import ABSENT
 
 __all__ = ["RULES"]
@@ -34,6 +34,7 @@ def _number(converter: Converter, v1: str, value: Any) -> float | None:
 
 
 def run_dir(converter: Converter) -> None:
+    """The run's folder under runs/, named as v1 named the experiment."""
     name = converter.value("experiment_name")
     if name is not ABSENT:
         converter.carry("experiment_name", {"output.dir": f"runs/{name}"}, note="v1 wrote under $EXPERIMENT_PATH")
@@ -128,6 +129,7 @@ def world_size(converter: Converter) -> None:
 
 
 def op_timeout(converter: Converter) -> None:
+    """v1's wait for one worker result, in milliseconds, is NexRL's bound on one operation, in seconds."""
     value = converter.value("train_service.config.zmq_recv_timeout_ms")
     if value is ABSENT:
         return
@@ -150,7 +152,7 @@ def model_path(converter: Converter) -> None:
     converter.carry(first, {"model.name": chosen})
     for key in rest:
         same = converter.value(key) == chosen
-        converter.drop(key, f"v1's workers loaded {converter.name(first)}" + ("" if same else f" ({_show(chosen)}), not this"))
+        converter.drop(key, f"v1's workers loaded {converter.name(first)}" + ("" if same else f" ({show(chosen)}), not this"))
 
 
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -424,7 +426,7 @@ def kl(converter: Converter) -> None:
         why = "v1 read kl_ctrl only under trainer.algorithm.critic (so not these values), and its workers computed no reference log-probs"
     else:
         why = "v1's workers computed no reference log-probs"
-    converter.ask(use_key, f"{why}: its KL term was zero in practice; written: the KL the recipe meant (algorithm.kl.coef = {_show(coef)}); set algorithm.kl.coef: 0 to train as v1 did")
+    converter.ask(use_key, f"{why}: its KL term was zero in practice; written: the KL the recipe meant (algorithm.kl.coef = {show(coef)}); set algorithm.kl.coef: 0 to train as v1 did")
 
 
 _WORKER_LOSSES = {"NX_20250515": "ppo", "NX_20241031": "ppo", "importance_sampling": "importance_sampling"}
@@ -443,7 +445,7 @@ def _entropy(converter: Converter, key: str, loss: str) -> None:
             value = converter.value(key)
             converter.carry(key, {"algorithm.loss.options.entropy_coeff": value})
             if value != used:
-                converter.ask(key, f"v1 never sent this to {converter.profile.about}, which trained with {_show(used)}; written: the recipe's {_show(value)}; set algorithm.loss.options.entropy_coeff: {_show(used)} to train as v1 did")
+                converter.ask(key, f"v1 never sent this to {converter.profile.about}, which trained with {show(used)}; written: the recipe's {show(value)}; set algorithm.loss.options.entropy_coeff: {show(used)} to train as v1 did")
         else:
             converter.carry(key, {"algorithm.loss.options.entropy_coeff": used}, note=f"what {converter.profile.about} used: v1 never sent it")
         return
@@ -538,7 +540,7 @@ def warmup(converter: Converter) -> None:
             converter.drop(total_key, "read only for the warmup, which is 0")
         elif total is not ABSENT:
             steps = int(ratio * total)
-            converter.carry(ratio_key, {"algorithm.warmup_steps": steps}, note=f"int({_show(ratio)} x {_show(total)})")
+            converter.carry(ratio_key, {"algorithm.warmup_steps": steps}, note=f"int({show(ratio)} x {show(total)})")
             converter.carry(total_key, {"algorithm.warmup_steps": steps})
         else:
             run = converter.output("schedule.steps")

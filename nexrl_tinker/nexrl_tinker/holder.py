@@ -8,6 +8,7 @@ the weights the trainer last published.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Sequence
@@ -42,7 +43,9 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
 
 class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
     """A `nexrl_core.holders.ServiceHolder` on the ``tinker`` SDK (the skeleton:
-    `SdkServiceHolder`); with ``renderer_name``, chats render with a tinker-cookbook renderer."""
+    `SdkServiceHolder`). Chats render with the tinker-cookbook renderer ``renderer_name``
+    names or, with it unset, the one the cookbook recommends for the model (as NexRL v1
+    did); a model the cookbook does not know renders with the tokenizer's chat template."""
 
     api = "Tinker"
     hosted_losses = HOSTED_LOSSES
@@ -93,11 +96,13 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
         return {"X-API-Key": self.config.api_key} if self.config.api_key else {}
 
     def _tokenizer_loaded(self, tokenizer: Any) -> None:
-        if self.config.renderer_name:
-            self._renderer = _cookbook_renderer(self.config.renderer_name, tokenizer)
+        name = self.config.renderer_name or _recommended_renderer(self.config.model.name)
+        if name:
+            self._renderer = _cookbook_renderer(name, tokenizer)
 
     def _chat_renderer(self) -> Any:
-        """The tinker-cookbook renderer of ``renderer_name``, or None for the tokenizer's template."""
+        """The tinker-cookbook renderer (``renderer_name``'s or the model's recommended one), or
+        None for the tokenizer's template."""
         self.tokenizer()
         return self._renderer
 
@@ -289,6 +294,31 @@ def _hosted_loss_config(config: TrainStepConfig) -> dict[str, float]:
     if "clip_high" in options:
         bounds["clip_high_threshold"] = 1.0 + float(options["clip_high"])
     return bounds
+
+
+@functools.cache
+def _recommended_renderer(model: str | None) -> str | None:
+    """The renderer tinker-cookbook recommends for ``model``; None, said once per model in
+    the run's log (hence the cache), when the cookbook does not know the model or is not
+    installed: the tokenizer's chat template then renders chats, and its prompts and stop
+    tokens may differ from what the recommended renderer would give."""
+    try:
+        from tinker_cookbook import model_info
+    except ImportError:
+        logger.warning(
+            "renderer_name unset and tinker-cookbook is not installed to recommend one: chats use the tokenizer's chat "
+            "template (pip install --no-deps tinker-cookbook, or set backend.options.holder.renderer_name)"
+        )
+        return None
+    try:
+        return model_info.get_recommended_renderer_name(str(model))
+    except (KeyError, ValueError):
+        logger.warning(
+            "renderer_name unset and tinker-cookbook recommends no renderer for %s: chats use the tokenizer's chat template "
+            "(set backend.options.holder.renderer_name to choose one)",
+            model,
+        )
+        return None
 
 
 def _cookbook_renderer(name: str, tokenizer: Any) -> Any:

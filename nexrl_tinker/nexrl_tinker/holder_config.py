@@ -17,7 +17,8 @@ class TinkerHolderConfig(SdkHolderConfig):
     service; hosted Tinker needs a rank > 0."""
 
     renderer_name: str | None = None
-    """A tinker-cookbook renderer (``qwen3``, ``llama3``, ...) instead of the tokenizer's chat template."""
+    """A tinker-cookbook renderer (``qwen3``, ``llama3``, ...) instead of the tokenizer's chat template;
+    None uses the one the cookbook recommends for the model, else the chat template."""
 
     @staticmethod
     def new_api_key() -> str:

@@ -95,6 +95,42 @@ def test_tokenizer_path_and_renderer_name_make_the_prompt() -> None:
     assert prompts == ["<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n", "User: 1+2=\n\nAssistant:"]
 
 
+def test_with_renderer_name_unset_the_model_gets_the_renderer_the_cookbook_recommends(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As v1 did, a model the cookbook knows renders with its recommended renderer (a
+    stand-in model here, recommended ``role_colon``); one it does not know (the tiny model)
+    renders with the tokenizer's chat template, said once in the log however many holders."""
+    from nexrl_engine.loading import resolve_model_dir
+    from tinker_cookbook import model_info
+
+    from nexrl_tinker import holder as holder_module
+
+    recommended = model_info.get_recommended_renderer_name
+
+    def stand_in(model: str) -> str:
+        return "role_colon" if model == "acme/tiny-chat" else recommended(model)
+
+    monkeypatch.setattr(model_info, "get_recommended_renderer_name", stand_in)
+    holder_module._recommended_renderer.cache_clear()
+    directory = str(resolve_model_dir("nexrl-tiny"))
+    messages = [{"role": "user", "content": "1+2="}]
+
+    def prompt(model: ModelConfig) -> str:
+        config = TinkerHolderConfig(model=model, base_url="http://127.0.0.1:9", tokenizer_path=directory)
+        return TinkerServiceHolder(config).apply_chat_template(messages)
+
+    with caplog.at_level("WARNING", logger="nexrl_tinker.holder"):
+        assert prompt(ModelConfig(name="acme/tiny-chat")) == "User: 1+2=\n\nAssistant:"
+        assert [prompt(TINY) for _ in range(2)] == ["<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"] * 2
+    notices = [record.getMessage() for record in caplog.records]
+    assert notices == [
+        "renderer_name unset and tinker-cookbook recommends no renderer for nexrl-tiny: chats use the tokenizer's chat template "
+        "(set backend.options.holder.renderer_name to choose one)"
+    ]
+    holder_module._recommended_renderer.cache_clear()
+
+
 def test_pickles_to_config_and_sampling_path() -> None:
     holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9"), sampling_path="tinker://run/sampler_weights/x")
     clone = pickle.loads(pickle.dumps(holder))
