@@ -64,10 +64,10 @@ def test_save_kill_load_continue_gives_the_same_next_step(tmp_path: Path) -> Non
         first.transport.update_actor(_batch(1), OPTIONS)
         first.transport.save_checkpoint(str(tmp_path / "ckpt"))
         uninterrupted = first.transport.update_actor(_batch(2), OPTIONS)
-        pids = [first.process.pid, *first.rank_pids().values()]
+        pids = [first.placed.process.pid, *first.rank_pids().values()]
         for pid in pids:  # everything, without a goodbye
             os.kill(pid, signal.SIGKILL)
-        first.process.wait()
+        first.placed.process.wait()
     finally:
         first.stop()
     assert _gone(pids, 10)
@@ -129,6 +129,32 @@ def test_a_group_whose_watchdog_died_between_ops_is_lost_at_the_next_op(tmp_path
         launcher = group.placed.process.pid
     finally:
         group.stop()
+    assert _gone([*pids.values(), launcher], 20)
+
+
+def test_a_rank_cut_off_with_its_watchdog_during_an_op_is_found_by_its_silence(tmp_path: Path) -> None:
+    """A node cut off without dying: rank 1 and its watchdog stopped (SIGSTOP) while an
+    update runs. Nothing exits and nothing reports; only the heartbeats' silence tells,
+    and the driver learns it within ``dead_after_s`` (3 s), not at the op's deadline (120 s)."""
+    group = _group(tmp_path, "cut-off")
+    stopped: list[int] = []
+    try:
+        pids = group.rank_pids()
+        stopped = [pids[1], _watchdog_of(pids[1])]
+        freezer = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGSTOP) for pid in stopped])
+        freezer.start()
+        started = time.monotonic()
+        with pytest.raises(BackendLost, match=r"ranks \[1\] stopped beating"):
+            group.transport.update_actor(_batch(3, rows=8), {**OPTIONS, "ppo_epochs": 5000})
+        assert time.monotonic() - started < 1.0 + 3 + 20, "silence is noticed after dead_after_s, not at the op deadline"
+        launcher = group.placed.process.pid
+    finally:
+        group.stop()
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     assert _gone([*pids.values(), launcher], 20)
 
 
