@@ -29,6 +29,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
         "service_holders": [],
         "transports": [],
         "services": [],
+        "placers": [],
         "tasks": [],
         "backends": [],
         "rollout_sources": [],
