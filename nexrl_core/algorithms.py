@@ -90,19 +90,20 @@ class StepTotals:
     """
 
     tokens: float
-    """Sum of the loss mask over the whole step (trained tokens, fractionally weighted)."""
+    """Sum of |loss mask| over the whole step (trained tokens, fractionally weighted; a
+    negative weight, which reverses a token's loss, counts by its magnitude)."""
     sequences: float
-    """Rows of the step with any trained token."""
+    """Rows of the step with any trained token (any non-zero weight)."""
     columns: int
     """The step's longest row, in tokens (the default divisor of a per-row token sum)."""
 
     @classmethod
     def of(cls, loss_mask: torch.Tensor, columns: int | None = None) -> StepTotals:
         """The totals of one [B, T] loss mask; ``columns`` defaults to T."""
-        weights = loss_mask.detach()
+        magnitudes = loss_mask.detach().abs()
         return cls(
-            tokens=float(weights.sum()),
-            sequences=float((weights.sum(dim=-1) > 0).sum()),
+            tokens=float(magnitudes.sum()),
+            sequences=float((magnitudes.sum(dim=-1) > 0).sum()),
             columns=int(loss_mask.shape[-1] if columns is None else columns),
         )
 

@@ -454,7 +454,7 @@ class Engine:
                     result.loss.backward()
                     if self._master is not None:
                         self._master.collect_grads()
-                weight = float(batch.loss_mask.sum())
+                weight = float(batch.loss_mask.abs().sum())
                 num_tokens += weight
                 metrics.add({"loss": float(result.loss.detach()), **result.metrics}, weight)
                 detached = logprobs.detach().to("cpu")

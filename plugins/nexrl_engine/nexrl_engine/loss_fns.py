@@ -53,7 +53,7 @@ TINKER_AGGREGATION = "token-sum"
 
 DATUM_KEYS: Mapping[str, str] = {
     "target_tokens": "the token each input position predicts (always required)",
-    "weights": "per-token loss weights (cross_entropy); also the loss mask when given",
+    "weights": "per-token signed loss weights (cross_entropy: -sum w * logp); also the loss mask when given",
     "logprobs": "the sampler's logprobs (losses that need old_logprobs)",
     "advantages": "per-token advantages (RL losses); without a mask key, the positions where it is non-zero are the loss mask",
     "ref_logprobs": "reference-model logprobs (losses that need ref_logprobs)",
@@ -267,10 +267,10 @@ def loss_mask_row(datum: CheckedDatum) -> list[float]:
 def step_totals(datums: Sequence[CheckedDatum]) -> StepTotals:
     """The divisors of a step made of ``datums``, known before any part of it is run, so
     that every micro-batch's loss is its share of the whole step's (`StepTotals`)."""
-    rows = [loss_mask_row(datum) for datum in datums]
+    magnitudes = [[abs(weight) for weight in loss_mask_row(datum)] for datum in datums]
     return StepTotals(
-        tokens=float(sum(sum(row) for row in rows)),
-        sequences=float(sum(1 for row in rows if sum(row) > 0)),
+        tokens=float(sum(sum(row) for row in magnitudes)),
+        sequences=float(sum(1 for row in magnitudes if sum(row) > 0)),
         columns=max((len(datum.input_tokens) for datum in datums), default=0),
     )
 

@@ -130,3 +130,31 @@ def test_separate_calls_are_separate_steps_whose_gradients_add(engines: dict[int
     one_call = torch.cat([grad.flatten() for grad in _gradients(engine).values()])
     two_calls = torch.cat([grad.flatten() for grad in together.values()])
     assert float(two_calls.norm()) > 1.5 * float(one_call.norm()), "two calls of a mean are two means, not one"
+
+
+def test_signed_weights_cross_entropy_is_minus_sum_w_logp_whatever_the_split(engines: dict[int, Engine]) -> None:
+    """Tinker's cross-entropy with signed weights (what ``forward_backward_custom`` sends
+    for a loss that pushes some logprobs down): the step's loss is ``-sum w * logp``
+    computed here from the model's logprobs, and neither it nor the gradient changes
+    when the engine splits the step into micro-batches; NaN weights are still refused."""
+    rng = random.Random(11)
+    datums = [
+        Datum(input_tokens=d.input_tokens, loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"], "weights": [m * rng.choice((-1.5, -0.5, 0.7, 2.0)) for m in d.loss_fn_inputs["mask"]]})
+        for d in _step(engines[ONE_PASS])
+    ]
+    assert any(w < 0 for d in datums for w in d.loss_fn_inputs["weights"])
+    logprobs = [output.logprobs for output in engines[ONE_PASS].forward(datums, "cross_entropy").outputs]
+    expected = -sum(w * lp for d, row in zip(datums, logprobs) for w, lp in zip(d.loss_fn_inputs["weights"], row))
+    results, grads = {}, {}
+    for limit, engine in engines.items():
+        results[limit] = engine.forward_backward(datums, "cross_entropy")
+        grads[limit] = _gradients(engine)
+    for result in results.values():
+        assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+        assert result.metrics["num_tokens:sum"] == pytest.approx(sum(abs(w) for d in datums for w in d.loss_fn_inputs["weights"]))
+    whole_grad = torch.cat([grad.flatten() for grad in grads[ONE_PASS].values()])
+    split_grad = torch.cat([grads[MANY_PASSES][name].flatten() for name in grads[ONE_PASS]])
+    assert float((split_grad - whole_grad).norm() / whole_grad.norm()) < 1e-5
+    bad = Datum(input_tokens=[1, 2, 3], loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, float("nan"), -1.0]})
+    with pytest.raises(ValueError, match="loss_mask has 1 NaN or inf entries"):
+        engines[ONE_PASS].forward([bad], "cross_entropy")

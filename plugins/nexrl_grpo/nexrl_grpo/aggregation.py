@@ -33,10 +33,13 @@ def aggregate(
     norm_constant: float | None = None,
     totals: StepTotals | None = None,
 ) -> torch.Tensor:
-    """Reduce ``loss_tokens`` [B, T] weighted by ``mask`` [B, T] (non-negative) to a scalar.
+    """Reduce ``loss_tokens`` [B, T] weighted by ``mask`` [B, T] to a scalar.
 
-    ``token-mean``: sum(l*w) / sum(w).
-    ``seq-mean-token-mean``: sum over rows of sum_t(l*w) / sum_t(w), over the rows with weight.
+    Weights may be negative (a token whose loss is to be pushed the other way); every
+    divisor counts them by magnitude |w|, so a mean stays a mean of |w|-weighted terms.
+
+    ``token-mean``: sum(l*w) / sum(|w|).
+    ``seq-mean-token-mean``: sum over rows of sum_t(l*w) / sum_t(|w|), over the rows with weight.
     ``seq-mean-token-sum``: sum over rows of sum_t(l*w), over the rows with weight.
     ``seq-mean-token-sum-norm``: sum over rows of sum_t(l*w) / norm_constant, over the
     rows with weight (default norm_constant: T, the longest row).
@@ -71,7 +74,7 @@ def aggregate(
 
     row_sums = weighted.sum(dim=-1)
     if mode is AggMode.SEQ_MEAN_TOKEN_MEAN:
-        per_row = row_sums / _safe_divisor(weights.sum(dim=-1))
+        per_row = row_sums / _safe_divisor(weights.abs().sum(dim=-1))
     elif mode is AggMode.SEQ_MEAN_TOKEN_SUM:
         per_row = row_sums
     else:
@@ -85,5 +88,6 @@ def _positive_or_one(total: float) -> float:
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Weighted mean of ``values`` over ``mask`` (0 when nothing is weighted); for metrics."""
+    """Weighted mean of ``values`` over a non-negative ``mask`` (0 when nothing is
+    weighted); for metrics."""
     return aggregate(values, mask, AggMode.TOKEN_MEAN)

@@ -4,6 +4,12 @@ Each loss builds a [B, T] tensor of per-token losses and reduces it with `aggreg
 the reduction mode means the same for all of them. Inputs are zeroed off the mask before
 any arithmetic: a NaN logprob on a padding token then cannot leak into the loss or, via
 ``0 * inf`` in the backward pass, into the gradient.
+
+The loss mask is a signed weight, as Tinker's cross-entropy (``-sum w * logp``) has it:
+``forward_backward_custom`` sends minus the gradient of the user's loss as weights, so a
+loss that pushes a logprob down (DPO's rejected answer) sends negative ones. A token is
+trained where its weight is non-zero; the magnitude |w| is what counts it (divisors,
+metric weighting), the sign only flips the direction of its loss.
 """
 
 from __future__ import annotations
@@ -43,9 +49,9 @@ class _Tokens:
 
     logprobs: torch.Tensor
     weights: torch.Tensor
-    """[B, T] loss_mask in the compute dtype."""
+    """[B, T] signed loss_mask in the compute dtype."""
     trained: torch.Tensor
-    """[B, T] bool: ``weights > 0``."""
+    """[B, T] bool: ``weights != 0``."""
     old_logprobs: torch.Tensor | None
     advantages: torch.Tensor | None
     entropy: torch.Tensor | None
@@ -58,8 +64,9 @@ class _Tokens:
         return (self.logprobs - self.old_logprobs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
 
     def mean(self, values: torch.Tensor) -> float:
-        """Weighted mean over trained tokens as a detached float, for metrics."""
-        return float(masked_mean(values.detach(), self.weights))
+        """Mean over trained tokens weighted by |w|, as a detached float, for metrics (a
+        negative weight reverses a token's loss, not its share of a diagnostic)."""
+        return float(masked_mean(values.detach(), self.weights.abs()))
 
     def fraction(self, condition: torch.Tensor) -> float:
         """Weighted fraction of trained tokens where ``condition`` holds."""
@@ -82,10 +89,10 @@ def _prepare(name: str, requires: frozenset[str], inputs: PolicyLossInputs, entr
         raise ValueError(f"{_WHAT} {name!r}: loss_mask must have logprobs' shape {shape}, got {tuple(mask.shape)}")
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     weights = mask.detach().to(dtype)
-    bad_mask = int((~torch.isfinite(weights) | (weights < 0)).sum())
+    bad_mask = int((~torch.isfinite(weights)).sum())
     if bad_mask:
-        raise ValueError(f"{_WHAT} {name!r}: loss_mask has {bad_mask} negative, NaN or inf entries")
-    trained = weights > 0
+        raise ValueError(f"{_WHAT} {name!r}: loss_mask has {bad_mask} NaN or inf entries")
+    trained = weights != 0
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
 
     def checked(field: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -93,7 +100,7 @@ def _prepare(name: str, requires: frozenset[str], inputs: PolicyLossInputs, entr
             raise ValueError(f"{_WHAT} {name!r}: {field} must have logprobs' shape {shape}, got {tuple(tensor.shape)}")
         bad = int((trained & ~torch.isfinite(tensor.detach())).sum())
         if bad:
-            raise ValueError(f"{_WHAT} {name!r}: {field} has {bad} NaN or inf entries where loss_mask > 0")
+            raise ValueError(f"{_WHAT} {name!r}: {field} has {bad} NaN or inf entries where loss_mask != 0")
         return torch.where(trained, tensor.to(dtype), zero)
 
     def optional(field: str) -> torch.Tensor | None:
@@ -208,7 +215,8 @@ class ImportanceSamplingLoss:
 
 
 class CrossEntropyLoss:
-    """Weighted negative log-likelihood: -logp per token, weighted by the mask."""
+    """Weighted negative log-likelihood: -w * logp per token with signed w (see the module
+    docstring), so under ``token-sum`` the loss is Tinker's ``-sum w * logp``."""
 
     name: ClassVar[str] = "cross_entropy"
     requires: ClassVar[frozenset[str]] = frozenset()
@@ -270,9 +278,10 @@ class GspoLoss:
         advantages = tokens.advantages
         assert advantages is not None
         log_ratio = tokens.log_ratio()
-        row_weights = tokens.weights.sum(dim=-1)
+        magnitudes = tokens.weights.abs()
+        row_weights = magnitudes.sum(dim=-1)
         row_weights = torch.where(row_weights > 0, row_weights, torch.ones_like(row_weights))
-        sequence_log_ratio = (log_ratio * tokens.weights).sum(dim=-1) / row_weights
+        sequence_log_ratio = (log_ratio * magnitudes).sum(dim=-1) / row_weights
         sequence_ratio = torch.exp(sequence_log_ratio).detach()[:, None]
         token_ratio = sequence_ratio * torch.exp(tokens.logprobs - tokens.logprobs.detach())
         loss_tokens, clip_active = _clipped_surrogate(advantages, token_ratio, config.clip_low, config.clip_high)

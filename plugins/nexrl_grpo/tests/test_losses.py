@@ -9,7 +9,7 @@ import attrs
 import pytest
 import torch
 
-from nexrl_core.algorithms import PolicyLossInputs
+from nexrl_core.algorithms import PolicyLossInputs, StepTotals
 from nexrl_grpo.config import (
     AggMode,
     CispoLossConfig,
@@ -168,6 +168,43 @@ def test_cross_entropy() -> None:
     )
     # 0.5 * 1 + 1 * 2
     assert summed.loss.item() == pytest.approx(2.5)
+
+
+def signed_weights_case(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs [3, 6] and weights of both signs, with zeros (untrained) among them."""
+    generator = torch.Generator().manual_seed(seed)
+    logprobs = -torch.rand(3, 6, generator=generator, dtype=torch.float64) * 4
+    weights = torch.randn(3, 6, generator=generator, dtype=torch.float64)
+    weights[weights.abs() < 0.3] = 0.0
+    assert (weights < 0).any() and (weights > 0).any() and (weights == 0).any()
+    return logprobs, weights
+
+
+def test_cross_entropy_with_signed_weights_is_minus_sum_w_logp() -> None:
+    logprobs, weights = signed_weights_case(seed=21)
+    leaf = logprobs.clone().requires_grad_(True)
+    out = CrossEntropyLoss(CrossEntropyLossConfig(agg_mode="token-sum"))(PolicyLossInputs(logprobs=leaf, loss_mask=weights))
+    expected = -sum(w * lp for w_row, lp_row in zip(weights.tolist(), logprobs.tolist()) for w, lp in zip(w_row, lp_row))
+    assert out.loss.item() == pytest.approx(expected, rel=1e-12)
+    out.loss.backward()
+    assert leaf.grad is not None
+    assert torch.allclose(leaf.grad, -weights)
+
+
+@pytest.mark.parametrize("mode", [m.value for m in AggMode])
+def test_signed_weights_do_not_depend_on_the_micro_batch_split(mode: str) -> None:
+    logprobs, weights = signed_weights_case(seed=22)
+    loss = CrossEntropyLoss(CrossEntropyLossConfig(agg_mode=mode))
+    totals = StepTotals.of(weights)
+    whole = loss(PolicyLossInputs(logprobs=logprobs, loss_mask=weights, step_totals=totals)).loss.item()
+    parts = sum(
+        loss(PolicyLossInputs(logprobs=logprobs[rows], loss_mask=weights[rows], step_totals=totals)).loss.item()
+        for rows in (slice(0, 1), slice(1, 3))
+    )
+    assert parts == pytest.approx(whole, rel=1e-12)
+    # Divisors count a weight by its magnitude: token-mean is sum(-w * logp) / sum(|w|).
+    if mode == "token-mean":
+        assert whole == pytest.approx(float((-weights * logprobs).sum() / weights.abs().sum()), rel=1e-12)
 
 
 def test_cispo() -> None:
@@ -407,7 +444,7 @@ def test_non_finite_trained_values_are_rejected(name: str, field: str) -> None:
     trained = (inputs.loss_mask > 0).nonzero()
     bad[tuple(trained[0])] = math.nan
     bad[tuple(trained[1])] = math.inf
-    with pytest.raises(ValueError, match=rf"policy loss '{name}': {field} has 2 NaN or inf entries where loss_mask > 0"):
+    with pytest.raises(ValueError, match=rf"policy loss '{name}': {field} has 2 NaN or inf entries where loss_mask != 0"):
         LOSSES[name]()(attrs.evolve(inputs, **{field: bad}))
 
 
@@ -419,12 +456,12 @@ def test_non_finite_entropy_is_rejected() -> None:
         PPOLoss(PPOLossConfig(entropy_coeff=0.1))(attrs.evolve(inputs, entropy=entropy))
 
 
-@pytest.mark.parametrize("bad", [-1.0, math.nan])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_bad_mask_is_rejected(bad: float) -> None:
     inputs = random_inputs(seed=11)
     mask = inputs.loss_mask.clone()
     mask[0, 0] = bad
-    with pytest.raises(ValueError, match="loss_mask has 1 negative, NaN or inf entries"):
+    with pytest.raises(ValueError, match="loss_mask has 1 NaN or inf entries"):
         PPOLoss(PPOLossConfig())(attrs.evolve(inputs, loss_mask=mask))
 
 
