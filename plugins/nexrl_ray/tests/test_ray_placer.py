@@ -150,3 +150,14 @@ def test_without_a_cluster_the_placer_says_how_to_start_one_at_once() -> None:
     assert time.monotonic() - started < 60
     assert result.returncode != 0
     assert "ray start --head" in result.stderr
+
+
+def test_without_the_ray_plugin_a_service_refuses_the_placement_at_start_naming_the_extra(tmp_path: Path) -> None:
+    import subprocess
+
+    command = [str(Path(sys.executable).with_name("nexrl")), "serve", "tinker", "--port", "0", "--workers", "1", "--placement", "ray",
+               "--data-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "NEXRL_DISABLE_PLUGINS": "ray"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("nexrl serve tinker:")]
+    assert "unknown placer 'ray'" in line and "pip install 'nexrl[ray]'" in line

@@ -65,8 +65,11 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
 
     name = settings.placement or LOCAL_PLACEMENT
     try:
-        placer = open_placer(name, settings.placement_options, "--placement")
-    except (ConfigError, PlacementError) as error:
+        placer = open_placer(name, settings.placement_options, "placement")
+    except ConfigError as error:  # problems named as the command line spells them
+        problems = [problem.replace("placement.name: ", "").replace("placement.options.", "--placement-option ") for problem in error.problems]
+        raise ServiceStartError(f"--placement {name}: {'; '.join(problems)}", option="placement") from None
+    except PlacementError as error:
         raise ServiceStartError(f"--placement {name}: {error}", option="placement") from None
 
     group = GroupSettings(
