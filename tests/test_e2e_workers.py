@@ -60,6 +60,14 @@ def test_workers_with_a_service_url_is_refused_before_step_1(tmp_path: Path) -> 
     assert "backend.options.workers: 2 applies to the embedded service only" in completed.stdout + completed.stderr
 
 
+@pytest.mark.parametrize("where", [["backend.options.workers=0"], ["backend.options.base_url=http://127.0.0.1:9", "backend.options.workers=0"]])
+def test_a_placement_without_the_embedded_services_worker_groups_is_refused_before_step_1(tmp_path: Path, where: list[str]) -> None:
+    command = [NEXRL, "train", *where, "backend.options.placement=ray", f"output.dir={tmp_path / 'run'}", "--no-progress"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert completed.returncode != 0
+    assert "backend.options.placement: a placer starts the ranks of the embedded service's worker groups" in completed.stdout + completed.stderr
+
+
 @pytest.mark.slow
 def test_worker_groups_that_cannot_start_stop_the_run_in_one_line(tmp_path: Path) -> None:
     """Every rank of the service's groups fails as it starts (a device setting it

@@ -100,6 +100,7 @@ SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"
 SELF_HOSTED_OPTIONS = f"{SELF_HOSTED}::test_each_backend_option_reaches_its_part"
 SELF_HOSTED_REFUSALS = f"{SELF_HOSTED}::test_options_the_workers_cannot_honour_are_refused_before_anything_starts"
 WORKERS = "nexrl_fsdp/tests/test_workers.py"
+RAY_RUNS = "plugins/nexrl_ray/tests/test_ray_self_hosted.py"
 HOLDER_CONFIG = "plugins/nexrl_remote_api/tests/test_remote_backend.py::test_the_holder_config_takes_model_and_seed_from_the_recipe"
 ADAMW = per_backend(
     remote_api=f"{LOOP}::test_train_step_config_carries_every_adam_parameter",
@@ -337,6 +338,14 @@ COMPONENTS: dict[str, Entry] = {
         )  # fmt: skip
     },
     "backend.options.workers_url [self-hosted]": per_backend(self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url"),
+    **{
+        f"backend.options.{key} [self-hosted]": per_backend(self_hosted=f"{RAY_RUNS}::test_the_self_hosted_quickstart_on_ray_trains_like_on_this_machine")
+        for key in ("placement", "placement_options")
+    },
+    **{
+        f"backend.options.{key} [remote_api]": per_backend(remote_api=f"{RAY_RUNS}::test_the_embedded_services_worker_group_is_placed_on_ray")
+        for key in ("placement", "placement_options")
+    },
     "backend.options.world_size [self-hosted]": per_backend(
         self_hosted=f"{SELF_HOSTED}::test_the_sampler_gets_the_cores_the_local_ranks_and_the_driver_leave"
     ),
