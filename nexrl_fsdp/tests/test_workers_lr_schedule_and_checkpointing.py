@@ -17,7 +17,7 @@ from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.lr_schedule import scheduled_learning_rate
 from nexrl_core.types import Trajectory
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.selfhosted.backend import _check, _init_workers
 
 pytestmark = pytest.mark.slow
@@ -38,8 +38,8 @@ def recipe(tmp_path: Path) -> TrainConfig:
 
 
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[LocalWorkerGroup]:
-    group = LocalWorkerGroup(
+def workers(tmp_path: Path) -> Iterator[WorkerGroup]:
+    group = WorkerGroup(
         2, tmp_path / "workers.log", heartbeat_s=0.5, dead_after_s=5, op_timeout_s=120, extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"}
     )
     try:
@@ -68,7 +68,7 @@ def group_of_runs() -> list[Trajectory]:
     return runs
 
 
-def test_the_workers_apply_each_steps_scheduled_rate_with_checkpointed_layers(tmp_path: Path, workers: LocalWorkerGroup) -> None:
+def test_the_workers_apply_each_steps_scheduled_rate_with_checkpointed_layers(tmp_path: Path, workers: WorkerGroup) -> None:
     config = recipe(tmp_path)
     setup = BackendSetup(recipe=config, options=resolve_options("backends", config.backend, "backend"), work_dir=tmp_path / "backend")
     trainer = _check(setup, setup.options)

@@ -25,7 +25,7 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.types import Trajectory
 from nexrl_engine import Datum, Engine
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
-from nexrl_fsdp.direct_zmq.launch import LocalWorkerGroup
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_engine.loss_fns import build_loss_fn, check_datums
 from nexrl_engine.shared_prefix import plan_prefix_sharing
 
@@ -89,8 +89,8 @@ def engine() -> Engine:
 
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda ranks: f"{ranks}-ranks")
-def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkerGroup]:
-    workers = LocalWorkerGroup(
+def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerGroup]:
+    workers = WorkerGroup(
         request.param, tmp_path_factory.mktemp("uneven") / "workers.log", heartbeat_s=0.5, dead_after_s=10, op_timeout_s=60,
         extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "30"},
     )
@@ -110,7 +110,7 @@ def _expected_log_probs(engine: Engine, batch: Batch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("limits", PASS_LIMITS.values(), ids=PASS_LIMITS)
-def test_log_prob_passes_meet_on_every_rank(group: LocalWorkerGroup, engine: Engine, limits: dict[str, int]) -> None:
+def test_log_prob_passes_meet_on_every_rank(group: WorkerGroup, engine: Engine, limits: dict[str, int]) -> None:
     batch = _batch()
     expected = _expected_log_probs(engine, batch)
     for op in (group.transport.compute_log_prob, group.transport.compute_ref_log_prob):
@@ -118,7 +118,7 @@ def test_log_prob_passes_meet_on_every_rank(group: LocalWorkerGroup, engine: Eng
 
 
 @pytest.mark.parametrize("limits", PASS_LIMITS.values(), ids=PASS_LIMITS)
-def test_update_actor_meets_on_every_rank(group: LocalWorkerGroup, engine: Engine, limits: dict[str, int]) -> None:
+def test_update_actor_meets_on_every_rank(group: WorkerGroup, engine: Engine, limits: dict[str, int]) -> None:
     reference = engine.forward_backward(_datums(_runs()), "importance_sampling", {"agg_mode": "token-mean"})
     norm = engine.optim_step(FROZEN).grad_norm
     metrics = group.transport.update_actor(
@@ -133,7 +133,7 @@ def test_update_actor_meets_on_every_rank(group: LocalWorkerGroup, engine: Engin
 
 
 @pytest.mark.parametrize("count", [6, 2], ids=["every-rank-some", "some-ranks-none"])
-def test_engine_ops_meet_on_every_rank(group: LocalWorkerGroup, engine: Engine, count: int) -> None:
+def test_engine_ops_meet_on_every_rank(group: WorkerGroup, engine: Engine, count: int) -> None:
     """``forward`` with backward and ``optim_step``: with 2 datums on 4 ranks two ranks hold none."""
     datums = _datums(_runs())[:count]
     reference = engine.forward_backward(datums, "ppo")
