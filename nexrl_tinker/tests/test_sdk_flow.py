@@ -237,3 +237,15 @@ def test_base_model_sampler_and_full_finetune(service_client, tokenizer):
         types.ModelInput.from_ints(datum.model_input.to_ints() + [datum.loss_fn_inputs["target_tokens"].tolist()[-1]])
     ).result(timeout=60)
     assert all(math.isclose(a, b, abs_tol=2e-4) for a, b in zip(scored[1:], before))
+
+
+def test_stop_strings_keep_stopping_at_eos(service_client, tokenizer):
+    """As hosted Tinker: the ``role_colon`` renderer's stop strings do not turn off the
+    end-of-sequence stop, so a sample the model ends ends there, not at ``max_tokens``."""
+    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result(timeout=60)
+    prompt = types.ModelInput.from_ints(chat_prompt(tokenizer, "3+4="))
+    params = types.SamplingParams(max_tokens=12, temperature=0.0, stop=["\n\nUser:"])
+    sequence = sampler.sample(prompt, 1, params).result(timeout=60).sequences[0]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert sequence.stop_reason == "stop"
+    assert sequence.tokens[-1] == im_end and im_end not in sequence.tokens[:-1]

@@ -48,7 +48,11 @@ class StopRule:
 
 
 def make_stop_rule(stop: tuple[str, ...] | tuple[int, ...] | None, eos_token_ids: Sequence[int], vocab_size: int) -> StopRule:
-    """Turn ``SamplingParams.stop`` into a rule (see `SamplingParams` for the semantics)."""
+    """Turn ``SamplingParams.stop`` into a rule (see `SamplingParams` for the semantics).
+
+    Stop strings keep the EOS tokens as stops, as hosted Tinker does: a renderer that
+    asks for ``["\\n\\nUser:"]`` still wants a sample to end where the model ends it,
+    not to run on to ``max_tokens``."""
     if stop is None:
         return StopRule(frozenset(eos_token_ids), (), 0)
     if all(isinstance(item, str) for item in stop) and stop:
@@ -56,7 +60,7 @@ def make_stop_rule(stop: tuple[str, ...] | tuple[int, ...] | None, eos_token_ids
         # at most len(bytes) - 1 bytes earlier; every token has at least one byte, so
         # decoding the last len(bytes) + 1 tokens always sees the whole occurrence.
         window = max(len(item.encode("utf-8")) for item in stop) + 1  # type: ignore[union-attr]
-        return StopRule(frozenset(), tuple(stop), window)  # type: ignore[arg-type]
+        return StopRule(frozenset(eos_token_ids), tuple(stop), window)  # type: ignore[arg-type]
     bad = [item for item in stop if not 0 <= int(item) < vocab_size]
     if bad:
         raise ValueError(f"stop token ids {bad} are outside the vocabulary [0, {vocab_size})")

@@ -66,8 +66,9 @@ class SamplingParams:
       is what an importance ratio against the training forward pass needs.
     * ``stop``: None stops at the model's EOS tokens; ``[]`` never stops early (not
       even at EOS); a list of token ids or of strings stops right after the token that
-      completes one of them, and that token is kept in the output. An explicit list
-      replaces the EOS default.
+      completes one of them, and that token is kept in the output. A list of strings
+      stops at EOS too (as hosted Tinker does); a list of token ids replaces the EOS
+      default (a renderer lists its end tokens itself).
     * ``seed``: the same seed, prompts and params give the same samples. Each sample
       draws from its own generator, so a sample does not change when other prompts are
       batched with it, and sample j of seed s is the only sample of seed s + j (so

@@ -42,6 +42,16 @@ def test_empty_stop_runs_to_max_tokens(shared_engine: Engine, chat_prompts: list
         assert IM_END in sequence.tokens  # the EOS the model emits does not stop it
 
 
+def test_stop_strings_still_stop_at_eos(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
+    """A stop-string list the model never writes (the ``role_colon`` renderer's) ends the
+    sample at EOS, as without one, instead of running on to ``max_tokens``."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, stop=["\n\nUser:"])
+    for result in shared_engine.sample(chat_prompts, params):
+        sequence = result.sequences[0]
+        assert sequence.stop_reason == "stop"
+        assert sequence.tokens[-1] == IM_END and IM_END not in sequence.tokens[:-1]
+
+
 def test_stop_token_ids(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
     params = SamplingParams(max_tokens=10, temperature=0.0, stop=[])
     full = shared_engine.sample(chat_prompts[:1], params)[0].sequences[0].tokens
