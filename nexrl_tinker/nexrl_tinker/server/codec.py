@@ -165,6 +165,31 @@ def _config_of(legacy: Mapping[str, float], v2: Mapping[str, Any]) -> dict[str, 
     return config
 
 
+def _check_provenance(datum: Any, n_inputs: int, inputs: Mapping[str, np.ndarray], where: str) -> None:
+    """Refuse provenance spans that do not tile their field, as ``Datum.with_provenance``
+    promises they do. The cookbook attaches spans to every RL datum whose samples carry a
+    ``sequence_id``; only ``stable_reinforce`` reads them, and this service refuses that
+    loss, so for every loss it serves a datum trains the same with or without them."""
+    model_spans, target_spans = datum.model_input_spans, datum.loss_fn_input_spans
+    if not model_spans and not target_spans:
+        return
+    if not model_spans or not target_spans:
+        raise BadRequest(f"{where}: provenance comes as a pair: model_input_spans and loss_fn_input_spans, or neither")
+    targets = inputs.get("target_tokens")
+    for field, spans, expected in (
+        ("model_input_spans", model_spans, n_inputs),
+        ("loss_fn_input_spans", target_spans, None if targets is None else int(targets.shape[0])),
+    ):
+        covered = 0
+        for span in spans:
+            kind = span.WhichOneof("span")
+            if kind is None:
+                raise BadRequest(f"{where}: {field} has a span that is neither prompt_tokens nor sampled_tokens")
+            covered += int(getattr(span, kind).length)
+        if expected is not None and covered != expected:
+            raise BadRequest(f"{where}: {field} cover {covered} positions but the field has {expected}; the runs must tile it exactly")
+
+
 def decode_forward_backward(body: bytes) -> FwdBwdRequest:
     """Parse and check a protobuf ``ForwardBackwardRequest``."""
     pb = _pb()
@@ -180,6 +205,7 @@ def decode_forward_backward(body: bytes) -> FwdBwdRequest:
         where = f"datum {index}"
         tokens = _tokens_of_chunks(datum.model_input, where)
         inputs = {key: _tensor(tensor, f"{where} loss_fn_inputs[{key!r}]") for key, tensor in datum.loss_fn_inputs.items()}
+        _check_provenance(datum, len(tokens), inputs, where)
         data.append(FwdBwdDatum(tokens, inputs))
     return FwdBwdRequest(
         model_id=message.model_id,

@@ -79,8 +79,16 @@ class SamplingService:
     # --- asample --------------------------------------------------------------------------------
 
     def _task(self, body: SampleBody) -> SampleTask:
+        from nexrl_engine.loss_fns import UNSERVED_LOSSES
         from nexrl_engine.types import SamplingParams
 
+        if body.record_stability_info:
+            # Recorded only for stable_reinforce; recording nothing while saying yes would
+            # let a run fail later, at its first training step, for a reason set here.
+            raise BadRequest(
+                "record_stability_info is for the 'stable_reinforce' loss, which this server does not serve: "
+                f"{UNSERVED_LOSSES['stable_reinforce']}. Create the sampling client without record_stability_info"
+            )
         tokens: list[int] = []
         for index, chunk in enumerate(body.prompt.chunks):
             if chunk.type != "encoded_text" or chunk.tokens is None:

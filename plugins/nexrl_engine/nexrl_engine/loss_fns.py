@@ -2,7 +2,7 @@
 
 The loss *math* lives in one place, the losses registered under
 ``nexrl_core.registry`` (``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``,
-``gspo`` from nexrl-grpo, or any plugin's). This module only translates:
+``gspo``, ``dro`` from nexrl-grpo, or any plugin's). This module only translates:
 
 * a loss name plus Tinker's ``loss_fn_config`` → the loss's attrs config, with
   aggregation ``token-sum`` (Tinker losses are sums over tokens) and Tinker's ratio
@@ -40,6 +40,7 @@ __all__ = [
     "at_least_float32",
     "LossFn",
     "PaddedBatch",
+    "UNSERVED_LOSSES",
     "build_loss_fn",
     "check_datums",
     "collate",
@@ -89,6 +90,17 @@ class LossFn:
     needs_entropy: bool
 
 
+UNSERVED_LOSSES: Mapping[str, str] = {
+    "stable_reinforce": (
+        "Tinker has not published the StableReinforce objective (it trains on stability "
+        "information that hosted Tinker's samplers record, in a form it does not document), so "
+        "this service cannot compute it; train with 'ppo', 'cispo' or 'dro' instead (the "
+        "cookbook's AsyncConfig(loss_fn='ppo'), or loss_fn='ppo' in the math_rl and rubric recipes)"
+    ),
+}
+"""Tinker loss names this service refuses, each with the reason the client is shown."""
+
+
 def _unknown_loss(name: str, exc: Exception) -> ValueError:
     return ValueError(f"unknown loss_fn {name!r}: {exc}")
 
@@ -104,6 +116,8 @@ def build_loss_fn(name: str, loss_fn_config: Mapping[str, Any] | None = None) ->
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"loss_fn must be a non-empty string, got {name!r}")
+    if name in UNSERVED_LOSSES:
+        raise ValueError(f"loss_fn {name!r} is not served here: {UNSERVED_LOSSES[name]}")
     try:
         spec = find_spec("policy_losses", name)
     except (RegistryError, LookupError) as exc:

@@ -13,7 +13,7 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_engine import Datum, Engine, SamplingParams
 from nexrl_engine.loss_fns import build_loss_fn
 
-RL_LOSSES = ["importance_sampling", "ppo", "cispo", "gspo"]
+RL_LOSSES = ["importance_sampling", "ppo", "cispo", "gspo", "dro"]
 
 
 def _rl_datum(engine: Engine, rng: random.Random, length: int) -> Datum:
@@ -59,6 +59,30 @@ def test_each_loss(engine: Engine, loss_fn: str) -> None:
     grads = _grads(engine)
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
     assert sum(float(g.abs().sum()) for g in grads.values()) > 0
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.7])
+def test_dro_on_tinker_datums_is_its_published_objective(shared_engine: Engine, beta: float) -> None:
+    """``dro`` on Tinker-shaped datums (no mask key: the response is where the advantage
+    is non-zero) sums -(A * logp - beta / 2 * (logp - logq)^2) over the response, with
+    ``beta`` from ``loss_fn_config``."""
+    rng = random.Random(5)
+    datums = [_rl_datum(shared_engine, rng, n) for n in (7, 12, 4)]
+    datums = [Datum(input_tokens=d.input_tokens, loss_fn_inputs={k: v for k, v in d.loss_fn_inputs.items() if k != "sequence_ratio_mask"}) for d in datums]
+    result = shared_engine.forward(datums, "dro", {"beta": beta})
+    expected = 0.0
+    for datum, output in zip(datums, result.outputs):
+        inputs = datum.loss_fn_inputs
+        for lp, lq, a in zip(output.logprobs, inputs["logprobs"], inputs["advantages"]):
+            if a != 0:
+                expected -= lp * a - 0.5 * beta * (lp - lq) ** 2
+    assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_stable_reinforce_is_refused_with_its_reason(shared_engine: Engine) -> None:
+    datum = _rl_datum(shared_engine, random.Random(6), 5)
+    with pytest.raises(ValueError, match="'stable_reinforce' is not served here: Tinker has not published"):
+        shared_engine.forward([datum], "stable_reinforce")
 
 
 def test_rl_mask_defaults_to_the_positions_with_an_advantage(shared_engine: Engine) -> None:

@@ -229,6 +229,20 @@ class GspoLossConfig:
     """Weight of the entropy bonus subtracted from the loss; 0 disables it."""
 
 
+@attrs.frozen(kw_only=True)
+class DroLossConfig:
+    """Options of ``dro``: Direct Reward Optimization (Richemond et al. 2024), the
+    policy gradient on logp with a quadratic penalty on the log ratio to the sampler."""
+
+    beta: float = attrs.field(default=0.05, validator=_non_negative)
+    """Weight of the penalty ``beta / 2 * (logp - logq)^2``. 0.05 is the value Tinker's
+    documentation passes; hosted Tinker does not publish its own default."""
+    agg_mode: AggMode = _agg_mode_field(AggMode.TOKEN_MEAN)
+    """How per-token losses are reduced to a scalar."""
+    norm_constant: float | None = _norm_constant_field()
+    """Divisor of ``seq-mean-token-sum-norm``; null uses the batch's column count T."""
+
+
 # --- trainers ------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Policy losses: PPO, importance sampling, cross-entropy, CISPO and GSPO.
+"""Policy losses: PPO, importance sampling, cross-entropy, CISPO, GSPO and DRO.
 
 Each loss builds a [B, T] tensor of per-token losses and reduces it with `aggregate`, so
 the reduction mode means the same for all of them. Inputs are zeroed off the mask before
@@ -24,6 +24,7 @@ from nexrl_grpo.aggregation import aggregate, masked_mean
 from nexrl_grpo.config import (
     CispoLossConfig,
     CrossEntropyLossConfig,
+    DroLossConfig,
     GspoLossConfig,
     ImportanceSamplingLossConfig,
     PPOLossConfig,
@@ -32,6 +33,7 @@ from nexrl_grpo.config import (
 __all__ = [
     "CispoLoss",
     "CrossEntropyLoss",
+    "DroLoss",
     "GspoLoss",
     "ImportanceSamplingLoss",
     "PPOLoss",
@@ -291,3 +293,34 @@ class GspoLoss:
             **_ratio_stats(tokens, token_ratio),
         }
         return _finish(loss_tokens, tokens, config, config.entropy_coeff, metrics)
+
+
+class DroLoss:
+    """DRO (Richemond et al. 2024; Kimi k1.5): -(A * logp - beta / 2 * (logp - logq)^2)
+    per token, q the sampler.
+
+    The plain ``A * logp`` term is an off-policy gradient without an importance ratio;
+    the quadratic penalty keeps the policy near the sampler instead of clipping. The
+    penalty counts where the loss mask does, since a Tinker datum's sampler logprobs
+    on the prompt are 0 placeholders, not the sampler's values.
+    """
+
+    name: ClassVar[str] = "dro"
+    requires: ClassVar[frozenset[str]] = frozenset({"old_logprobs", "advantages"})
+
+    def __init__(self, config: DroLossConfig) -> None:
+        self.config = config
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        config = self.config
+        tokens = _prepare(self.name, self.requires, inputs, 0.0)
+        assert tokens.advantages is not None and tokens.old_logprobs is not None
+        drift = tokens.logprobs - tokens.old_logprobs
+        loss_tokens = -(tokens.advantages * tokens.logprobs - 0.5 * config.beta * drift.square())
+        log_ratio = tokens.log_ratio()
+        metrics = {
+            "quadratic_penalty": tokens.mean(0.5 * drift.square()),
+            **_approx_kl(tokens, log_ratio),
+            **_ratio_stats(tokens, torch.exp(log_ratio)),
+        }
+        return _finish(loss_tokens, tokens, config, 0.0, metrics)

@@ -15,6 +15,7 @@ from nexrl_grpo.config import (
     CispoLossConfig,
     CrossEntropyLossConfig,
     DrGrpoConfig,
+    DroLossConfig,
     GrpoConfig,
     GspoLossConfig,
     ImportanceSamplingLossConfig,
@@ -96,6 +97,12 @@ def nexrl_policy_losses() -> list[PolicyLossSpec]:
             factory="nexrl_grpo.losses:GspoLoss",
             config_class=GspoLossConfig,
             description="GSPO: PPO clipping on the length-normalised sequence ratio",
+        ),
+        PolicyLossSpec(
+            name="dro",
+            factory="nexrl_grpo.losses:DroLoss",
+            config_class=DroLossConfig,
+            description="DRO: -(A * logp) plus beta/2 * (logp - logq)^2, a quadratic pull to the sampler",
         ),
     ]
 

@@ -14,6 +14,7 @@ from nexrl_grpo.config import (
     AggMode,
     CispoLossConfig,
     CrossEntropyLossConfig,
+    DroLossConfig,
     GspoLossConfig,
     ImportanceSamplingLossConfig,
     PPOLossConfig,
@@ -21,6 +22,7 @@ from nexrl_grpo.config import (
 from nexrl_grpo.losses import (
     CispoLoss,
     CrossEntropyLoss,
+    DroLoss,
     GspoLoss,
     ImportanceSamplingLoss,
     PPOLoss,
@@ -32,6 +34,7 @@ LOSSES: dict[str, Callable[..., object]] = {
     "cross_entropy": lambda **o: CrossEntropyLoss(CrossEntropyLossConfig(**o)),
     "cispo": lambda **o: CispoLoss(CispoLossConfig(**o)),
     "gspo": lambda **o: GspoLoss(GspoLossConfig(**o)),
+    "dro": lambda **o: DroLoss(DroLossConfig(**o)),
 }
 WITH_ENTROPY = ["ppo", "importance_sampling", "cispo", "gspo"]
 
@@ -205,6 +208,22 @@ def test_signed_weights_do_not_depend_on_the_micro_batch_split(mode: str) -> Non
     # Divisors count a weight by its magnitude: token-mean is sum(-w * logp) / sum(|w|).
     if mode == "token-mean":
         assert whole == pytest.approx(float((-weights * logprobs).sum() / weights.abs().sum()), rel=1e-12)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05, 1.3])
+def test_dro_is_its_published_objective(beta: float) -> None:
+    """Tinker's DRO: loss = -sum(logp * A - beta / 2 * (logp - logq)^2) over the trained
+    tokens, written out here in plain Python; its gradient is -A + beta * (logp - logq)."""
+    inputs = random_inputs(seed=31, log_ratio_scale=0.8)
+    out = DroLoss(DroLossConfig(beta=beta, agg_mode="token-sum"))(inputs)
+    rows = zip(inputs.logprobs.tolist(), inputs.old_logprobs.tolist(), inputs.advantages.tolist(), inputs.loss_mask.tolist())
+    expected = -sum(
+        m * (lp * a - 0.5 * beta * (lp - lq) ** 2) for lps, lqs, advs, ms in rows for lp, lq, a, m in zip(lps, lqs, advs, ms)
+    )
+    assert out.loss.item() == pytest.approx(expected, rel=1e-12)
+    out.loss.backward()
+    expected_grad = inputs.loss_mask * (-inputs.advantages + beta * (inputs.logprobs.detach() - inputs.old_logprobs))
+    assert torch.allclose(inputs.logprobs.grad, expected_grad)
 
 
 def test_cispo() -> None:
@@ -489,5 +508,5 @@ def test_missing_advantages_are_named(name: str) -> None:
 
 def test_requires() -> None:
     assert LOSSES["cross_entropy"]().requires == frozenset()
-    for name in ["ppo", "importance_sampling", "cispo", "gspo"]:
+    for name in ["ppo", "importance_sampling", "cispo", "gspo", "dro"]:
         assert LOSSES[name]().requires == frozenset({"old_logprobs", "advantages"})

@@ -46,7 +46,7 @@ def test_importing_the_plugin_loads_neither_torch_nor_numpy() -> None:
 
 def test_registered_names() -> None:
     assert [spec.name for spec in advantage_specs()] == ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"]
-    assert [spec.name for spec in loss_specs()] == ["ppo", "importance_sampling", "cross_entropy", "cispo", "gspo"]
+    assert [spec.name for spec in loss_specs()] == ["ppo", "importance_sampling", "cross_entropy", "cispo", "gspo", "dro"]
 
 
 def test_factories_are_lazy_string_references() -> None:
