@@ -145,13 +145,17 @@ def test_signed_weights_cross_entropy_is_minus_sum_w_logp_whatever_the_split(eng
     assert any(w < 0 for d in datums for w in d.loss_fn_inputs["weights"])
     logprobs = [output.logprobs for output in engines[ONE_PASS].forward(datums, "cross_entropy").outputs]
     expected = -sum(w * lp for d, row in zip(datums, logprobs) for w, lp in zip(d.loss_fn_inputs["weights"], row))
+    magnitude = sum(abs(w) for d in datums for w in d.loss_fn_inputs["weights"])
     results, grads = {}, {}
     for limit, engine in engines.items():
         results[limit] = engine.forward_backward(datums, "cross_entropy")
         grads[limit] = _gradients(engine)
+        # Under a mean, a weight counts by its magnitude: sum(-w * logp) / sum(|w|).
+        mean = engine.forward(datums, "cross_entropy", {"agg_mode": "token-mean"}).metrics["loss:mean"]
+        assert mean == pytest.approx(expected / magnitude, rel=1e-5)
     for result in results.values():
         assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
-        assert result.metrics["num_tokens:sum"] == pytest.approx(sum(abs(w) for d in datums for w in d.loss_fn_inputs["weights"]))
+        assert result.metrics["num_tokens:sum"] == pytest.approx(magnitude)
     whole_grad = torch.cat([grad.flatten() for grad in grads[ONE_PASS].values()])
     split_grad = torch.cat([grads[MANY_PASSES][name].flatten() for name in grads[ONE_PASS]])
     assert float((split_grad - whole_grad).norm() / whole_grad.norm()) < 1e-5

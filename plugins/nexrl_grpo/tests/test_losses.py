@@ -194,6 +194,14 @@ def test_cross_entropy_with_signed_weights_is_minus_sum_w_logp() -> None:
     assert torch.allclose(leaf.grad, -weights)
 
 
+def test_signed_weights_weigh_metrics_by_magnitude() -> None:
+    """A negative weight reverses a token's loss, not its share of a diagnostic: the
+    ratio mean is weighted by |w|."""
+    inputs = ratio_inputs([[1.5, 0.5, 2.0]], [[1.0, 1.0, 1.0]], mask=[[-1.0, 3.0, 0.0]])
+    metrics = ImportanceSamplingLoss(ImportanceSamplingLossConfig())(inputs).metrics
+    assert metrics["ratio/mean"] == pytest.approx((1 * 1.5 + 3 * 0.5) / 4)
+
+
 @pytest.mark.parametrize("mode", [m.value for m in AggMode])
 def test_signed_weights_do_not_depend_on_the_micro_batch_split(mode: str) -> None:
     logprobs, weights = signed_weights_case(seed=22)
