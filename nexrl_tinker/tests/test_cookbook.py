@@ -1,5 +1,7 @@
-"""The unmodified tinker-cookbook RL trainer (``tinker_cookbook.rl.train.main``) runs
-against TinkerCloud: a small addition environment of ours, three steps, checkpoints.
+"""The unmodified tinker-cookbook trainers run against TinkerCloud: the RL loop
+(``tinker_cookbook.rl.train.main``) on a small addition environment of ours, three
+steps, checkpoints; and DPO (``tinker_cookbook.preference.train_dpo.main``), whose
+``forward_backward_custom`` sends negative cross-entropy weights.
 
 tinker-cookbook is not a declared dependency (its own requirement ``tml-renderers>=0.4.1``
 is not installable from every index): install it with ``pip install --no-deps
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,8 +22,11 @@ tinker_cookbook = pytest.importorskip("tinker_cookbook", reason="tinker-cookbook
 
 import chz
 from nexrl_tinker.testing import BASE_MODEL, start_service
+from tinker import types
 from tinker_cookbook import renderers, tokenizer_utils
+from tinker_cookbook.preference import train_dpo
 from tinker_cookbook.rl import train
+from tinker_cookbook.supervised.types import ChatDatasetBuilder, ChatDatasetBuilderCommonConfig, SupervisedDataset
 from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
 
@@ -80,6 +86,47 @@ class AdditionDatasetBuilder(RLDatasetBuilder):
         return AdditionDataset(self.batch_size, self.group_size, self.batches), None
 
 
+PREFERENCES = (("12+34=", "46", "71"), ("7+8=", "15", "3"), ("40+2=", "42", "24"))
+"""(question, chosen answer, rejected answer)."""
+
+
+class PreferenceDataset(SupervisedDataset):
+    """Every batch is the same three pairs, each as chosen then rejected datum (the order
+    train_dpo expects), the answer's tokens weighing 1."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+        tokenizer = _tiny_tokenizer()
+        self.data = []
+        for question, *answers in PREFERENCES:
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            for answer in answers:
+                tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+                weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
+                self.data.append(
+                    types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+                )
+
+    def get_batch(self, index: int) -> list[types.Datum]:
+        return list(self.data)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def set_epoch(self, seed: int = 0) -> None:
+        """One fixed order: the test compares the same pairs across steps."""
+
+
+@chz.chz
+class PreferenceDatasetBuilder(ChatDatasetBuilder):
+    batches: int = 2
+
+    def __call__(self) -> tuple[SupervisedDataset, SupervisedDataset | None]:
+        return PreferenceDataset(self.batches), None
+
+
 @pytest.fixture(scope="module")
 def group_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A service that trains each model on a worker group of two ranks (``--workers 2``)."""
@@ -125,3 +172,34 @@ def test_cookbook_rl_train_main_runs_three_steps(served_on: str, request: pytest
     assert any(c.get("name") == "final" for c in checkpoints), checkpoints
     final = next(c for c in checkpoints if c.get("name") == "final")
     assert final["state_path"].startswith("tinker://") and "/weights/" in final["state_path"]
+
+
+def test_cookbook_train_dpo_main_lowers_the_dpo_loss(base_url: str, tmp_path: Path) -> None:
+    """``preference.train_dpo.main``, unmodified, two steps on the same pairs: the DPO loss
+    starts at log 2 (the policy is its own reference) and falls after one update."""
+    tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
+    log_path = tmp_path / "dpo"
+    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=BASE_MODEL, renderer_name=RENDERER, max_length=None, batch_size=6)
+    config = train_dpo.Config(
+        log_path=str(log_path),
+        model_name=BASE_MODEL,
+        recipe_name="nexrl_tinker_test",
+        dataset_builder=PreferenceDatasetBuilder(common_config=common),
+        renderer_name=RENDERER,
+        learning_rate=2e-3,
+        lr_schedule="constant",
+        lora_rank=8,
+        base_url=base_url,
+        save_every=0,
+        eval_every=0,
+        infrequent_eval_every=0,
+        ttl_seconds=None,
+        max_steps=2,
+    )
+    train_dpo.main(config)
+
+    metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    losses = {m["step"]: m["dpo_loss"] for m in metrics if "dpo_loss" in m}
+    assert sorted(losses) == [0, 1], metrics
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-3)
+    assert losses[1] < losses[0] - 1e-3, losses
