@@ -25,7 +25,7 @@ from nexrl_tinker.holder_config import TinkerHolderConfig
 
 logger = logging.getLogger(__name__)
 
-RL_LOSSES = frozenset({"importance_sampling", "ppo", "cispo", "gspo"})
+RL_LOSSES = frozenset({"importance_sampling", "ppo", "cispo", "gspo", "dro"})
 """Losses that read the sampler's logprobs and per-token advantages."""
 HOSTED_LOSSES = frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo"})
 """The losses hosted Tinker computes itself (NexRL's local service has every registered one)."""

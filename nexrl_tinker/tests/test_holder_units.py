@@ -45,8 +45,8 @@ def test_cross_entropy_datum_carries_weights() -> None:
 
 
 def test_unknown_loss_is_refused_with_the_valid_names() -> None:
-    with pytest.raises(ValueError, match="Tinker has no loss 'dro'; use one of cross_entropy, cispo, gspo"):
-        _to_tinker_datum(DATUM, "dro")
+    with pytest.raises(ValueError, match="Tinker has no loss 'no_such_loss'; use one of cross_entropy, cispo, dro, gspo"):
+        _to_tinker_datum(DATUM, "no_such_loss")
 
 
 def test_clip_widths_become_tinker_ratio_bounds() -> None:
