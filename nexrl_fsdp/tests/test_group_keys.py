@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -280,15 +282,29 @@ def test_fuzzing_every_route_without_the_key_runs_nothing_and_fails_nothing(
 # --- nexrl serve workers ------------------------------------------------------------------------
 
 
+def _stderr_lines(process: subprocess.Popen[str]) -> queue.Queue[str]:
+    """The process's stderr lines as they come ("" once it closes), read on a thread, so a
+    test waits for each with a deadline instead of hanging on a server that says nothing."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stderr is not None
+        for line in iter(process.stderr.readline, ""):
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def test_serve_workers_beyond_the_loopback_refuses_to_start_without_a_key() -> None:
     """Refused in one line naming both ways to give a key (a server that starts anyway is
     stopped as soon as it says it serves)."""
     env = {name: value for name, value in os.environ.items() if name != ENV_WORKER_KEY}
     server = subprocess.Popen([NEXRL, "serve", "workers", "--host", "0.0.0.0", "--port", "0"], stderr=subprocess.PIPE, text=True, env=env)
     try:
-        assert server.stderr is not None
-        lines = []
-        for line in iter(server.stderr.readline, ""):
+        said, lines = _stderr_lines(server), []
+        while line := said.get(timeout=30):
             if line.startswith("NexRL workers API"):  # it serves (or is about to): stop it now
                 server.terminate()
             lines.append(line)
@@ -305,10 +321,11 @@ def test_serve_workers_on_the_loopback_without_a_key_makes_one_and_says_so() -> 
     env = {name: value for name, value in os.environ.items() if name != ENV_WORKER_KEY}
     server = subprocess.Popen([NEXRL, "serve", "workers", "--port", "0"], stderr=subprocess.PIPE, text=True, env=env)
     try:
-        assert server.stderr is not None
-        told = server.stderr.readline()
-        serving = server.stderr.readline()
-        assert f"{ENV_WORKER_KEY}=" in told and "serving at" in serving, (told, serving)
+        said = _stderr_lines(server)
+        told = said.get(timeout=30)
+        assert f"{ENV_WORKER_KEY}=" in told, told
+        serving = said.get(timeout=30)
+        assert "serving at" in serving, serving
         key = told.strip().rsplit(f"{ENV_WORKER_KEY}=", 1)[1]
         url = serving.strip().rsplit(" ", 1)[1]
         deadline = time.monotonic() + 30
