@@ -6,7 +6,7 @@ message into tensors and acknowledges it. Timed per send, from the first byte ha
 ZMQ to the ACK, for three ways of moving the same bytes:
 
 * ``wire``: `nexrl_fsdp.direct_zmq.wire` (JSON header, raw frames sent zero-copy, tensors
-  built over the received buffers, the HMAC-SHA256 of the group's key made on one side
+  built over the received buffers, the MAC under the group's key made on one side
   and checked on the other, as every message of a worker group is);
 * ``pickle``: the same tensors pickled, sent over the same sockets, unpickled there (what
   the original NexRL did; the product never unpickles a socket, this is the baseline);

@@ -27,6 +27,8 @@ import os
 import secrets
 from collections.abc import Sequence
 
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
 __all__ = [
     "ENV_WORKER_KEY",
     "MAC_BYTES",
@@ -45,10 +47,11 @@ ENV_WORKER_KEY = "NEXRL_WORKER_KEY"
 of a ``workers_url`` group the group's key."""
 
 _BEARER = "Bearer "
-MAC_BYTES = 32
-"""Bytes of a ZMQ message's MAC frame (HMAC-SHA256)."""
-_MAC_CONTEXT = b"nexrl-direct-zmq-mac-v1"
-"""Hashed first, so a MAC of a message is never valid as any other use of the same key."""
+_NONCE_BYTES = 16
+MAC_BYTES = _NONCE_BYTES + 16
+"""Bytes of a ZMQ message's MAC frame: the message's nonce, then its Poly1305 tag."""
+_MAC_CONTEXT = b"nexrl-direct-zmq-mac-v2"
+"""Hashed with each nonce, so a message's one-time key is never any other use of the group's key."""
 
 
 class MissingGroupKey(RuntimeError):
@@ -96,19 +99,34 @@ def bearer_matches(authorization: str | None, key: str) -> bool:
     return keys_match(authorization[len(_BEARER) :], key)
 
 
-def frames_mac(frames: Sequence[memoryview | bytes], key: str) -> bytes:
-    """HMAC-SHA256 under ``key`` of a ZMQ message's frames, each preceded by its length
-    (8 bytes, big-endian): the same bytes cut into frames differently get another MAC,
-    so a frame cannot be split or merged into its neighbour. Reads the frames in place
-    (a tensor's own memory is hashed, not copied)."""
-    mac = hmac.new(key.encode(), _MAC_CONTEXT, hashlib.sha256)
+def _tag(frames: Sequence[memoryview | bytes], key: str, nonce: bytes) -> bytes:
+    """Poly1305 of the frames, each preceded by its length (8 bytes, big-endian), under
+    the one-time key HMAC-SHA256(key, context, nonce).
+
+    Poly1305 reads about 10 GB/s where HMAC-SHA256 reads under 2, and every message is
+    read twice (sent and received): with HMAC over every frame the wire fell from 1.3 to
+    0.45 GB/s, a 3 GB model's weights push from about 2 to 7 s. Poly1305 needs a key used
+    for one message only, which the nonce gives (random 128 bits never repeat in practice).
+    The lengths make the same bytes cut into frames differently another message, so a
+    frame cannot be split or merged into its neighbour. Frames are read in place (a
+    tensor's own memory, not a copy)."""
+    poly = Poly1305(hmac.new(key.encode(), _MAC_CONTEXT + nonce, hashlib.sha256).digest())
     for frame in frames:
         view = frame if isinstance(frame, memoryview) else memoryview(frame)
-        mac.update(view.nbytes.to_bytes(8, "big"))
-        mac.update(view)
-    return mac.digest()
+        poly.update(view.nbytes.to_bytes(8, "big"))
+        poly.update(view)
+    return poly.finalize()
+
+
+def frames_mac(frames: Sequence[memoryview | bytes], key: str) -> bytes:
+    """The MAC of a ZMQ message's frames under ``key``: a fresh nonce, then the frames' tag (`_tag`)."""
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    return nonce + _tag(frames, key, nonce)
 
 
 def mac_matches(frames: Sequence[memoryview | bytes], mac: memoryview | bytes, key: str) -> bool:
-    """Whether ``mac`` is `frames_mac` of ``frames`` under ``key`` (constant time)."""
-    return hmac.compare_digest(bytes(mac), frames_mac(frames, key))
+    """Whether ``mac`` is a MAC of ``frames`` under ``key`` (`frames_mac`; constant time)."""
+    given = bytes(mac)
+    if len(given) != MAC_BYTES:
+        return False
+    return hmac.compare_digest(given[_NONCE_BYTES:], _tag(frames, key, given[:_NONCE_BYTES]))

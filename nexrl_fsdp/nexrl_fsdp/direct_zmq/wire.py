@@ -13,15 +13,16 @@ a copy of a buffer something later resizes (an FSDP parameter held unsharded).
 Receiving is zero-copy too: each tensor is built over the received frame's buffer, so
 the decoded tensors are read-only views; clone one before writing into it.
 
-Every message ends with one more frame, its MAC: HMAC-SHA256 under the worker group's key
-(`nexrl_fsdp.direct_zmq.group_key`) over every other frame, each preceded by its length
-(so no two ways of cutting the same bytes into frames share a MAC). The sockets listen on
+Every message ends with one more frame, its MAC under the worker group's key
+(`nexrl_fsdp.direct_zmq.group_key`: a nonce and a Poly1305 tag) over every other frame,
+each preceded by its length (so no two ways of cutting the same bytes into frames share
+a MAC). The sockets listen on
 ports others may reach; `decode` checks the MAC before it reads anything else, so a
 message from someone without the key (or one changed on the way) is refused whole
 (`UnauthenticatedMessage`) and none of it is parsed, stored or run. The MAC proves who
 sent a message, it hides nothing: see `group_key` for what that leaves to a VPN or TLS.
-Hashing reads the tensors' memory in place (``hmac.update`` over the frames' buffers),
-so sending stays zero-copy.
+The MAC reads the tensors' memory in place (over the frames' buffers), so sending stays
+zero-copy.
 """
 
 from __future__ import annotations
