@@ -22,7 +22,7 @@ from nexrl_core.registry import (
 from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec
 
 GRPO_ESTIMATORS = ["dr_grpo", "grpo", "reinforce_plus_plus", "rloo"]
-GRPO_LOSSES = ["cispo", "cross_entropy", "gspo", "importance_sampling", "ppo"]
+GRPO_LOSSES = ["cispo", "cross_entropy", "dro", "gspo", "importance_sampling", "ppo"]
 
 
 def plugin_module(name: str, **hooks: object) -> types.ModuleType:

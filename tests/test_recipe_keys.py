@@ -271,6 +271,7 @@ def _loss_options() -> dict[str, Entry]:
         "cross_entropy": ("agg_mode", "norm_constant"),
         "cispo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
         "gspo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
+        "dro": ("beta", "agg_mode", "norm_constant"),
     }.items():
         for option in options:
             entries[f"algorithm.loss.options.{option} [{loss}]"] = LOSS_OPTION_TESTS

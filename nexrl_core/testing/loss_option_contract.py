@@ -114,24 +114,26 @@ class LossOptionContract:
 
 
 def probe_datums(holder: ServiceHolder) -> list[RemoteDatum]:
-    """Two datums whose sampler logprobs sit `RATIO_SHIFTS` below (and above) the base
-    model's, so their sequence ratios fall on both sides of 1. The response is the
-    prompt's tokens backwards: unlikely tokens, whose gradients are far from saturated
-    (a token the model is sure of has almost none, and would hide a clip)."""
+    """Two datums whose sampler logprobs sit `RATIO_SHIFTS` below (and half of them
+    above) the base model's, so their sequence ratios fall on both sides of 1; the halving
+    keeps a term linear in the log ratio (DRO's penalty) from cancelling between the two
+    datums, which share their tokens. The response is the prompt's tokens backwards:
+    unlikely tokens, whose gradients are far from saturated (a token the model is sure of
+    has almost none, and would hide a clip)."""
     prompt = holder.apply_chat_template(PROBE_MESSAGES, tokenize=True)
     assert isinstance(prompt, list) and len(prompt) >= len(RATIO_SHIFTS)
     tokens = list(prompt) + list(reversed(prompt))[: len(RATIO_SHIFTS)]
     (base,) = holder.reference_logprobs([tokens])
     pad = [0.0] * (len(prompt) - 1)
 
-    def datum(sign: float) -> RemoteDatum:
+    def datum(scale: float) -> RemoteDatum:
         response = base[len(prompt) :]
         return RemoteDatum(
             input_tokens=tokens[:-1],
             target_tokens=tokens[1:],
-            sampling_logprobs=pad + [value - sign * shift for value, shift in zip(response, RATIO_SHIFTS)],
+            sampling_logprobs=pad + [value - scale * shift for value, shift in zip(response, RATIO_SHIFTS)],
             advantages=pad + list(ADVANTAGES),
             loss_mask=pad + [1.0] * len(RATIO_SHIFTS),
         )
 
-    return [datum(1.0), datum(-1.0)]
+    return [datum(1.0), datum(-0.5)]

@@ -27,13 +27,15 @@ class TestHostedTinkerLossOptions(HostedSdkHolderLossOptions):
     @pytest.fixture
     def refusals(self) -> dict[str, tuple[str, ...]]:
         """What hosted Tinker cannot compute: GSPO, any aggregation but a token sum (so no
-        norm_constant), an entropy bonus, PPO's dual clip."""
+        norm_constant), an entropy bonus, PPO's dual clip; and DRO, which hosted Tinker
+        has but this holder does not yet send it."""
         return {
             "cross_entropy": ("agg_mode", "norm_constant"),
             "importance_sampling": ("agg_mode", "norm_constant", "entropy_coeff"),
             "ppo": ("dual_clip_c", "agg_mode", "norm_constant", "entropy_coeff"),
             "cispo": ("agg_mode", "norm_constant", "entropy_coeff"),
             "gspo": ("clip_low", "clip_high", "agg_mode", "norm_constant", "entropy_coeff"),
+            "dro": ("beta", "agg_mode", "norm_constant"),
         }
 
     def test_hosted_refusals_name_the_option(self, holder: TinkerServiceHolder, option_cases: Sequence[LossOptionCase]) -> None:

@@ -52,6 +52,7 @@ class TestHostedWeaverLossOptions(HostedSdkHolderLossOptions):
             "ppo": (*every, "dual_clip_c"),
             "cispo": every,
             "gspo": every,
+            "dro": ("beta", "agg_mode", "norm_constant"),
         }
 
 

@@ -37,4 +37,7 @@ LOSS_OPTION_CASES: tuple[LossOptionCase, ...] = (
     LossOptionCase("gspo", "agg_mode", "token-sum", "seq-mean-token-mean"),
     LossOptionCase("gspo", "norm_constant", 1.0, 4.0, _SEQUENCE_NORM),
     LossOptionCase("gspo", "entropy_coeff", 0.0, 0.5),
+    LossOptionCase("dro", "beta", 0.05, 2.0),
+    LossOptionCase("dro", "agg_mode", "token-sum", "token-mean"),
+    LossOptionCase("dro", "norm_constant", 1.0, 4.0, _SEQUENCE_NORM),
 )
