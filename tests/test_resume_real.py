@@ -130,7 +130,8 @@ def _processes_running(marker: str, module: bytes) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if module in cmdline and b"torch.distributed.run" not in cmdline:
+        # the module the first -m names: a launcher names its ranks' module later in its arguments
+        if b"-m" in cmdline and cmdline[cmdline.index(b"-m") + 1 :][:1] == [module]:
             found.append(pid)
     return sorted(found)
 
