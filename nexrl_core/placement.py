@@ -31,6 +31,7 @@ __all__ = [
     "RANK_CONTRACT",
     "RankPlace",
     "is_loopback",
+    "log_tail",
     "open_placer",
 ]
 
@@ -141,6 +142,15 @@ def open_placer(name: str, options: Mapping[str, Any], path: str) -> Placer:
 
     config = resolve_options("placers", ComponentChoice(name=name, options=dict(options)), path)
     return find_spec("placers", name).build(config)
+
+
+def log_tail(path: Path, limit: int = 4000) -> str:
+    """The last ``limit`` characters of the ranks' log at ``path`` ("" when there is none
+    yet): what an error about a group quotes of its output."""
+    try:
+        return Path(path).read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
 
 
 def is_loopback(host: str) -> bool:

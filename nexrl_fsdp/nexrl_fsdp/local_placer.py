@@ -19,7 +19,7 @@ from typing import IO
 
 import attrs
 
-from nexrl_core.placement import PlacementError, PlacementRequest, RankPlace
+from nexrl_core.placement import PlacementError, PlacementRequest, RankPlace, log_tail
 from nexrl_fsdp.worker.loopback import LOOPBACK_ADDRESS
 
 __all__ = ["LOCAL_PLACEMENT", "LocalPlacer", "LocalPlacerOptions", "LocalRanks"]
@@ -90,10 +90,7 @@ class LocalRanks:
             self._log = None
 
     def log_tail(self, limit: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, limit)
 
 
 class LocalPlacer:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nexrl_core.placement import PlacedRanks, PlacementRequest, Placer, RankPlace
+from nexrl_core.placement import PlacedRanks, PlacementRequest, Placer, RankPlace, log_tail
 from nexrl_core.serving import ServeOptions
 from nexrl_fsdp.direct_zmq.api_server import WorkersApiServer
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
@@ -112,7 +112,4 @@ class WorkerGroup:
 
     def log_tail(self, limit: int = 4000) -> str:
         """The end of the workers' combined output (for error messages)."""
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, limit)

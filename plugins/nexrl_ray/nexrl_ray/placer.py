@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.placement import ENV_RANK_ADDRESS, PlacementError, PlacementRequest, PlacementUnavailable, RankPlace
+from nexrl_core.placement import ENV_RANK_ADDRESS, PlacementError, PlacementRequest, PlacementUnavailable, RankPlace, log_tail
 from nexrl_ray.options import RayPlacerOptions
 from nexrl_ray.rank_host import RankHost
 
@@ -151,10 +151,7 @@ class RayRanks:
 
     def log_tail(self, limit: int = 4000) -> str:
         """The end of the log of the ranks on this node (ranks elsewhere write theirs on their node)."""
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, limit)
 
 
 class RayPlacer:
