@@ -61,7 +61,7 @@ def _connect(address: str | None) -> None:
             except (ConnectionError, RuntimeError, OSError) as error:
                 raise PlacementError(
                     f"no Ray cluster at {target!r} ({error}); start one with `ray start --head` on one node and "
-                    "`ray start --address HEAD:6379` on the others, or give its address (--placement-address, "
+                    "`ray start --address HEAD:6379` on the others, or give its address (--placement-option address=HOST:PORT, "
                     "placement_options.address, RAY_ADDRESS)"
                 ) from None
             _connected_here = True
