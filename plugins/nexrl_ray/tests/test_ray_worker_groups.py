@@ -63,9 +63,20 @@ def _train(service: Any, lose_node_at: int | None = None, cluster: Any = None) -
         if step == lose_node_at:
             (victim,) = [node for node in cluster.worker_nodes if node.node_id in {place.node for place in places}][:1]
             cluster.remove_node(victim, allow_graceful=False)
+            _wait_until_lost(service.state.engines.training(training.model_id).group)
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=300)
     losses.append(training.forward(data, "cross_entropy").result(timeout=300).metrics["loss:sum"])
     return {"model_id": training.model_id, "losses": losses, "places": places}
+
+
+def _wait_until_lost(group: Any, timeout_s: float = 60) -> None:
+    """Until the workers' API calls the group dead: the node's rank is gone (its actor died
+    with the node's raylet, and the rank's watchdog ended it), so the step's next call meets
+    a lost group instead of racing the node's last processes."""
+    deadline = time.monotonic() + timeout_s
+    while group.transport.info()["status"] == "ready":
+        assert time.monotonic() < deadline, "the lost node's rank was never missed"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
