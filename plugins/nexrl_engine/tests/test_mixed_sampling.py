@@ -26,6 +26,8 @@ def _mixed(engine: Engine) -> list[tuple[SamplingParams, int]]:
         (SamplingParams(temperature=0.7, top_p=0.8, max_tokens=16, stop=newline, seed=12), 2),
         (SamplingParams(temperature=1.3, max_tokens=20, stop=["1", "2"], seed=13), 2),
         (SamplingParams(temperature=1.0, top_k=3, top_p=0.9, max_tokens=9, stop=[], seed=14), 1),
+        # unfiltered and hot (a flat distribution): its draws leave any small top-k, so a row given another's top-k shows
+        (SamplingParams(temperature=4.0, max_tokens=24, stop=[], seed=15), 2),
     ]
 
 
