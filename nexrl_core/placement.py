@@ -7,14 +7,16 @@ plugin and not a change to NexRL. A plugin registers placers with ``nexrl_placer
 `Placer`; the caller names one (``--placement NAME``, ``backend.options.placement``).
 
 A placer starts one process per rank, ``python <command>``, with the command's own
-environment plus the rank contract below (torchrun's variables, so any
-``torch.distributed`` program runs under any placer), watches the processes, and
-stops them. It knows nothing of what the ranks do: they find the driver through the
+environment plus torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``; ``MASTER_ADDR`` and ``MASTER_PORT`` are rank 0's node and a port
+free on it, the rendezvous), so any ``torch.distributed`` program runs under any placer,
+and `ENV_RANK_ADDRESS`. It watches the processes and stops them. It knows nothing of what the ranks do: they find the driver through the
 URL their command carries.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +30,6 @@ __all__ = [
     "PlacementRequest",
     "PlacementUnavailable",
     "Placer",
-    "RANK_CONTRACT",
     "RankPlace",
     "is_loopback",
     "log_tail",
@@ -39,10 +40,6 @@ ENV_RANK_ADDRESS = "NEXRL_WORKER_IP"
 """Set by every placer on every rank: the address of the rank's node that the other ranks
 and the driver reach it at, where a rank binds the sockets it serves."""
 
-RANK_CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", ENV_RANK_ADDRESS)
-"""The environment every placer gives each rank: torchrun's variables (``MASTER_ADDR`` and
-``MASTER_PORT`` are rank 0's node and a port free on it: the rendezvous) and
-`ENV_RANK_ADDRESS`."""
 
 
 class PlacementError(RuntimeError):
@@ -154,6 +151,12 @@ def log_tail(path: Path, limit: int = 4000) -> str:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is this machine's loopback: a placer whose control host is one
-    placed every rank on this machine."""
-    return host == "localhost" or host == "::1" or host.startswith("127.")
+    """Whether ``host`` is reachable from this machine only: a placer whose control host is
+    one placed every rank here, and a server bound on one needs no key to keep others out
+    (a name other than ``localhost`` may resolve anywhere, so it counts as reachable)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

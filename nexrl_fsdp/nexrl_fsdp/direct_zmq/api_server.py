@@ -20,7 +20,6 @@ to start without one, on the loopback it makes one and prints it.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import attrs
 import zmq
 from pydantic import BaseModel, ConfigDict, Field
 
+from nexrl_core.placement import is_loopback
 from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, bearer_matches, frames_mac, new_group_key
 from nexrl_fsdp.direct_zmq.protocol import OPS
@@ -348,7 +348,7 @@ class WorkersApiServer:
         key = key or self.options.api_key or os.environ.get(ENV_WORKER_KEY) or None
         self.generated_key = key is None
         """Whether no key was given and this server made its own (on the loopback only)."""
-        if key is None and not _is_loopback(self.options.host):
+        if key is None and not is_loopback(self.options.host):
             raise ServiceStartError(
                 f"--host {self.options.host} is reachable from other machines, so the workers' API needs a key: pass --api-key KEY "
                 f"or set {ENV_WORKER_KEY} (the ranks and the driver get the same key as {ENV_WORKER_KEY})",
@@ -412,14 +412,3 @@ class WorkersApiServer:
         finally:
             self._server = None
             self.stop()
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only (a name other than
-    ``localhost`` may resolve anywhere, so it counts as reachable from others)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
