@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -347,12 +348,167 @@ def test_a_converted_nested_recipe_trains_two_steps_on_the_embedded_service(tmp_
     assert config["algorithm"]["loss"]["options"]["agg_mode"] == "token-sum"
 
 
+V1_WORKER_LINE = (
+    "torchrun --standalone --nproc_per_node=2 -m nexrl.train_service_backend.distributed.worker_process "
+    "--identifier actor-group --backend fsdp --dispatch-mode scatter"
+)
+"""The seed's worker line with v1's dispatch mode, the API server left to ``API_SERVER_URL``."""
+
+
 @pytest.mark.slow
-def test_a_converted_design_recipe_trains_two_steps_on_local_workers(tmp_path: Path) -> None:
-    config, rows = convert_and_train("design", tmp_path, "backend.options.workers_url=null")
+def test_a_converted_design_recipe_trains_to_its_last_step_on_ranks_the_v1_worker_line_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1's self-hosted launch, converted: ``nexrl serve workers``, then the ranks from what
+    ``convert-v1 --launch`` prints for `V1_WORKER_LINE` (``--backend fsdp --dispatch-mode
+    scatter``, the server a bare ``host:port`` in ``API_SERVER_URL``), then the converted
+    recipe trained to its last step through its ``workers_url``; the run's end destroys the
+    group and every rank exits."""
+    from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
+    from nexrl_testing.served_runs import serving
+
+    monkeypatch.setenv(ENV_WORKER_KEY, new_group_key())
+    converted = subprocess.run([NEXRL, "convert-v1", "--launch", V1_WORKER_LINE], capture_output=True, text=True, timeout=60)
+    assert converted.returncode == 0, converted.stderr
+    (line,) = converted.stdout.splitlines()
+    torchrun, *args = shlex.split(line)
+    assert torchrun == "torchrun" and "--api-server-url" not in args and args[-4:] == ["--backend", "fsdp", "--dispatch-mode", "scatter"]
+    log = open(tmp_path / "ranks.log", "wb")  # noqa: SIM115 - closed below
+    ranks = None
+    try:
+        with serving("workers", tmp_path / "server", keeps_files=False) as url:
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "API_SERVER_URL": url.removeprefix("http://")}
+            launcher = [sys.executable, "-m", "torch.distributed.run"]
+            ranks = subprocess.Popen([*launcher, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            config, rows = convert_and_train("design", tmp_path, f"backend.options.workers_url={url}")
+            assert ranks.wait(timeout=120) == 0, "the run's end destroys the group, and its ranks end"
+    finally:
+        if ranks is not None and ranks.poll() is None:
+            ranks.terminate()
+            ranks.wait(timeout=30)
+        log.close()
     assert [row["step"] for row in rows] == [1, 2]
     assert all(row["rollout/runs"] == 16 for row in rows)
+    assert config["backend"]["options"]["identifier"] == "actor-group" and config["backend"]["options"]["world_size"] == 2
     assert config["backend"]["options"]["update"] | {"max_tokens_per_microbatch": None} == {
         "ppo_epochs": 2, "mini_batches": 2, "micro_batch_rows": 2, "max_tokens_per_microbatch": None
     }  # fmt: skip
     assert config["algorithm"]["kl"]["controller"] == "adaptive" and config["model"]["dtype"] == "bf16"
+
+
+# --- launch lines ------------------------------------------------------------------------------------
+
+SEED_WORKER_LINE = """torchrun --nproc_per_node=8 \\
+    -m nexrl.train_service_backend.distributed.worker_process \\
+    --api-server-url http://localhost:8000 \\
+    --identifier actor-group \\
+    --backend fsdp"""
+"""The design document's worker line, as it is written there."""
+
+LAUNCH_GOLDEN = {
+    "python -m nexrl.main --config-path=recipe/math --config-name=self_hosted": [
+        "nexrl convert-v1 recipe/math/self_hosted.yaml -o self_hosted.yaml",
+        "nexrl train self_hosted.yaml",
+    ],
+    "NEXRL_V1_DATA=/data python3 -m nexrl.main -cp recipe -cn math/tinker.yaml": [
+        "nexrl convert-v1 recipe/math/tinker.yaml -o tinker.yaml",
+        "NEXRL_V1_DATA=/data nexrl train tinker.yaml",
+    ],
+    "python -m nexrl.train_service_backend.api.api_server --host 0.0.0.0 --port=8000": ["nexrl serve workers --host 0.0.0.0 --port 8000"],
+    SEED_WORKER_LINE: [
+        "torchrun --nproc_per_node=8 -m nexrl_fsdp.worker --api-server-url http://localhost:8000 --identifier actor-group --backend fsdp"
+    ],
+    "API_SERVER_URL=10.0.0.1 torchrun --standalone --nproc_per_node=1 -m nexrl.train_service_backend.distributed.worker_process "
+    "--identifier=actor-group --backend=fsdp --dispatch-mode=scatter": [
+        "API_SERVER_URL=10.0.0.1 torchrun --standalone --nproc_per_node=1 -m nexrl_fsdp.worker --identifier actor-group --backend fsdp --dispatch-mode scatter"
+    ],
+    "python -m torch.distributed.run --nnodes 2 --rdzv-endpoint=h:29400 /opt/nexrl/distributed/worker_process.py --identifier 'a b'": [
+        "python -m torch.distributed.run --nnodes 2 --rdzv-endpoint=h:29400 -m nexrl_fsdp.worker --identifier 'a b'"
+    ],
+}
+"""v1 launch lines and the NexRL lines `nexrl convert-v1 --launch` prints for each."""
+
+
+@pytest.mark.parametrize("line", LAUNCH_GOLDEN)
+def test_a_v1_launch_line_becomes_its_nexrl_lines(line: str) -> None:
+    result = CliRunner().invoke(cli, ["convert-v1", "--launch", line])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == LAUNCH_GOLDEN[line]
+    if "worker_process" in line:
+        assert "NEXRL_WORKER_KEY" in result.stderr
+        assert ("API_SERVER_URL" in result.stderr) == ("--api-server-url" not in line)
+
+
+def test_several_launch_lines_print_in_order_each_note_once() -> None:
+    lines = list(LAUNCH_GOLDEN)[2:4]
+    result = CliRunner().invoke(cli, ["convert-v1", "--launch", lines[0], "--launch", lines[1]])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == LAUNCH_GOLDEN[lines[0]] + LAUNCH_GOLDEN[lines[1]]
+    assert result.stderr.count("NEXRL_WORKER_KEY") == 1
+
+
+@pytest.mark.parametrize("line", [line for line in LAUNCH_GOLDEN if "worker_process" in line])
+def test_each_converted_worker_line_is_one_the_worker_takes(line: str) -> None:
+    """The flags the converter carries are the worker's own (`nexrl_fsdp.worker.arguments`)."""
+    from nexrl_fsdp.worker.arguments import parse_arguments
+
+    (converted,) = LAUNCH_GOLDEN[line]
+    args = shlex.split(converted)
+    assert parse_arguments(args[args.index("nexrl_fsdp.worker") + 1 :], {"API_SERVER_URL": "10.0.0.1"}).identifier
+
+
+@pytest.mark.parametrize(
+    ("line", "problems"),
+    [
+        (
+            "torchrun --nproc_per_node=2 -m nexrl.train_service_backend.distributed.worker_process --identifier g --dispatch-mode broadcast "
+            "--backend megatron --offload 1",
+            [
+                "nexrl.train_service_backend.distributed.worker_process: unknown v1 flag --offload 1",
+                "nexrl.train_service_backend.distributed.worker_process: --dispatch-mode broadcast is not supported: NexRL's ranks never get "
+                "a whole batch each: rank 0 scatters each batch's rows over the ranks (v1's own client refused broadcast groups too); "
+                "use --dispatch-mode scatter",
+                "nexrl.train_service_backend.distributed.worker_process: --backend megatron is not supported; NexRL's worker accepts fsdp",
+            ],
+        ),
+        (
+            "torchrun -m nexrl.train_service_backend.distributed.worker_process --backend fsdp",
+            ["nexrl.train_service_backend.distributed.worker_process: give --identifier, the worker group's name (the recipe's backend.options.identifier)"],
+        ),
+        (
+            "python -m nexrl.main --config-name=a --multirun trainer.total_train_steps=3",
+            [
+                "nexrl.main: unknown v1 flag --multirun",
+                "nexrl.main: Hydra override 'trainer.total_train_steps=3': write it into the v1 recipe before converting it (convert-v1 maps recipe keys)",
+                "nexrl.main: give --config-path, the v1 recipe's folder",
+            ],
+        ),
+        (
+            "python -m nexrl.train_service_backend.api.api_server --host 0.0.0.0 --log-level info --port",
+            [
+                "nexrl.train_service_backend.api.api_server: unknown v1 flag --log-level info",
+                "nexrl.train_service_backend.api.api_server: --port needs a value",
+            ],
+        ),
+        ("torchrun -m train.py --x 1", ["torchrun runs no v1 worker (nexrl.train_service_backend.distributed.worker_process): this converts v1's worker lines only"]),
+        ("bash start.sh", ["not a v1 launch line: expected python -m nexrl.main ..., python -m nexrl.train_service_backend.api.api_server ... or torchrun ... -m nexrl.train_service_backend.distributed.worker_process ..."]),
+    ],
+)
+def test_what_a_launch_line_cannot_carry_is_named_and_nothing_is_printed(line: str, problems: list[str]) -> None:
+    result = CliRunner().invoke(cli, ["convert-v1", "--launch", list(LAUNCH_GOLDEN)[0], "--launch", line])
+    assert result.exit_code == 2
+    assert result.stdout == "", "not even the lines that converted: the launch is run whole or not at all"
+    assert result.stderr.splitlines() == [f"nexrl convert-v1: {problem}" for problem in problems]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--launch", "bash x", str(SHAPES["design"])], "--launch converts command lines only; drop RECIPE"),
+        (["--launch", "bash x", "-o", "x.yaml", "--agent", "m:f"], "drop -o, --agent"),
+        ([], "give a v1 RECIPE to convert, or --launch LINE for a v1 command line"),
+    ],
+)
+def test_launch_lines_and_recipes_are_converted_apart(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["convert-v1", *args])
+    assert result.exit_code == 2 and message in result.output

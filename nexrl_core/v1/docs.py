@@ -4,7 +4,8 @@
 checks that the page in the repository is what this renders, so the page says what
 `nexrl convert-v1` does and nothing else. NexRL's own defaults in "Defaults that differ"
 are read from the installed components (``nexrl config show`` of a recipe on each
-backend), so they cannot drift either.
+backend), so they cannot drift either, and the launch-line table is what `nexrl
+convert-v1 --launch` prints for the design documents' lines.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from nexrl_core.v1.convert import Conversion, convert_v1_recipe, show
+from nexrl_core.v1.launch import convert_launch
 from nexrl_core.v1.table import ABSENT, Fate, KeyRule, KeyTable, Profile, key_table
 
 INTRO = """\
@@ -54,16 +56,6 @@ loader resolves them when the run starts (a value that is one reference is read 
 so `${oc.env:STEPS,10}` is a number). A key held in the environment becomes
 `backend.options.api_key_env: NAME`; a key written in a v1 recipe is never copied.
 
-## Launch lines
-
-| v1 | NexRL |
-|---|---|
-| `python -m nexrl.main --config-path=DIR --config-name=NAME` | `nexrl convert-v1 DIR/NAME.yaml -o NAME.yaml`, then `nexrl train NAME.yaml` |
-| `python -m nexrl.train_service_backend.api.api_server --host 0.0.0.0 --port 8000` | `nexrl serve workers --host 0.0.0.0 --port 8000` (with `NEXRL_WORKER_KEY` set: see [self-hosted.md](self-hosted.md)) |
-| `torchrun --nproc_per_node=8 -m nexrl.train_service_backend.distributed.worker_process --api-server-url http://HOST:8000 --identifier ID --backend fsdp` | `torchrun --nproc_per_node=8 -m nexrl_fsdp.worker --api-server-url http://HOST:8000 --identifier ID` (the same `NEXRL_WORKER_KEY`) |
-| `API_SERVER_URL` (the API server's host, read by v1's trainer and workers) | `backend.options.workers_url` in the recipe (from `train_service.url`) and `--api-server-url` for the workers |
-| `NEXRL_WORKER_IP`, `NEXRL_WORKER_DATA_BASE_PORT` | the same variables, read the same way |
-
 ## Shapes
 
 v1 recipes come in three shapes, and the table below writes the train service's keys
@@ -78,6 +70,39 @@ the one way they are brought to:
 
 A key ending in `.*` stands for every key under it.
 """
+
+
+LAUNCH_INTRO = """\
+## Launch lines
+
+`nexrl convert-v1 --launch '<v1 command line>'` (repeatable) prints the NexRL command
+lines for v1's launch lines, on standard output, in the order to run them; this table is
+what it prints. A flag it does not know, a Hydra override on the trainer's line (write it
+into the v1 recipe before converting it) and a value NexRL cannot honour are named, and
+then it prints nothing and exits with status 2.
+
+`python -m nexrl_fsdp.worker` takes v1's worker flags as they were written: `--backend
+fsdp` (the only value: the ranks are FSDP2) and `--dispatch-mode scatter`, which is what
+the ranks always do (rank 0 takes each batch from the driver and scatters its rows over
+the ranks). `--dispatch-mode broadcast` is refused with that reason (v1's own client
+refused broadcast groups too). Without `--api-server-url` it reads `API_SERVER_URL`, as
+v1's workers did: a URL, `HOST:PORT` or a bare host (then port 8000, v1's and `nexrl
+serve`'s default); with neither, it exits naming both. `NEXRL_WORKER_IP` and
+`NEXRL_WORKER_DATA_BASE_PORT` are read as v1 read them. The trainer finds the API server
+at the recipe's `train_service.url`, which becomes `backend.options.workers_url` (an
+`${oc.env:API_SERVER_URL}` in it stays a reference). Every NexRL line needs the run's key
+in `NEXRL_WORKER_KEY` (see [self-hosted.md](self-hosted.md)).
+"""
+
+LAUNCH_EXAMPLES = (
+    "python -m nexrl.main --config-path=recipe/math --config-name=self_hosted",
+    "python -m nexrl.train_service_backend.api.api_server --host 0.0.0.0 --port 8000",
+    "torchrun --nproc_per_node=8 -m nexrl.train_service_backend.distributed.worker_process "
+    "--api-server-url http://localhost:8000 --identifier actor-group --backend fsdp",
+    "API_SERVER_URL=10.0.0.1 torchrun --standalone --nproc_per_node=1 -m nexrl.train_service_backend.distributed.worker_process "
+    "--identifier=actor-group --backend=fsdp --dispatch-mode=scatter",
+)
+"""The design documents' launch lines (and v1's bare-host ``API_SERVER_URL`` form)."""
 
 
 def _code(text: str) -> str:
@@ -104,6 +129,15 @@ def _what(rule: KeyRule, profiles: tuple[Profile, ...]) -> str:
     note = f": {rule.why}." if rule.why else "."
     values = " Values: " + ", ".join(f"{_value(old)} -> {_value(new)}" for old, new in rule.values.items()) + "." if rule.values else ""
     return f"carried{note}{values}{default}{_kinds(rule, profiles)}"
+
+
+def _launch_lines() -> list[str]:
+    """The launch-line table, each NexRL cell what `convert_launch` prints for its v1 line."""
+    lines = [LAUNCH_INTRO.rstrip("\n"), "", "| v1 | NexRL |", "|---|---|"]
+    for example in LAUNCH_EXAMPLES:
+        converted = "<br>".join(_code(line) for line in convert_launch(example).lines())
+        lines.append(f"| {_code(example)} | {converted} |")
+    return lines
 
 
 def _profiles(table: KeyTable) -> list[str]:
@@ -175,7 +209,7 @@ def _defaults(table: KeyTable) -> list[str]:
 def render_page(table: KeyTable | None = None) -> str:
     """The whole page, as Markdown."""
     table = table or key_table()
-    lines = [INTRO.rstrip("\n"), "", *_profiles(table), "", *_defaults(table), "", "## Every v1 key", ""]
+    lines = [INTRO.rstrip("\n"), "", *_launch_lines(), "", *_profiles(table), "", *_defaults(table), "", "## Every v1 key", ""]
     for section in table.sections:
         lines += [f"### {section.title}", "", "| v1 key | NexRL key | what happens |", "|---|---|---|"]
         for rule in section.keys:

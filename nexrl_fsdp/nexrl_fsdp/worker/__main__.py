@@ -1,21 +1,19 @@
 """One rank: ``python -m nexrl_fsdp.worker --api-server-url URL --identifier NAME``, started by
 ``python -m nexrl_fsdp.worker.loopback --nproc=N -- ...`` on one machine or by ``torchrun -m
-nexrl_fsdp.worker ...`` across several; either way with the group's key in ``NEXRL_WORKER_KEY``."""
+nexrl_fsdp.worker ...`` across several; either way with the group's key in ``NEXRL_WORKER_KEY``.
+NexRL v1's worker flags and ``API_SERVER_URL`` are taken too (`arguments`)."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
 import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads
+from nexrl_fsdp.worker.arguments import parse_arguments
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m nexrl_fsdp.worker", description="One rank of a NexRL FSDP worker group (run it under torchrun or nexrl_fsdp.worker.loopback).")
-    parser.add_argument("--api-server-url", required=True, help="base URL of `nexrl serve workers`, e.g. http://127.0.0.1:8100")
-    parser.add_argument("--identifier", required=True, help="the worker group's name (a driver names the same)")
-    args = parser.parse_args()
+    args = parse_arguments()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey
     from nexrl_fsdp.worker import collective_check

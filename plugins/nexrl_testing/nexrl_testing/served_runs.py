@@ -33,14 +33,17 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serving(name: str, data_dir: Path, *args: str, start_timeout_s: float = 180.0) -> Iterator[str]:
+def serving(name: str, data_dir: Path, *args: str, start_timeout_s: float = 180.0, keeps_files: bool = True) -> Iterator[str]:
     """``nexrl serve NAME --port P --data-dir DATA_DIR ARGS...`` in its own process; yields
     its URL once ``/api/v1/healthz`` answers and stops it (SIGTERM) afterwards. Its
-    output goes to ``DATA_DIR/serve.log``, which a failure to start quotes."""
+    output goes to ``DATA_DIR/serve.log``, which a failure to start quotes. A service
+    that keeps no files (``workers``, which refuses ``--data-dir``) is given
+    ``keeps_files=False``: only its log goes to DATA_DIR."""
     port = _free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "serve.log"
-    command = [NEXRL, "serve", name, "--port", str(port), "--data-dir", str(data_dir), *args]
+    data = ["--data-dir", str(data_dir)] if keeps_files else []
+    command = [NEXRL, "serve", name, "--port", str(port), *data, *args]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
