@@ -12,6 +12,7 @@ import pluggy
 from nexrl_core.specs import (
     AdvantageEstimatorSpec,
     BackendSpec,
+    GroupEngineSpec,
     MetricsSinkSpec,
     PlacerSpec,
     PolicyLossSpec,
@@ -152,6 +153,19 @@ def nexrl_placers() -> list[PlacerSpec]:
 
     :return: the plugin's `PlacerSpec` records, looked up through ``get_placer(name)``
         and named by ``--placement`` of a service and ``backend.options.placement``.
+    """
+
+
+@hookspec
+def nexrl_group_engines() -> list[GroupEngineSpec]:
+    """Register what trains a local service's models on worker groups (``--workers N``).
+
+    Called once, when the registries are first built. The factory is called with the
+    spec's config class and returns a `nexrl_core.worker_groups.GroupEngines`; a service
+    uses the one active plugin's and refuses to start with workers when there is none.
+
+    :return: the plugin's `GroupEngineSpec` records (one is all a service can use),
+        opened through ``nexrl_core.worker_groups.open_group_engines()``.
     """
 
 

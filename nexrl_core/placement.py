@@ -25,6 +25,7 @@ import attrs
 
 __all__ = [
     "ENV_RANK_ADDRESS",
+    "LOCAL_PLACEMENT",
     "PlacedRanks",
     "PlacementError",
     "PlacementRequest",
@@ -40,6 +41,9 @@ ENV_RANK_ADDRESS = "NEXRL_WORKER_IP"
 """Set by every placer on every rank: the address of the rank's node that the other ranks
 and the driver reach it at, where a rank binds the sockets it serves."""
 
+LOCAL_PLACEMENT = "local"
+"""The placer of ranks on this machine (every socket on the loopback): what places a group
+whose caller names no placer. The plugin that starts ranks here registers it under this name."""
 
 
 class PlacementError(RuntimeError):

@@ -141,6 +141,14 @@ class PlacerSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
+class GroupEngineSpec(ComponentSpec):
+    """Registers what trains a local service's models on worker groups of ranks (see
+    `nexrl_core.worker_groups.GroupEngines`); the factory takes ``config_class`` options."""
+
+    kind: ClassVar[str] = "group_engine"
+
+
+@attrs.frozen(kw_only=True)
 class TaskSpec(ComponentSpec):
     """Registers a task (items plus agent, see `nexrl_core.tasks.Task`) by name."""
 

@@ -30,6 +30,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
         "transports": [],
         "services": [],
         "placers": [],
+        "group_engines": [],
         "tasks": [],
         "backends": [],
         "rollout_sources": [],

@@ -78,7 +78,7 @@ ALLOWED: dict[str, Row] = {
         "FSDP ranks and worker groups, the `direct-zmq` transport and workers' API, the `self-hosted` backend",
     ),
     "nexrl-service": Row(
-        "plugins/nexrl_service", "nexrl_service", "service runtime", (CORE, "nexrl-engine", "nexrl-fsdp"),
+        "plugins/nexrl_service", "nexrl_service", "service runtime", (CORE, "nexrl-engine"),
         "the local services' runtime: SQL store, futures, scheduler, sessions, auth, the engine pool, and what every "
         "local service's tests start it with",
     ),

@@ -17,6 +17,7 @@ def test_there_are_hooks() -> None:
     assert HOOKS == [
         "nexrl_advantage_estimators",
         "nexrl_backends",
+        "nexrl_group_engines",
         "nexrl_metrics_sinks",
         "nexrl_placers",
         "nexrl_policy_losses",

@@ -22,10 +22,7 @@ import attrs
 from nexrl_core.placement import PlacementError, PlacementRequest, RankPlace, log_tail
 from nexrl_fsdp.worker.loopback import LOOPBACK_ADDRESS
 
-__all__ = ["LOCAL_PLACEMENT", "LocalPlacer", "LocalPlacerOptions", "LocalRanks"]
-
-LOCAL_PLACEMENT = "local"
-"""The name this placer is registered under, and what places a group unless told otherwise."""
+__all__ = ["LocalPlacer", "LocalPlacerOptions", "LocalRanks"]
 
 _STOP_TIMEOUT_S = 15.0
 

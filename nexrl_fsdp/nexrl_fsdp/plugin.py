@@ -1,6 +1,6 @@
 """Entry-point module of nexrl-fsdp: registers the ``self-hosted`` backend, the
-``direct-zmq`` transport, the workers' API server (``nexrl serve workers``) and the
-``local`` placer.
+``direct-zmq`` transport, the workers' API server (``nexrl serve workers``), the
+``local`` placer and the engines a local service trains on with ``--workers N``.
 
 Imports nothing heavy: the backend is named by a string and loaded when chosen; its config
 class is torch-free.
@@ -9,10 +9,11 @@ class is torch-free.
 from __future__ import annotations
 
 from nexrl_core.hookspecs import hookimpl
+from nexrl_core.placement import LOCAL_PLACEMENT
 from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import BackendSpec, PlacerSpec, ServiceSpec, TransportSpec
+from nexrl_core.specs import BackendSpec, GroupEngineSpec, PlacerSpec, ServiceSpec, TransportSpec
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
-from nexrl_fsdp.local_placer import LOCAL_PLACEMENT, LocalPlacerOptions
+from nexrl_fsdp.local_placer import LocalPlacerOptions
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 
 
@@ -64,5 +65,17 @@ def nexrl_placers() -> list[PlacerSpec]:
             factory="nexrl_fsdp.local_placer:LocalPlacer",
             config_class=LocalPlacerOptions,
             description="worker ranks on this machine, every socket on 127.0.0.1 (the loopback launcher)",
+        )
+    ]
+
+
+@hookimpl
+def nexrl_group_engines() -> list[GroupEngineSpec]:
+    """Each model of a local service with ``--workers N`` on its own group of FSDP ranks."""
+    return [
+        GroupEngineSpec(
+            name="fsdp",
+            factory="nexrl_fsdp.group_engines:FsdpGroupEngines",
+            description="each training model of a local service on its own group of FSDP ranks (--workers N)",
         )
     ]

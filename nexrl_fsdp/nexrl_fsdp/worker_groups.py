@@ -1,12 +1,14 @@
 """A training model on its own worker group: `Engine`'s training operations, run by FSDP ranks.
 
 ``nexrl serve tinker --workers N`` gives every training model a group of N ranks under
-torchrun (`nexrl_fsdp.direct_zmq.launch.WorkerGroup`: the self-hosted backend's
-workers and transport). `WorkerGroupEngine` is what the engine pool hands the service
-for such a model instead of an `Engine`: the same calls (forward and forward_backward
-on Tinker datums with any registered loss, optim_step with every AdamW field, the
-training state saved and loaded in the engine's checkpoint format, weights exported for
-a sampler or a download), so the protocols, the store and the scheduler do not change.
+torchrun (`nexrl_fsdp.direct_zmq.launch.WorkerGroup`: the self-hosted backend's workers and
+transport). `WorkerGroupEngine` is what the engine pool gets for such a model instead of an
+`Engine`, through the core's seam (`nexrl_core.worker_groups`, which also defines the
+settings and restart records; `nexrl_fsdp.group_engines` is this package's side of it): the
+same calls (forward and forward_backward on Tinker datums with any registered loss,
+optim_step with every AdamW field, the training state saved and loaded in the engine's
+checkpoint format, weights exported for a sampler or a download), so the protocols, the
+store and the scheduler do not change.
 
 A sampler of the model's weights is fed from the group: rank 0 pushes the whole policy
 as raw frames into a `WeightsInbox` of this process, and the base model's sampling
@@ -46,11 +48,10 @@ import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.worker_groups import GroupHooks, GroupRestart, GroupSettings
 from nexrl_engine import checkpoint as ckpt
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
-from nexrl_core.placement import Placer
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
-from nexrl_fsdp.local_placer import LocalPlacer
 from nexrl_fsdp.direct_zmq.transport import OpRefused, WorkerGroupError, WorkerGroupLost
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_engine.engine import Engine, adam_settings
@@ -59,7 +60,7 @@ from nexrl_engine.loss_fns import LossFn, build_loss_fn, check_datums
 from nexrl_engine.config import TrainingSpec
 from nexrl_engine.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 
-__all__ = ["GroupHooks", "GroupRestart", "GroupSettings", "WorkerGroupEngine", "group_identifier"]
+__all__ = ["WorkerGroupEngine", "group_identifier"]
 
 log = logging.getLogger("nexrl_fsdp.worker_groups")
 
@@ -68,62 +69,6 @@ T = TypeVar("T")
 _LOST_GRACE_S = 5.0
 """After an op fails on a rank, how long to wait for the launcher to end the group (a
 peer that died fails the survivors' collectives before torchrun stops them)."""
-
-
-@attrs.frozen(kw_only=True)
-class GroupSettings:
-    """How a service's worker groups are started."""
-
-    ranks: int
-    """Ranks (processes) per group."""
-    threads_per_rank: int
-    """torch threads of each rank (``OMP_NUM_THREADS``)."""
-    log_dir: Path
-    """Each group's combined output goes to ``<log_dir>/<model id>.log``."""
-    connect_timeout_s: float = 300.0
-    """How long a new group may take to start and load the model."""
-    op_timeout_s: float = 600.0
-    """An op running longer is taken for a hung group (a rank stuck in a collective), which is restarted."""
-    heartbeat_s: float = 5.0
-    dead_after_s: float = 15.0
-    """A group whose ranks stop beating this long is dead, and restarted."""
-    save_every: int = attrs.field(default=10, validator=attrs.validators.ge(1))
-    """Save the model's state (with the optimizer) every this many optimizer steps, as
-    its restart point; the calls since are replayed after a restart, so a larger value
-    saves less often but keeps more steps' data and replays more."""
-    max_restarts: int = attrs.field(default=3, validator=attrs.validators.ge(0))
-    """Restarts one call may cause before it fails (the group keeps dying)."""
-    placer: Placer = attrs.field(factory=LocalPlacer)
-    """Starts each group's ranks (every group of the service, each restart too); its
-    owner closes it. This machine's loopback unless the service was given another."""
-
-
-@attrs.frozen
-class GroupRestart:
-    """One restart of a model's group: what was lost, what it came back from, how long it took."""
-
-    reason: str
-    restored_from: str | None
-    """The restart point loaded; None when the model went back to its initial weights."""
-    replayed: int
-    """Calls replayed on top of it."""
-    seconds: float
-    """From noticing the loss to the new group holding the model again."""
-    log_tail: str
-    """The end of the lost group's output."""
-
-
-@attrs.frozen(kw_only=True)
-class GroupHooks:
-    """What the owner of a group engine (a service) keeps of its restarts."""
-
-    autosave_dir: Path | None = None
-    """Where the engine saves its restart points (two alternating folders below it) and
-    its journal; None saves none: a restart then goes back to the last save or load the
-    client asked for, and a killed owner loses the calls since."""
-    on_saved: Callable[[Path], None] = lambda path: None
-    """Called with each restart point the engine saved itself."""
-    on_restart: Callable[[GroupRestart], None] = lambda restart: None
 
 
 @attrs.frozen

@@ -22,7 +22,9 @@ from nexrl_fsdp.direct_zmq.datums import datum_tensors, tensor_datums
 from nexrl_engine.lora import merged_copy
 from nexrl_engine.loss_fns import build_loss_fn, check_datums
 from nexrl_engine.config import TrainingSpec
-from nexrl_fsdp.worker_groups import GroupSettings, WorkerGroupEngine
+from nexrl_core.worker_groups import GroupSettings
+from nexrl_fsdp.local_placer import LocalPlacer
+from nexrl_fsdp.worker_groups import WorkerGroupEngine
 from nexrl_fsdp.worker.datum_ops import rank_shares
 
 BASE = "nexrl-tiny"
@@ -56,7 +58,7 @@ def base_sampler() -> Engine:
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory, base_sampler: Engine) -> Iterator[WorkerGroupEngine]:
-    settings = GroupSettings(ranks=2, threads_per_rank=1, log_dir=tmp_path_factory.mktemp("groups"))
+    settings = GroupSettings(ranks=2, threads_per_rank=1, log_dir=tmp_path_factory.mktemp("groups"), placer=LocalPlacer())
     engine = WorkerGroupEngine("group-test", TrainingSpec(BASE), "fp32", settings, lambda: base_sampler)
     try:
         yield engine
@@ -179,7 +181,7 @@ def test_a_lora_model_on_a_group_steps_saves_and_loads_as_the_engine(tmp_path: P
     states load into each other, and the group's sampler is the engine's merged model."""
     spec = TrainingSpec(BASE, lora=LoraSettings(rank=4, alpha=8.0), lora_seed=5)
     twin = Engine(spec.engine_config("fp32"))
-    settings = GroupSettings(ranks=2, threads_per_rank=1, log_dir=tmp_path / "logs")
+    settings = GroupSettings(ranks=2, threads_per_rank=1, log_dir=tmp_path / "logs", placer=LocalPlacer())
     group = WorkerGroupEngine("lora", spec, "fp32", settings, lambda: base_sampler)
     try:
         for seed in (4, 5):

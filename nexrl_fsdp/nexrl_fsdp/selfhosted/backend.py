@@ -36,7 +36,7 @@ from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.model_export import ModelExportError
-from nexrl_core.placement import PlacementError, Placer, is_loopback, open_placer
+from nexrl_core.placement import LOCAL_PLACEMENT, PlacementError, Placer, is_loopback, open_placer
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
 from nexrl_core.trainer import build_trainer
 from nexrl_core.types import Trajectory
@@ -49,7 +49,6 @@ from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 from nexrl_engine.loss_fns import build_loss_fn
 from nexrl_engine.recipe_checks import check_device, check_model_name
-from nexrl_fsdp.local_placer import LOCAL_PLACEMENT
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess

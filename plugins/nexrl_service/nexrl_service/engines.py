@@ -3,10 +3,11 @@
 * One engine per training model (full fine-tuning or LoRA, as its creation
   asked). It is built on first use: when the model is created, or after a restart from
   the model's last saved state. With worker groups (``--workers N``) a training model's
-  "engine" is a `WorkerGroupEngine` instead: the same calls, run by its own group of N
-  ranks. At most ``max_groups`` run at once: a create beyond that is refused
-  (`TooManyRequests`, naming the limit), and releasing a model stops its group; once
-  groups keep failing to start the same way, no more are started (`group_starts`).
+  "engine" is a group engine instead (`nexrl_core.worker_groups`, from whichever installed
+  plugin provides them): the same calls, run by its own group of N ranks. At most
+  ``max_groups`` run at once: a create beyond that is refused (`TooManyRequests`, naming
+  the limit), and releasing a model stops its group; once groups keep failing to start
+  the same way, no more are started (`group_starts`).
 * Sampling engines are keyed by the weights they serve (the base model, an exported
   HF directory, or a training-state directory on top of the base), so every sampler
   of the same weights shares one engine. The least recently used is dropped when
@@ -32,6 +33,7 @@ from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine.config import EngineConfig, TrainingSpec
 
 from nexrl_core.placement import PlacementUnavailable
+from nexrl_core.worker_groups import GroupEngines, GroupEngineSetup, GroupHooks, GroupSettings
 from nexrl_service.errors import RequestFailed, TooManyRequests
 from nexrl_service.group_starts import GroupStarts
 
@@ -83,10 +85,12 @@ class BaseModelInfo:
 
 @attrs.frozen(kw_only=True)
 class GroupLimits:
-    """Training models on worker groups (`nexrl_fsdp.worker_groups`)."""
+    """Training models on worker groups (`nexrl_core.worker_groups`)."""
 
-    settings: Any
-    """`GroupSettings`: ranks per group, threads per rank, where logs go."""
+    engines: GroupEngines
+    """The installed plugin's, which starts each model's group."""
+    settings: GroupSettings
+    """Ranks per group, threads per rank, where logs go, the placer."""
     max_groups: int
     """Most groups running at once."""
     gpus: int = 0
@@ -183,22 +187,28 @@ class EnginePool:
                     raise ModelReleased(f"model {model_id!r} was released (its session ended) while it was being loaded")
             return engine
 
-    def new_training_engine(self, model_id: str, spec: TrainingSpec, hooks: Any = None) -> Any:
-        """An `Engine` for the model, or with worker groups a `WorkerGroupEngine` (which
-        takes one of the places `reserve_group` hands out, and tells ``hooks``, a
-        `GroupHooks`, about its restart points and restarts)."""
+    def new_training_engine(self, model_id: str, spec: TrainingSpec, hooks: GroupHooks | None = None) -> Any:
+        """An `Engine` for the model, or with worker groups a group engine (which takes
+        one of the places `reserve_group` hands out, and tells ``hooks`` about its restart
+        points and restarts)."""
         if self.groups is None:
             return _new_engine(self._config(spec))
-        from nexrl_fsdp.worker_groups import WorkerGroupEngine
-
         refusal = self.group_starts.refusal()
         if refusal is not None:
             raise RequestFailed(refusal, "server")
         self.reserve_group(model_id)
         try:
-            engine = WorkerGroupEngine(
-                model_id, spec, self.dtype, self.groups.settings, lambda: self.sampler(WeightsRef("base")), hooks,
-                gpus=self.gpus_of(model_id), max_tokens_per_microbatch=self.max_tokens_per_microbatch,
+            engine = self.groups.engines.start(
+                GroupEngineSetup(
+                    model_id=model_id,
+                    training=spec,
+                    dtype=self.dtype,
+                    settings=self.groups.settings,
+                    base_sampler=lambda: self.sampler(WeightsRef("base")),
+                    hooks=hooks if hooks is not None else GroupHooks(),
+                    gpus=self.gpus_of(model_id),
+                    max_tokens_per_microbatch=self.max_tokens_per_microbatch,
+                )
             )
         except BaseException as exc:
             with self._lock:
@@ -330,8 +340,8 @@ class EnginePool:
         raise ValueError(f"unknown weights kind {ref.kind!r}")
 
     def loaded(self) -> list[Any]:
-        """Every engine loaded now: the training models' (`Engine` or `WorkerGroupEngine`)
-        and the cached samplers."""
+        """Every engine loaded now: the training models' (`Engine` or group engine) and
+        the cached samplers."""
         with self._lock:
             return [*self._training.values(), *self._samplers.values()]
 

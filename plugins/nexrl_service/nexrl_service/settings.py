@@ -81,7 +81,7 @@ class ServerSettings:
     batch_linger_max_s: float = 0.1
     workers: int = 0
     """Ranks per training model: 0 trains every model on an engine in this process, N
-    gives each its own worker group of N processes (`nexrl_fsdp.worker_groups`)."""
+    gives each its own worker group of N processes (`nexrl_core.worker_groups`)."""
     max_worker_groups: int = 4
     """With ``workers``: most worker groups at once; creating one more model is refused."""
     placement: str | None = None
@@ -89,12 +89,12 @@ class ServerSettings:
     placement_options: dict[str, Any] = attrs.field(factory=dict)
     worker_heartbeat_s: float = 5.0
     worker_dead_after_s: float = 15.0
-    """A group whose ranks stop beating this long is lost and restarted (`nexrl_fsdp.worker_groups`)."""
+    """A group whose ranks stop beating this long is lost and restarted (`nexrl_core.worker_groups`)."""
     worker_op_timeout_s: float = 600.0
     """A group op running longer is taken for a hung group and restarted."""
     worker_save_every: int = 10
     """A group model saves its restart point every this many optimizer steps and journals
-    the calls in between (`nexrl_fsdp.group_journal`)."""
+    the calls in between (`nexrl_core.worker_groups.GroupSettings.save_every`)."""
     worker_max_restarts: int = 3
     """Restarts of a model's group one request may cause before it fails."""
     sampler_cache_size: int = 4

@@ -28,6 +28,9 @@ __all__ = ["ServiceState", "warm_up_imports"]
 
 log = logging.getLogger("nexrl_service")
 
+WORKERS_EXTRA = "nexrl-service[workers]"
+"""What brings worker groups (``--workers N``) to a service installed without them."""
+
 
 def warm_up_imports() -> None:
     """Import the engine stack once on the starting thread.
@@ -47,21 +50,31 @@ def warm_up_imports() -> None:
 
 
 def _group_limits(settings: ServerSettings) -> GroupLimits | None:
-    """Worker groups for training models when ``settings.workers`` asks for them, each
-    rank with an equal share of this process's torch threads, placed by the placer
-    ``settings.placement`` names (opened here, so a placer that is not installed or a
-    cluster that is not there stops the service at start).
+    """Worker groups for training models when ``settings.workers`` asks for them, from the
+    installed plugin that provides them, each rank with an equal share of this process's
+    torch threads, placed by the placer ``settings.placement`` names. Both are opened here,
+    so a service without them, or a cluster that is not there, stops at start.
 
-    :raises ServiceStartError: naming ``--placement`` and why it cannot be used.
+    :raises ServiceStartError: naming ``--workers`` (and the extra that brings worker
+        groups) or ``--placement``, and why it cannot be used.
     """
     if settings.workers == 0:
         return None
     import torch
 
     from nexrl_core.config.errors import ConfigError
-    from nexrl_core.placement import PlacementError, is_loopback, open_placer
-    from nexrl_fsdp.local_placer import LOCAL_PLACEMENT
-    from nexrl_fsdp.worker_groups import GroupSettings
+    from nexrl_core.placement import LOCAL_PLACEMENT, PlacementError, is_loopback, open_placer
+    from nexrl_core.registry import RegistryError
+    from nexrl_core.worker_groups import GroupSettings, NoGroupEngines, open_group_engines
+
+    try:
+        engines = open_group_engines()
+    except NoGroupEngines as error:
+        reason = f"{error}; pip install '{WORKERS_EXTRA}' brings them"
+        message = f"--workers {settings.workers} trains each model on a worker group, but {reason}"
+        raise ServiceStartError(message, option="workers", reason=reason) from None
+    except RegistryError as error:
+        raise ServiceStartError(f"--workers {settings.workers}: {error}", option="workers", reason=str(error)) from None
 
     name = settings.placement or LOCAL_PLACEMENT
     try:
@@ -84,22 +97,8 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
         placer=placer,
     )
     # GPUs of this machine are handed out here only to ranks placed on it; a cluster's placer hands out its own.
-    gpus = worker_gpus() if is_loopback(placer.control_host()) else 0
-    return GroupLimits(settings=group, max_groups=settings.max_worker_groups, gpus=gpus)
-
-
-def worker_gpus() -> int:
-    """GPUs the ranks of worker groups would take: every CUDA device torch sees, unless
-    the ranks are told to stay on the CPU (``NEXRL_WORKER_DEVICE=cpu``)."""
-    import os
-
-    import torch
-
-    from nexrl_fsdp.worker.devices import ENV_WORKER_DEVICE
-
-    if os.environ.get(ENV_WORKER_DEVICE, "").strip().lower() == "cpu" or not torch.cuda.is_available():
-        return 0
-    return torch.cuda.device_count()
+    gpus = engines.local_gpus() if is_loopback(placer.control_host()) else 0
+    return GroupLimits(engines=engines, settings=group, max_groups=settings.max_worker_groups, gpus=gpus)
 
 
 class ServiceState:

@@ -199,7 +199,7 @@ class CheckpointRow(Base):
 
 
 class RestartRow(Base):
-    """A model's worker group was lost and restarted (`nexrl_fsdp.worker_groups`)."""
+    """A model's worker group was lost and restarted (`nexrl_core.worker_groups`)."""
 
     __tablename__ = "group_restarts"
 

@@ -19,7 +19,7 @@ group saves that state itself every ``worker_save_every`` optimizer steps and jo
 the calls that change it in between, so a restarted service rebuilds it as its client
 last saw it; a model in this process loses the steps taken since its client last saved,
 which the log says. A group that loses a rank restarts itself without losing anything
-(`nexrl_fsdp.worker_groups`).
+(`nexrl_core.worker_groups`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 from nexrl_core.config.lora import LoraSettings
+from nexrl_core.worker_groups import GroupHooks, GroupRestart
 
 from nexrl_engine.config import TrainingSpec
 from nexrl_service.engines import WeightsRef
@@ -113,8 +114,6 @@ class TrainingOps:
         """The model's engine; after a restart, rebuilt from its last saved state."""
 
         def build() -> Any:
-            from nexrl_fsdp.worker_groups import WorkerGroupEngine
-
             model = self.state.store.get_model(model_id)
             if model is None:
                 raise RequestFailed(f"model {model_id!r} no longer exists", "user")
@@ -129,7 +128,7 @@ class TrainingOps:
                     f"create a training client from a checkpoint instead",
                     "user",
                 )
-            if isinstance(engine, WorkerGroupEngine):
+            if self.state.engines.groups is not None:  # a group engine: its restart point, then its journal
                 replayed = engine.recover(model.state_dir or None, with_optimizer=model.state_has_optimizer)
                 log.warning(
                     "rebuilt the worker group of %s from %s and the %d calls journaled after it",
@@ -147,7 +146,6 @@ class TrainingOps:
     def _new_engine(self, model_id: str, spec: TrainingSpec) -> Any:
         """A training engine for the model; a worker group's restart points become the
         model's last state, and its restarts are recorded."""
-        from nexrl_fsdp.worker_groups import GroupHooks, GroupRestart
 
         def saved(path: Path) -> None:
             self.state.store.update_model(model_id, state_dir=str(path), state_has_optimizer=True)

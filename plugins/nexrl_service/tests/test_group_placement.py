@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_fsdp.worker_groups import GroupSettings
+from nexrl_core.placement import LOCAL_PLACEMENT, open_placer
+from nexrl_core.worker_groups import GroupSettings, open_group_engines
 from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
 from nexrl_service.errors import TooManyRequests
 
 
 def _pool(tmp_path: Path, gpus: int, ranks: int = 2) -> EnginePool:
-    settings = GroupSettings(ranks=ranks, threads_per_rank=1, log_dir=tmp_path)
-    return EnginePool(BaseModelInfo.load("nexrl-tiny"), 2, groups=GroupLimits(settings=settings, max_groups=8, gpus=gpus))
+    settings = GroupSettings(ranks=ranks, threads_per_rank=1, log_dir=tmp_path, placer=open_placer(LOCAL_PLACEMENT, {}, "placement"))
+    limits = GroupLimits(engines=open_group_engines(), settings=settings, max_groups=8, gpus=gpus)
+    return EnginePool(BaseModelInfo.load("nexrl-tiny"), 2, groups=limits)
 
 
 def test_each_group_takes_gpus_of_its_own_and_one_that_does_not_fit_is_refused(tmp_path: Path) -> None:
