@@ -357,7 +357,7 @@ COMPONENTS: dict[str, Entry] = {
     ),
     "backend.options.max_restarts [self-hosted]": per_backend(
         self_hosted=(
-            "tests/test_resume_real.py::test_any_killed_process_of_the_group_is_restarted_and_the_run_matches_an_uninterrupted_one",
+            "tests/test_resume_real.py::test_any_killed_process_of_the_run_is_restarted_and_the_run_matches_an_uninterrupted_one",
             "tests/test_resume_real.py::test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line",
         )
     ),

@@ -89,12 +89,23 @@ def straight_run(tmp_path_factory: pytest.TempPathFactory) -> StraightRun:
     return run
 
 
+VALIDATED = 6
+VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
+"""Validation at steps 0, 3 and 6 (with a checkpoint at 4): killed runs cross both."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["remote_api", "inprocess", "self-hosted"])
-def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(tmp_path: Path, backend: str, straight_run: StraightRun) -> None:
-    straight, resumed = straight_run(backend), tmp_path / "resumed"
-    kill_after_checkpoint(resumed, backend)
-    done = subprocess.run(command(resumed, backend, "--resume"), capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize(
+    ("backend", "extra"), [("remote_api", ()), ("inprocess", ()), ("self-hosted", (VALIDATE,))], ids=["remote_api", "inprocess", "self-hosted"]
+)
+def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(
+    tmp_path: Path, backend: str, extra: tuple[str, ...], straight_run: StraightRun
+) -> None:
+    """(The self-hosted runs validate, so their uninterrupted run is the one the healing
+    tests compare with: it is made once.)"""
+    straight, resumed = straight_run(backend, *extra), tmp_path / "resumed"
+    kill_after_checkpoint(resumed, backend, *extra)
+    done = subprocess.run(command(resumed, backend, *extra, "--resume"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     expected, got = training_rows(straight), training_rows(resumed)
@@ -169,47 +180,53 @@ HEALING = ("backend.options.heartbeat_s=0.5", "backend.options.dead_after_s=3")
 """Notice a dead rank within seconds (results do not depend on it)."""
 
 
-def after_step(step: int) -> Callable[[Path], bool]:
-    """A kill moment: step ``step``'s row is logged (the next step's rollouts, and its
-    validation where one is due, run meanwhile)."""
-    return lambda out_dir: step in (training_rows(out_dir) if (out_dir / "metrics.jsonl").exists() else {})
+Moment = Callable[[Path], bool]
+"""When to kill, judged from the run's output folder."""
+Victim = Callable[[str], int]
+"""Which process to kill: its pid among the processes carrying the run's marker."""
 
 
-def during_save(step: int) -> Callable[[Path], bool]:
+def after_step(step: int, restarts: int = 0) -> Moment:
+    """A kill moment: step ``step``'s row is logged by the run after its ``restarts``-th
+    restart (the next step's rollouts, and its validation where one is due, run meanwhile)."""
+
+    def logged(out_dir: Path) -> bool:
+        row = training_rows(out_dir).get(step) if (out_dir / "metrics.jsonl").exists() else None
+        return row is not None and row.get(RESTARTS_METRIC, 0) == restarts
+
+    return logged
+
+
+def during_save(step: int) -> Moment:
     """A kill moment: the background save of step ``step``'s checkpoint has begun."""
     return lambda out_dir: (out_dir / "backend" / "checkpoints" / f"step_{step:06d}").exists()
 
 
-def run_and_kill(
-    out_dir: Path, backend: str, victim: Callable[[str], int], *extra: str, moment: Callable[[Path], bool] = after_step(CHECKPOINT + 1)
-) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Run the quickstart on ``backend``; at ``moment`` (by default once step CHECKPOINT + 1
-    is logged), SIGKILL the process ``victim`` picks among the run's; returns the finished
-    run and the marker of its processes."""
+def run_and_kill(out_dir: Path, backend: str, kills: list[tuple[Victim, Moment]], *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the quickstart on ``backend``; at each moment of ``kills`` in turn, SIGKILL the
+    process its victim picks among the run's; returns the finished run and the marker of
+    its processes. The output goes to a file: a pipe nobody reads while the run goes on
+    would block the run once its buffer is full."""
     marker = f"NEXRL_TEST_RUN={uuid.uuid4().hex}"
     name, _, value = marker.partition("=")
-    process = subprocess.Popen(
-        command(out_dir, backend, *extra),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, name: value},
-    )
+    log = out_dir.parent / f"{out_dir.name}.log"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as written:
+        process = subprocess.Popen(command(out_dir, backend, *extra), stdout=written, stderr=subprocess.STDOUT, env={**os.environ, name: value})
     try:
-        deadline = time.monotonic() + 300
-        while not moment(out_dir):
-            assert process.poll() is None, "the run ended before its process could be killed"
-            assert time.monotonic() < deadline, "the moment to kill did not come within 300 s"
-            time.sleep(0.02)
-        os.kill(victim(marker), signal.SIGKILL)
-        output, _ = process.communicate(timeout=600)
+        deadline = time.monotonic() + 300 * len(kills)
+        for victim, moment in kills:
+            while not moment(out_dir):
+                assert process.poll() is None, "the run ended before its process could be killed: " + log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the moment to kill did not come in time: " + log.read_text()[-3000:]
+                time.sleep(0.02)
+            os.kill(victim(marker), signal.SIGKILL)
+        process.wait(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    return subprocess.CompletedProcess(process.args, process.returncode, output, ""), marker
-
-
-VALIDATED = 6
-VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
-"""Validation at steps 0, 3 and 6 (with a checkpoint at 4): killed runs cross both."""
+    return subprocess.CompletedProcess(process.args, process.returncode, log.read_text(), ""), marker
 
 
 @pytest.fixture(scope="module")
@@ -226,11 +243,13 @@ def all_rows(out_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def assert_healed_once_and_matches(done: subprocess.CompletedProcess[str], marker: str, straight: Path, healed: Path) -> None:
-    """The run finished after one restart, left no process, and every step's numbers
-    (validation included) equal the uninterrupted run's."""
+def assert_healed_and_matches(done: subprocess.CompletedProcess[str], marker: str, straight: Path, healed: Path, kills: int) -> None:
+    """The run finished after one restart per kill, left no process, and every step's
+    numbers (validation included) equal the uninterrupted run's."""
     assert done.returncode == 0, done.stdout[-4000:]
-    assert done.stdout.count("restart 1:") == 1 and "restart 2:" not in done.stdout, done.stdout[-4000:]
+    for restart in range(1, kills + 1):
+        assert done.stdout.count(f"restart {restart}:") == 1, done.stdout[-4000:]
+    assert f"restart {kills + 1}:" not in done.stdout, done.stdout[-4000:]
     assert not processes_with(marker)
     expected, got = all_rows(straight), all_rows(healed)
     assert sorted(got) == sorted(expected)
@@ -242,47 +261,38 @@ def assert_healed_once_and_matches(done: subprocess.CompletedProcess[str], marke
             elif key.startswith("train/"):
                 assert got[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), f"step {step} {key}"
     restarts = [got[step].get(RESTARTS_METRIC, 0) for step in range(1, STEPS + 1)]
-    assert restarts == sorted(restarts) and restarts[-1] == 1 and set(restarts) <= {0, 1}, f"one restart, from its step on: {restarts}"
+    assert restarts == sorted(restarts) and restarts[-1] == kills, f"one restart per kill, each from its step on: {restarts}"
+
+
+KILLS: list[tuple[Victim, Moment]] = [
+    (last_rank, during_save(CHECKPOINT)),
+    (last_watchdog, after_step(VALIDATED - 1, restarts=1)),
+    (launcher, after_step(VALIDATED, restarts=2)),
+    (sampler_process, after_step(VALIDATED + 1, restarts=3)),
+]
+"""Every kind of process a self-hosted run starts, each killed once, in one run: a rank
+while the workers save a checkpoint; the watchdog that beats for a rank (which leaves the
+rank alive but unwatched) during the rollouts of a step that validates; the launcher
+(whose end the watchdogs answer by ending the ranks) right after that step; the sampler
+process, whose death reaches the loop as failed agent runs."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("victim", "moment"),
-    [(last_rank, during_save(CHECKPOINT)), (last_watchdog, after_step(VALIDATED - 1)), (launcher, after_step(VALIDATED))],
-    ids=["a-rank-during-a-checkpoint-save", "its-watchdog-before-a-validation-step", "the-launcher-after-a-validation-step"],
-)
-def test_any_killed_process_of_the_group_is_restarted_and_the_run_matches_an_uninterrupted_one(
-    uninterrupted_validated: Path, tmp_path: Path, victim: Callable[[str], int], moment: Callable[[Path], bool]
-) -> None:
-    """Whichever of the group's processes dies (a rank; the watchdog that beats for one,
-    which leaves the rank alive but unwatched; the launcher, whose end the watchdogs
-    answer by ending the ranks), and whenever (while the workers save a checkpoint, during
-    the rollouts of a step that validates, right after one), the run replaces the group
+def test_any_killed_process_of_the_run_is_restarted_and_the_run_matches_an_uninterrupted_one(uninterrupted_validated: Path, tmp_path: Path) -> None:
+    """Whichever of the run's processes dies, and whenever, the run replaces what died
     once, from the last complete checkpoint, and every step's numbers (validation
-    included) equal the uninterrupted run's."""
+    included) equal the uninterrupted run's. The restarts it may make, it makes."""
     healed = tmp_path / "healed"
-    # the one restart it may make, it makes
-    done, marker = run_and_kill(healed, "self-hosted", victim, *HEALING, VALIDATE, "backend.options.max_restarts=1", moment=moment)
-    assert_healed_once_and_matches(done, marker, uninterrupted_validated, healed)
-
-
-@pytest.mark.slow
-def test_a_killed_sampler_process_is_restarted_and_the_run_matches_an_uninterrupted_one(
-    uninterrupted_validated: Path, tmp_path: Path
-) -> None:
-    """The sampler's death reaches the loop as failed agent runs (their sampling calls
-    meet a dead process); the backend names it, and the loop restarts it."""
-    healed = tmp_path / "healed"
-    done, marker = run_and_kill(healed, "self-hosted", sampler_process, *HEALING, VALIDATE)
+    done, marker = run_and_kill(healed, "self-hosted", KILLS, *HEALING, VALIDATE, f"backend.options.max_restarts={len(KILLS)}")
     assert "the sampler process" in done.stdout and "is dead" in done.stdout, done.stdout[-4000:]
-    assert_healed_once_and_matches(done, marker, uninterrupted_validated, healed)
+    assert_healed_and_matches(done, marker, uninterrupted_validated, healed, kills=len(KILLS))
 
 
 @pytest.mark.slow
 def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> None:
     """remote_api cannot restart the service it embeds (its models' state is the
     service's); it names the dead service and the --resume command, without a traceback."""
-    done, marker = run_and_kill(tmp_path / "run", "remote_api", embedded_service, "backend.options.holder.max_retries=1")
+    done, marker = run_and_kill(tmp_path / "run", "remote_api", [(embedded_service, after_step(CHECKPOINT + 1))], "backend.options.holder.max_retries=1")
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
@@ -293,7 +303,7 @@ def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line(tmp_path: Path) -> None:
-    done, marker = run_and_kill(tmp_path / "run", "self-hosted", last_rank, *HEALING, "backend.options.max_restarts=0")
+    done, marker = run_and_kill(tmp_path / "run", "self-hosted", [(last_rank, after_step(CHECKPOINT + 1))], *HEALING, "backend.options.max_restarts=0")
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
