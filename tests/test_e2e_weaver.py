@@ -31,7 +31,14 @@ def _train(out: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.slow
-def test_shortened_weaver_quickstart_raises_validation_reward(tmp_path: Path) -> None:
+def test_shortened_weaver_quickstart_raises_validation_reward_leaves_the_final_model_and_resumes(tmp_path: Path) -> None:
+    """The run ends by exporting through the Weaver API (``export_weights`` +
+    ``download_weights``): a trained model plain transformers loads, and ``nexrl export``
+    of the last checkpoint writes the same files. Then it resumes for one more step."""
+    from nexrl_engine.loading import resolve_model_dir
+
+    from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+
     out = tmp_path / "run"
     completed = _train(out, tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -43,26 +50,6 @@ def test_shortened_weaver_quickstart_raises_validation_reward(tmp_path: Path) ->
     assert (out / "reward_curve.png").stat().st_size > 0
     assert (out / "backend" / "service" / "weaver.db").exists()
 
-    resumed = _train(out, tmp_path, "schedule.steps=7", "--resume")
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert 7 in steps
-
-
-@pytest.mark.slow
-def test_shortened_weaver_quickstart_leaves_the_final_model(tmp_path: Path) -> None:
-    """The run ends by exporting through the Weaver API (``export_weights`` +
-    ``download_weights``): a trained model plain transformers loads, and ``nexrl export``
-    of the last checkpoint writes the same files."""
-    from nexrl_engine.loading import resolve_model_dir
-
-    from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
-
-    out = tmp_path / "run"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("WEAVER_")}
-    command = [NEXRL, "train", str(RECIPE), "schedule.steps=2", "task.val_size=8", f"output.dir={out}", "--no-progress"]
-    completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
     final = out / "final_model"
     model, tokenizer = load_exported(final)
     assert tokenizer.chat_template
@@ -72,9 +59,15 @@ def test_shortened_weaver_quickstart_leaves_the_final_model(tmp_path: Path) -> N
     base, _ = load_exported(resolve_model_dir("nexrl-tiny"))
     assert sequence_logprobs(model, tokens) != pytest.approx(sequence_logprobs(base, tokens), abs=1e-5), "the export must be trained"
 
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WEAVER_")}
     exported = subprocess.run([NEXRL, "export", str(out)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert exported.returncode == 0, exported.stdout + exported.stderr
     again = Path(exported.stdout.strip().splitlines()[-1])
     names = sorted(str(path.relative_to(final)) for path in final.rglob("*") if path.is_file())
     assert names == sorted(str(path.relative_to(again)) for path in again.rglob("*") if path.is_file())
     assert (final / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+
+    resumed = _train(out, tmp_path, "schedule.steps=7", "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 7 in steps
