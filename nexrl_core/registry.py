@@ -51,7 +51,7 @@ CORE_DISTRIBUTION = "nexrl"
 """The distribution of the core, whose extras name the plugins one can add to it."""
 
 
-def _install_hint(name: str) -> str | None:
+def install_hint(name: str) -> str | None:
     """``pip install 'nexrl[NAME]'`` when the core distribution has an extra called like
     the missing component (its extras are how optional plugins are installed), else None."""
     from importlib import metadata
@@ -113,7 +113,7 @@ class Registry:
         close = difflib.get_close_matches(name, self.names(kind), n=1)
         if close:
             lines.append(f"Did you mean {close[0]!r}?")
-        provider = _install_hint(name)
+        provider = install_hint(name)
         if provider is not None:
             lines.append(f"{name!r} is provided by an extra of NexRL: pip install '{provider}'.")
         broken = [f"{info.name} ({info.error})" for info in self.plugins.infos if info.error]

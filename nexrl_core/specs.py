@@ -8,6 +8,7 @@ module stays cheap even when the implementation needs torch or a network SDK.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any, Callable, ClassVar, Union
 
 import attrs
@@ -141,11 +142,29 @@ class PlacerSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
+class RankCommand:
+    """How a person starts one rank of a plugin's worker groups by hand: ``torchrun ... -m
+    MODULE FLAGS``. The plugin that runs the ranks states it, so the core can write such
+    lines (``nexrl convert-v1 --launch``) without naming the plugin's module, and refuses
+    exactly the values the rank itself would refuse, with the rank's own reasons."""
+
+    module: str = attrs.field(validator=attrs.validators.matches_re(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"))
+    """The ``python -m`` module of one rank."""
+    choices: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """Flags the rank takes with these values only, e.g. ``{"--dispatch-mode": ("scatter",)}``."""
+    refused: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    """For a flag of ``choices``, values the rank refuses by name, each with why."""
+
+
+@attrs.frozen(kw_only=True)
 class GroupEngineSpec(ComponentSpec):
     """Registers what trains a local service's models on worker groups of ranks (see
     `nexrl_core.worker_groups.GroupEngines`); the factory takes ``config_class`` options."""
 
     kind: ClassVar[str] = "group_engine"
+
+    rank_command: RankCommand | None = None
+    """How the groups' ranks are started by hand, when they can be (see `RankCommand`)."""
 
 
 @attrs.frozen(kw_only=True)

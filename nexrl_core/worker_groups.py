@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 
 from nexrl_core.placement import Placer
-from nexrl_core.registry import RegistryError, get_registry
+from nexrl_core.registry import Registry, RegistryError, get_registry
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.specs import GroupEngineSpec, RankCommand
 
 __all__ = [
     "GroupEngine",
@@ -30,6 +31,7 @@ __all__ = [
     "GroupSettings",
     "NoGroupEngines",
     "open_group_engines",
+    "rank_command",
 ]
 
 
@@ -149,6 +151,32 @@ class NoGroupEngines(RegistryError):
     """No active plugin trains models on worker groups."""
 
 
+def _the_group_engines(registry: Registry) -> GroupEngineSpec | None:
+    """The one active plugin's `GroupEngineSpec`, or None when no plugin registers one.
+
+    :raises RegistryError: when several do: which one trains is not NexRL's guess.
+    """
+    names = registry.names("group_engines")
+    if len(names) > 1:
+        providers = ", ".join(f"{name} (from {registry.providers[('group_engines', name)]})" for name in names)
+        raise RegistryError(f"several plugins train models on worker groups: {providers}; disable all but one with NEXRL_DISABLE_PLUGINS")
+    if not names:
+        return None
+    return cast(GroupEngineSpec, registry.find_spec("group_engines", names[0]))
+
+
+def _none_provides(registry: Registry, what: str, reason: str) -> NoGroupEngines:
+    """`NoGroupEngines` for ``what``, with ``reason`` and which plugins are disabled or broken
+    (a broken or disabled plugin is the usual reason nothing provides it)."""
+    why = [reason]
+    broken = [info.name for info in registry.plugins.infos if info.error] + sorted(registry.hook_errors)
+    if broken:
+        why.append(f"failed to load: {', '.join(broken)}")
+    if registry.plugins.disabled:
+        why.append(f"disabled by NEXRL_DISABLE_PLUGINS: {', '.join(sorted(registry.plugins.disabled))}")
+    return NoGroupEngines(f"no installed plugin provides {what} ({'; '.join(why)})")
+
+
 def open_group_engines() -> GroupEngines:
     """The group engines of the one active plugin that registers them.
 
@@ -156,16 +184,25 @@ def open_group_engines() -> GroupEngines:
     :raises RegistryError: when several do: which one trains is not NexRL's guess.
     """
     registry = get_registry()
-    names = registry.names("group_engines")
-    if len(names) > 1:
-        providers = ", ".join(f"{name} (from {registry.providers[('group_engines', name)]})" for name in names)
-        raise RegistryError(f"several plugins train models on worker groups: {providers}; disable all but one with NEXRL_DISABLE_PLUGINS")
-    if not names:
-        why = ["none registers nexrl_group_engines"]
-        broken = [info.name for info in registry.plugins.infos if info.error] + sorted(registry.hook_errors)
-        if broken:
-            why.append(f"failed to load: {', '.join(broken)}")
-        if registry.plugins.disabled:
-            why.append(f"disabled by NEXRL_DISABLE_PLUGINS: {', '.join(sorted(registry.plugins.disabled))}")
-        raise NoGroupEngines(f"no installed plugin provides worker groups ({'; '.join(why)})")
-    return registry.find_spec("group_engines", names[0]).build()
+    spec = _the_group_engines(registry)
+    if spec is None:
+        raise _none_provides(registry, "worker groups", "none registers nexrl_group_engines")
+    return spec.build()
+
+
+def rank_command() -> RankCommand:
+    """How the ranks of the active plugin's worker groups are started by hand, read from its
+    `GroupEngineSpec` so that whoever writes such a line names no plugin's module.
+
+    :raises NoGroupEngines: when no plugin registers group engines, or its spec has no
+        `RankCommand` (saying which plugins are disabled or broken).
+    :raises RegistryError: when several plugins register group engines.
+    """
+    registry = get_registry()
+    spec = _the_group_engines(registry)
+    if spec is None:
+        raise _none_provides(registry, "worker ranks", "none registers nexrl_group_engines")
+    if spec.rank_command is None:
+        provider = registry.providers[("group_engines", spec.name)]
+        raise _none_provides(registry, "worker ranks", f"the group engines {spec.name!r} of {provider} name no rank command")
+    return spec.rank_command

@@ -26,6 +26,7 @@ from click.testing import CliRunner
 from nexrl_core.cli import cli
 from nexrl_core.config import ConfigError, load_config
 from nexrl_core.config.env_refs import resolve_env_refs
+from nexrl_core.registry import reset_registry
 from nexrl_core.v1.compose import V1RecipeError, read_v1_recipe
 from nexrl_core.v1.convert import Conversion, convert_v1_recipe
 from nexrl_core.v1.docs import render_page
@@ -466,8 +467,8 @@ def test_each_converted_worker_line_is_one_the_worker_takes(line: str) -> None:
             [
                 "nexrl.train_service_backend.distributed.worker_process: unknown v1 flag --offload 1",
                 "nexrl.train_service_backend.distributed.worker_process: --dispatch-mode broadcast is not supported: NexRL's ranks never get "
-                "a whole batch each: rank 0 scatters each batch's rows over the ranks (v1's own client refused broadcast groups too); "
-                "use --dispatch-mode scatter",
+                "a whole batch each: rank 0 takes it from the driver and scatters its rows over the ranks (v1's own client refused "
+                "broadcast groups too); use --dispatch-mode scatter",
                 "nexrl.train_service_backend.distributed.worker_process: --backend megatron is not supported; NexRL's worker accepts fsdp",
             ],
         ),
@@ -499,6 +500,32 @@ def test_what_a_launch_line_cannot_carry_is_named_and_nothing_is_printed(line: s
     assert result.exit_code == 2
     assert result.stdout == "", "not even the lines that converted: the launch is run whole or not at all"
     assert result.stderr.splitlines() == [f"nexrl convert-v1: {problem}" for problem in problems]
+
+
+@pytest.mark.parametrize(
+    ("line", "fix"),
+    [
+        (SEED_WORKER_LINE, "pip install 'nexrl[fsdp]' brings them"),
+        (list(LAUNCH_GOLDEN)[-1], "pip install the NexRL extra named like v1's --backend (pip install 'nexrl[BACKEND]')"),
+    ],
+    ids=["with-backend", "without-backend"],
+)
+def test_without_a_plugin_that_runs_ranks_a_worker_line_says_what_to_install(monkeypatch: pytest.MonkeyPatch, line: str, fix: str) -> None:
+    """The rank's module is the installed plugin's fact, never the core's guess: with none,
+    a worker line is refused naming the extra of NexRL that v1's ``--backend`` names."""
+    monkeypatch.setenv("NEXRL_DISABLE_PLUGINS", "fsdp")
+    reset_registry()
+    try:
+        result = CliRunner().invoke(cli, ["convert-v1", "--launch", line])
+    finally:
+        reset_registry()
+    assert result.exit_code == 2 and result.stdout == ""
+    (problem,) = result.stderr.splitlines()
+    assert problem.startswith(
+        "nexrl convert-v1: nexrl.train_service_backend.distributed.worker_process: no installed plugin provides worker ranks "
+        "(none registers nexrl_group_engines; disabled by NEXRL_DISABLE_PLUGINS: fsdp); "
+    )
+    assert fix in problem
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,14 @@ v1 was started with three lines (the design documents show them): the trainer
 (``python -m nexrl.train_service_backend.api.api_server --host H --port P``) and the worker
 ranks (``torchrun ... -m nexrl.train_service_backend.distributed.worker_process ...``).
 Each becomes what does the same job here: the recipe converted and trained, ``nexrl serve
-workers`` and ``torchrun ... -m nexrl_fsdp.worker``, whose flags keep v1's meaning. Every
-flag is either carried or named as a problem (unknown, or a value NexRL cannot honour),
-so nothing on a v1 line is silently lost. Environment assignments before the program
-(``API_SERVER_URL=... torchrun ...``) stay in front of the line that reads them.
+workers`` and ``torchrun ... -m MODULE``, MODULE the rank of the installed plugin that runs
+worker groups, whose flags keep v1's meaning. That module and the values its flags accept
+are the plugin's facts, read from its `nexrl_core.specs.RankCommand`
+(`nexrl_core.worker_groups.rank_command`), so the core names no plugin and refuses exactly
+what the rank would. Every flag is either carried or named as a problem (unknown, or a
+value NexRL cannot honour), so nothing on a v1 line is silently lost. Environment
+assignments before the program (``API_SERVER_URL=... torchrun ...``) stay in front of the
+line that reads them.
 """
 
 from __future__ import annotations
@@ -16,23 +20,22 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+
+import attrs
+
+from nexrl_core.registry import RegistryError, install_hint
+from nexrl_core.specs import RankCommand
+from nexrl_core.worker_groups import NoGroupEngines, rank_command
 
 __all__ = ["LaunchConversion", "LaunchError", "convert_launch"]
 
 V1_MAIN = "nexrl.main"
 V1_API_SERVER = "nexrl.train_service_backend.api.api_server"
 V1_WORKER = "nexrl.train_service_backend.distributed.worker_process"
-WORKER = "nexrl_fsdp.worker"
 
-WORKER_VALUES: dict[str, tuple[str, ...]] = {"--backend": ("fsdp",), "--dispatch-mode": ("scatter",)}
-"""The v1 worker flags NexRL's worker accepts with these values only (`nexrl_fsdp.worker.arguments`)."""
-REFUSED_WORKER_VALUES: dict[tuple[str, str], str] = {
-    ("--dispatch-mode", "broadcast"): "NexRL's ranks never get a whole batch each: rank 0 scatters each batch's rows "
-    "over the ranks (v1's own client refused broadcast groups too); use --dispatch-mode scatter",
-}
-WORKER_FLAGS = ("--api-server-url", "--identifier", *WORKER_VALUES)
+WORKER_FLAGS = ("--api-server-url", "--identifier", "--backend", "--dispatch-mode")
+"""v1's worker flags; the values the rank accepts for each are its plugin's (`RankCommand.choices`)."""
 SERVER_FLAGS = ("--host", "--port")
 MAIN_FLAGS = {"--config-path": "--config-path", "-cp": "--config-path", "--config-name": "--config-name", "-cn": "--config-name"}
 """Hydra's flags v1's trainer was given, long and short, by their long name."""
@@ -50,7 +53,7 @@ class LaunchError(ValueError):
         self.problems = problems
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class LaunchConversion:
     """The NexRL command lines for one v1 line, in the order to run them, and what to know."""
 
@@ -62,15 +65,15 @@ class LaunchConversion:
         return [shlex.join(command) for command in self.commands]
 
 
-@dataclass
+@attrs.define
 class _Flags:
     """A program's ``--flag value`` / ``--flag=value`` arguments in order, its other words,
     and what was wrong."""
 
     program: str
-    values: list[tuple[str, str]] = field(default_factory=list)
-    words: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    values: list[tuple[str, str]] = attrs.field(factory=list)
+    words: list[str] = attrs.field(factory=list)
+    problems: list[str] = attrs.field(factory=list)
 
     def get(self, flag: str) -> str | None:
         return next((value for name, value in self.values if name == flag), None)
@@ -144,16 +147,38 @@ def _api_server(launcher: list[str], env: list[str], args: list[str]) -> LaunchC
     return LaunchConversion(commands=((*env, "nexrl", "serve", "workers", *flags.carried()),), notes=(KEY_NOTE,))
 
 
+def _rank_command(line: str, backend: str | None) -> RankCommand:
+    """The installed plugin's `RankCommand`, or a `LaunchError` saying none provides worker
+    ranks and what to install: the extra of NexRL named like v1's ``--backend`` when the
+    core distribution has one (`install_hint`), the plugin's own name being no core fact."""
+    try:
+        return rank_command()
+    except NoGroupEngines as error:
+        extra = install_hint(backend) if backend is not None else None
+        if extra is not None:
+            fix = f"pip install '{extra}' brings them"
+        else:
+            fix = "pip install the NexRL extra named like v1's --backend (pip install 'nexrl[BACKEND]'); nexrl plugins lists what is installed"
+        raise LaunchError(line, [f"{V1_WORKER}: {error}; {fix}"]) from None
+    except RegistryError as error:
+        raise LaunchError(line, [f"{V1_WORKER}: {error}"]) from None
+
+
 def _worker(launcher: list[str], env: list[str], args: list[str]) -> LaunchConversion:
-    """v1's worker ranks: ``nexrl_fsdp.worker`` under the same launcher, v1's flags kept."""
+    """v1's worker ranks: the installed plugin's rank module under the same launcher, v1's
+    flags kept, each value checked against what that rank accepts."""
     flags = _flags(V1_WORKER, args, {flag: flag for flag in WORKER_FLAGS})
+    command = _rank_command(shlex.join([*env, *launcher, *args]), flags.get("--backend"))
     _strays(flags)
     for name, value in flags.values:
-        refused = REFUSED_WORKER_VALUES.get((name, value))
-        if refused is not None:
-            flags.problems.append(f"{V1_WORKER}: {name} {value} is not supported: {refused}")
-        elif name in WORKER_VALUES and value not in WORKER_VALUES[name]:
-            flags.problems.append(f"{V1_WORKER}: {name} {value} is not supported; NexRL's worker accepts {', '.join(WORKER_VALUES[name])}")
+        accepted = command.choices.get(name)
+        if accepted is None or value in accepted:
+            continue
+        why = command.refused.get(name, {}).get(value)
+        if why is not None:
+            flags.problems.append(f"{V1_WORKER}: {name} {value} is not supported: {why}; use {name} {' or '.join(accepted)}")
+        else:
+            flags.problems.append(f"{V1_WORKER}: {name} {value} is not supported; NexRL's worker accepts {', '.join(accepted)}")
     if flags.get("--identifier") is None:
         flags.problems.append(f"{V1_WORKER}: give --identifier, the worker group's name (the recipe's backend.options.identifier)")
     if flags.problems:
@@ -161,7 +186,7 @@ def _worker(launcher: list[str], env: list[str], args: list[str]) -> LaunchConve
     notes = [KEY_NOTE]
     if flags.get("--api-server-url") is None:
         notes.append("the ranks read the API server from API_SERVER_URL, as v1's did (a URL, HOST:PORT or a host, then port 8000)")
-    return LaunchConversion(commands=((*env, *launcher, "-m", WORKER, *flags.carried()),), notes=tuple(notes))
+    return LaunchConversion(commands=((*env, *launcher, "-m", command.module, *flags.carried()),), notes=tuple(notes))
 
 
 _MODULES: dict[str, Callable[[list[str], list[str], list[str]], LaunchConversion]] = {

@@ -1,6 +1,7 @@
 """Entry-point module of nexrl-fsdp: registers the ``self-hosted`` backend, the
 ``direct-zmq`` transport, the workers' API server (``nexrl serve workers``), the
-``local`` placer and the engines a local service trains on with ``--workers N``.
+``local`` placer and the engines a local service trains on with ``--workers N`` (with how
+their ranks are started by hand, `nexrl_fsdp.worker.arguments.RANK_COMMAND`).
 
 Imports nothing heavy: the backend is named by a string and loaded when chosen; its config
 class is torch-free.
@@ -15,6 +16,7 @@ from nexrl_core.specs import BackendSpec, GroupEngineSpec, PlacerSpec, ServiceSp
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.local_placer import LocalPlacerOptions
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
+from nexrl_fsdp.worker.arguments import RANK_COMMAND
 
 
 @hookimpl
@@ -77,5 +79,6 @@ def nexrl_group_engines() -> list[GroupEngineSpec]:
             name="fsdp",
             factory="nexrl_fsdp.group_engines:FsdpGroupEngines",
             description="each training model of a local service on its own group of FSDP ranks (--workers N)",
+            rank_command=RANK_COMMAND,
         )
     ]

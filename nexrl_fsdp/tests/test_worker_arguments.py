@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from nexrl_fsdp.worker.arguments import ENV_API_SERVER_URL, WorkerArguments, parse_arguments
+from nexrl_core.plugins import load_plugins
+from nexrl_core.registry import build_registry
+from nexrl_core.specs import GroupEngineSpec
+from nexrl_fsdp.worker.arguments import ENV_API_SERVER_URL, RANK_COMMAND, WorkerArguments, parse_arguments
 
 
 def refusal(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str]) -> str:
@@ -73,3 +76,13 @@ def test_a_value_the_ranks_cannot_honour_is_refused_by_name(capsys: pytest.Captu
     assert message in error
     if value == "broadcast":
         assert "scatters its rows over the ranks" in error and error.endswith("Accepted: scatter")
+
+
+def test_the_plugin_tells_the_core_how_its_ranks_start() -> None:
+    """The registered group engines carry this parser's own `RANK_COMMAND` (the one place
+    its module and values live), so ``nexrl convert-v1 --launch`` writes what it takes."""
+    spec = build_registry(load_plugins()).find_spec("group_engines", "fsdp")
+    assert isinstance(spec, GroupEngineSpec) and spec.rank_command is RANK_COMMAND
+    assert RANK_COMMAND.module == "nexrl_fsdp.worker"
+    assert RANK_COMMAND.choices == {"--backend": ("fsdp",), "--dispatch-mode": ("scatter",)}
+    assert set(RANK_COMMAND.refused["--dispatch-mode"]) == {"broadcast"}

@@ -12,6 +12,10 @@ honour is refused by name before the rank joins anything, never accepted and ign
   client refused it, and nothing here sends a batch that way.
 - ``API_SERVER_URL`` when ``--api-server-url`` is absent: a URL, ``host:port`` or a bare
   host (then port 8000, v1's API server port and ``nexrl serve``'s default).
+
+`RANK_COMMAND` states the module and those values once, for this parser and for the plugin's
+`GroupEngineSpec`, from which ``nexrl convert-v1 --launch`` writes v1's worker lines as
+lines this worker takes and refuses what it would refuse, without naming this package.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ENV_API_SERVER_URL", "WorkerArguments", "api_server_url", "parse_arguments"]
+from nexrl_core.specs import RankCommand
+
+__all__ = ["ENV_API_SERVER_URL", "RANK_COMMAND", "WorkerArguments", "api_server_url", "parse_arguments"]
 
 ENV_API_SERVER_URL = "API_SERVER_URL"
 """Where v1's launch lines gave the workers' API server."""
@@ -37,6 +43,13 @@ REFUSED_DISPATCH_MODES: Mapping[str, str] = {
     "over the ranks (v1's own client refused broadcast groups too)",
 }
 """v1's other ``--dispatch-mode``, with why it is refused."""
+RANK_COMMAND = RankCommand(
+    module="nexrl_fsdp.worker",
+    choices={"--backend": BACKENDS, "--dispatch-mode": DISPATCH_MODES},
+    refused={"--dispatch-mode": REFUSED_DISPATCH_MODES},
+)
+"""How a rank is started (``python -m``) and the values its v1 flags take: what this parser
+accepts, and what the plugin's `GroupEngineSpec` tells the core."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,10 @@ def api_server_url(value: str, source: str) -> str:
     return f"http://{host}:{DEFAULT_PORT if port is None else port}{parsed.path.rstrip('/')}"
 
 
-def _choice(accepted: tuple[str, ...], refused: Mapping[str, str]) -> Callable[[str], str]:
-    """An argparse type that names what a flag accepts and, for a value it knows, why not."""
+def _choice(flag: str) -> Callable[[str], str]:
+    """An argparse type that names what ``flag`` accepts and, for a value it knows, why not
+    (both from `RANK_COMMAND`)."""
+    accepted, refused = RANK_COMMAND.choices[flag], RANK_COMMAND.refused.get(flag, {})
 
     def check(value: str) -> str:
         if value in accepted:
@@ -80,7 +95,7 @@ def _choice(accepted: tuple[str, ...], refused: Mapping[str, str]) -> Callable[[
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m nexrl_fsdp.worker",
+        prog=f"python -m {RANK_COMMAND.module}",
         description="One rank of a NexRL FSDP worker group (run it under torchrun or nexrl_fsdp.worker.loopback).",
     )
     parser.add_argument(
@@ -89,10 +104,10 @@ def _parser() -> argparse.ArgumentParser:
         f"a URL, HOST:PORT or a host (port {DEFAULT_PORT})]",
     )
     parser.add_argument("--identifier", required=True, help="the worker group's name (a driver names the same)")
-    parser.add_argument("--backend", type=_choice(BACKENDS, {}), default="fsdp", help=f"accepted: {', '.join(BACKENDS)} (v1's flag)")
+    parser.add_argument("--backend", type=_choice("--backend"), default="fsdp", help=f"accepted: {', '.join(BACKENDS)} (v1's flag)")
     parser.add_argument(
         "--dispatch-mode",
-        type=_choice(DISPATCH_MODES, REFUSED_DISPATCH_MODES),
+        type=_choice("--dispatch-mode"),
         default="scatter",
         help="accepted: scatter, what the ranks always do (v1's flag; broadcast is refused)",
     )
