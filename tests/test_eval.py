@@ -172,7 +172,7 @@ def eval_report(run_dir: Path, name: str, *arguments: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "base_model_too"), [("remote_api", False), ("inprocess", True)])
+@pytest.mark.parametrize(("backend", "base_model_too"), [("remote_api", False), ("inprocess", True)], ids=["remote_api", "inprocess"])
 def test_eval_reproduces_the_runs_validation_for_the_same_weights(tmp_path: Path, backend: str, base_model_too: bool) -> None:
     """The final model and a checkpoint on both backends; the base model (``--model``,
     ``--samples``) on one, since which model an evaluation loads is the backend's own
