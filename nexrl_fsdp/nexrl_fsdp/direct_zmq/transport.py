@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.25
 WORKER_TENSORS = frozenset(BATCH_TENSORS) | frozenset(OPTIONAL_BATCH_TENSORS)
 _STATUS_EVERY_S = 1.0
+DESTROY_TIMEOUT_S = 20.0
+"""How long a shutdown waits for a group to acknowledge ``destroy`` (ranks finish the op
+they are in first: a save of the tiny model takes a second or two, of a large one more)."""
 
 
 class WorkerGroupError(RuntimeError):
@@ -202,9 +205,14 @@ class DirectZmqTransport:
         self._call("barrier", {})
 
     def destroy(self) -> None:
-        """End the worker group (every rank exits) and forget it on the API server."""
+        """End the worker group (every rank exits) and forget it on the API server.
+
+        Waits at most ``DESTROY_TIMEOUT_S`` (or the op timeout, if shorter) for the ranks
+        to acknowledge: it runs while a run or a service shuts down, and a group that does
+        not answer by then is ended by its launcher's stop instead of holding the
+        shutdown for a whole op timeout."""
         try:
-            self._call("destroy", {})
+            self._call("destroy", {}, limit_s=DESTROY_TIMEOUT_S)
         finally:
             try:
                 self._http("DELETE", f"/groups/{self.options.identifier}")
@@ -231,11 +239,13 @@ class DirectZmqTransport:
         reply = self._call(op, limits, self._batch_tensors(batch))
         return reply.tensors["log_probs"][: batch.batch_size].clone()
 
-    def _call(self, op: str, options: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None) -> wire.Message:
+    def _call(
+        self, op: str, options: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None, limit_s: float | None = None
+    ) -> wire.Message:
         if self.socket is None:
             raise WorkerGroupError("the transport is not connected; call initialize_worker first")
         started = time.monotonic()
-        limit = self.options.op_timeout_s
+        limit = self.options.op_timeout_s if limit_s is None else min(limit_s, self.options.op_timeout_s)
         if self.options.total_timeout_s is not None:
             limit = min(limit, self.options.total_timeout_s - self._spent_s)
             if limit <= 0:
