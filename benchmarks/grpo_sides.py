@@ -22,8 +22,8 @@ import os
 import re
 import statistics
 import subprocess
-import threading
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -281,11 +281,10 @@ def train_trl(
     """Train with ``GRPOTrainer``, timing each step from ``on_step_begin`` to
     ``on_step_end`` (generation + reward + loss + backward + AdamW, no logging), and save
     the final model and tokenizer to ``final_dir``."""
+    import torch
     import trl
     from transformers import TrainerCallback
     from trl import GRPOTrainer
-
-    import torch
 
     on_gpu = not config.use_cpu and torch.cuda.is_available()
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)

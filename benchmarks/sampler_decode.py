@@ -29,8 +29,9 @@ import importlib.util
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 SIZES: dict[str, dict[str, int] | None] = {
     "tiny": None,
@@ -43,8 +44,9 @@ INHERITED_CONFIG = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"
 
 def build_model(size: str, dtype: Any, device: str, seed: int) -> Any:
     import torch
-    from nexrl_engine.loading import load_model, resolve_model_dir
     from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from nexrl_engine.loading import load_model, resolve_model_dir
 
     shipped = resolve_model_dir("nexrl-tiny")
     shape = SIZES[size]
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nexrl_fsdp"))
     import attrs
     import torch
+
     from nexrl_engine.decode import COUNTERS, default_policy
     from nexrl_engine.loading import load_tokenizer, resolve_model_dir
     from nexrl_engine.sampling import make_stop_rule, sample_batch
@@ -171,14 +174,14 @@ def main(argv: list[str] | None = None) -> int:
             base_seed=7,
         )
         sides: list[tuple[str, Callable[[], Any]]] = [
-            ("new", lambda: sample_batch(model, batch, params, stop_rule=rule, policy=policy, **common)),
+            ("new", lambda: sample_batch(model, batch, params, stop_rule=rule, policy=policy, **common)),  # noqa: B023, F821 - called in this iteration
         ]
         if baseline is not None:
             old_rule = baseline.make_stop_rule(params.stop, (int(tokenizer.eos_token_id),), vocab)
-            sides.insert(0, ("baseline", lambda: baseline.sample_batch(model, batch, params, stop_rule=old_rule, **common)))
+            sides.insert(0, ("baseline", lambda: baseline.sample_batch(model, batch, params, stop_rule=old_rule, **common)))  # noqa: B023, F821 - called in this iteration
         times: dict[str, list[float]] = {side: [] for side, _ in sides}
         outputs: dict[str, Any] = {}
-        for side, call in sides:
+        for _, call in sides:
             call()  # warm-up
         for _ in range(args.repeats):
             for side, call in sides:

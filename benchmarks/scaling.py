@@ -144,8 +144,9 @@ def build_model(size: str, work: Path, seed: int, device: str = "cpu") -> tuple[
     """The model directory (or shipped name) for ``size`` and its parameter count; built
     sizes are random Qwen2 models saved once per work dir with the shipped tokenizer."""
     import torch
-    from nexrl_engine.loading import resolve_model_dir
     from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from nexrl_engine.loading import resolve_model_dir
 
     shipped = resolve_model_dir(SHIPPED)
     shape = SIZES[size]

@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # no torch) sets its default in os.environ before anything loads torch, and child
 # processes inherit it.
 import nexrl_engine  # noqa: E402, F401
+
 from service_overhead import Row, print_table, serve, timed_pair  # noqa: E402 - after the environment is set
 
 
@@ -50,10 +51,11 @@ def main() -> None:
 
     import tinker
     import torch
-    from nexrl_engine.engine import Engine
-    from nexrl_core.config.adamw import AdamWSettings
-    from nexrl_engine.types import Datum, SamplingParams
     from tinker import types
+
+    from nexrl_core.config.adamw import AdamWSettings
+    from nexrl_engine.engine import Engine
+    from nexrl_engine.types import Datum, SamplingParams
 
     shapes = [(1, 16), (32, 64)]
     prompt = [19, 20, 13, 21, 22, 31, 22, 24]

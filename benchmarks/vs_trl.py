@@ -63,14 +63,14 @@ from typing import Any
 
 import grpo_sides as shared  # first: sets the offline environment before torch loads
 from grpo_sides import (
-    decode_raw,
-    evaluate_policy,
-    fmt,
     add_common_arguments,
     check_positive,
     common_argv,
     common_overrides,
+    decode_raw,
+    evaluate_policy,
     finish_work_dir,
+    fmt,
     median_after_first,
     nexrl_final_checkpoint,
     nexrl_step_metrics,
@@ -170,8 +170,9 @@ def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, A
 def run_trl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
     from datasets import Dataset
-    from nexrl_engine.tiny.addition import AdditionProblem
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nexrl_engine.tiny.addition import AdditionProblem
 
     recipe = quickstart_config(args, work / "unused").algorithm
     source = work / "trl_start_model"
@@ -406,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
 def gpu_report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
     """Per side on the GPU: s/step, rollout and training tokens/s, rows trained per step,
     peak GPU memory and MFU (`grpo_sides.gpu_throughput`)."""
-    from nexrl_engine.tiny.addition import AdditionProblem
     from transformers import AutoConfig
+
+    from nexrl_engine.tiny.addition import AdditionProblem
 
     card, peak_flops = shared.card(args.device, args.peak_tflops)
     prompts = [AdditionProblem(item["a"], item["b"]).messages() for item in training_items(args)]

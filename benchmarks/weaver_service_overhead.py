@@ -24,6 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import nexrl_engine  # noqa: E402, F401 - the same OpenMP wait policy in every process
+
 from service_overhead import Row, print_table, serve, timed_pair  # noqa: E402 - after the environment is set
 
 
@@ -37,9 +38,10 @@ def main() -> None:
 
     import torch
     import weaver
+    from weaver import types
+
     from nexrl_engine.engine import Engine
     from nexrl_engine.types import Datum, SamplingParams
-    from weaver import types
 
     shapes = [(1, 16), (32, 64)]
     prompt = [19, 20, 13, 21, 22, 31, 22, 24]

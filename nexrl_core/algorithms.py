@@ -8,7 +8,8 @@ Tensors are torch tensors; torch is only named here for type checkers, never imp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, Union
 
 import attrs
 

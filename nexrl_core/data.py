@@ -20,9 +20,9 @@ import itertools
 import json
 import random
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
@@ -31,7 +31,6 @@ from nexrl_core.config.schema import DatasetSpec, TaskConfig
 from nexrl_core.data_files import check_columns, describe_source, read_rows
 from nexrl_core.rollout import Agent, RunRequest
 from nexrl_core.seeding import derive_seed
-
 
 # --- item streams -------------------------------------------------------------------------------
 

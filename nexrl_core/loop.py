@@ -55,7 +55,6 @@ from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
 from nexrl_core.data import DataLoader, TaskData, resolve_task
 from nexrl_core.longlived import freeze_long_lived_objects
-from nexrl_core.model_export import FINAL_MODEL_DIR, ModelExportError, export_into
 from nexrl_core.metrics import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -65,6 +64,7 @@ from nexrl_core.metrics import (
     plot_reward_curve,
     write_atomic,
 )
+from nexrl_core.model_export import FINAL_MODEL_DIR, ModelExportError, export_into
 from nexrl_core.rollout import (
     CompletedBatch,
     PendingBatch,

@@ -8,8 +8,8 @@ module stays cheap even when the implementation needs torch or a network SDK.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import Any, Callable, ClassVar, Union
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Union
 
 import attrs
 

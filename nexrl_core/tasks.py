@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from nexrl_core.rollout import Agent
 
+
 class Task(Protocol):
     """A registered task: items for training and validation, and the agent that runs them."""
 

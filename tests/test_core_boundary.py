@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from nexrl_testing.recipe_key_records import RECORDS_ENV
 
 CORE = Path(__file__).resolve().parents[1] / "nexrl_core"

@@ -35,9 +35,8 @@ def test_shortened_weaver_quickstart_raises_validation_reward_leaves_the_final_m
     """The run ends by exporting through the Weaver API (``export_weights`` +
     ``download_weights``): a trained model plain transformers loads, and ``nexrl export``
     of the last checkpoint writes the same files. Then it resumes for one more step."""
-    from nexrl_engine.loading import resolve_model_dir
-
     from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+    from nexrl_engine.loading import resolve_model_dir
 
     out = tmp_path / "run"
     completed = _train(out, tmp_path)

@@ -6,7 +6,6 @@ is held to the same engine in ``nexrl_fsdp/tests/test_workers.py``.)"""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config import ConfigError, RolloutConfig, TaskConfig
 from nexrl_core.data import DataLoader, ListItems, TaskData, TaskItems, resolve_task
 from nexrl_core.data_files import read_jsonl
-from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.rollout import (
     ChatCompletion,
     LLMClient,

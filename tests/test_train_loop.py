@@ -27,10 +27,10 @@ import pytest
 from click.testing import CliRunner
 
 from nexrl_core.backend import BackendSetup
+from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.checkpoints import CheckpointError
 from nexrl_core.cli import cli
 from nexrl_core.config import ConfigError, ModelConfig, TrainConfig, dump_config, load_config
-from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.loop import TrainingInterrupted, run_training
@@ -1045,8 +1045,8 @@ def test_a_failed_export_is_reported_and_the_run_still_counts_as_done(tmp_path: 
 
 
 def test_a_holder_without_export_is_named_in_the_error(tmp_path: Path) -> None:
-    from nexrl_core.model_export import ModelExportError
     from nexrl_core.holder_backend import HolderBackend
+    from nexrl_core.model_export import ModelExportError
 
     class Holder:
         def refused_options(self, config: TrainStepConfig) -> dict[str, str]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections.abc import Callable, Set as AbstractSet
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
 from typing import Any

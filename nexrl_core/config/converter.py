@@ -18,8 +18,8 @@ import difflib
 import enum
 import types
 import typing
-from collections.abc import Mapping
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import cattrs

@@ -72,7 +72,7 @@ class LearningRateSchedule:
     @classmethod
     def from_recipe(cls, config: object) -> LearningRateSchedule:
         """From a `TrainConfig` (``algorithm`` and ``schedule``)."""
-        algorithm, schedule = getattr(config, "algorithm"), getattr(config, "schedule")
+        algorithm, schedule = getattr(config, "algorithm"), getattr(config, "schedule")  # noqa: B009 - ``config`` is typed object
         return cls(kind=algorithm.lr_schedule, warmup_steps=algorithm.warmup_steps, total_steps=schedule.steps)
 
     @property

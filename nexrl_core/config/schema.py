@@ -16,8 +16,6 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.config.lora import LoraSettings
-from nexrl_core.config.lr_schedule import LRSchedule
 from nexrl_core.config.checks import (
     fraction,
     non_empty,
@@ -30,6 +28,8 @@ from nexrl_core.config.checks import (
     positive,
     positive_fraction,
 )
+from nexrl_core.config.lora import LoraSettings
+from nexrl_core.config.lr_schedule import LRSchedule
 
 MAX_AUTO_CONCURRENCY = 256
 """Most agent runs (threads) ``rollout.concurrency: null`` keeps in flight."""

@@ -13,10 +13,9 @@ are real samples of the backend's own model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest

@@ -50,15 +50,15 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_core.worker_groups import GroupHooks, GroupRestart, GroupSettings
 from nexrl_engine import checkpoint as ckpt
+from nexrl_engine.config import TrainingSpec
+from nexrl_engine.engine import Engine, adam_settings
+from nexrl_engine.loss_fns import LossFn, build_loss_fn, check_datums
+from nexrl_engine.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 from nexrl_fsdp.direct_zmq.datums import datum_tensors
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.transport import OpRefused, WorkerGroupError, WorkerGroupLost
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
-from nexrl_engine.engine import Engine, adam_settings
 from nexrl_fsdp.group_journal import GroupJournal, ReplayCall
-from nexrl_engine.loss_fns import LossFn, build_loss_fn, check_datums
-from nexrl_engine.config import TrainingSpec
-from nexrl_engine.types import Datum, DatumOutput, ForwardResult, OptimStepResult
 
 __all__ = ["WorkerGroupEngine", "group_identifier"]
 

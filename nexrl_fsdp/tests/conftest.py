@@ -18,6 +18,8 @@ os.environ.setdefault("NEXRL_CHECK_COLLECTIVES", "1")
 
 from nexrl_engine import Datum  # first: nexrl_engine sets its OpenMP wait policy before anything loads torch
 
+# isort: split
+
 import torch
 
 from nexrl_core.batch import Batch

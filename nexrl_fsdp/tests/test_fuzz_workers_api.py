@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from nexrl_core.serving import ServeOptions
-from nexrl_testing.fuzz import fuzz_app
 from nexrl_fsdp.direct_zmq.api_server import MAX_WORLD_SIZE, WorkersApiServer, create_app
 from nexrl_fsdp.direct_zmq.group_key import bearer_header, new_group_key
+from nexrl_testing.fuzz import fuzz_app
 
 MAX_EXAMPLES = 40
 """Generated requests per operation and mode (valid, schema-breaking)."""

@@ -16,16 +16,16 @@ from safetensors.torch import load_file
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
+from nexrl_core.worker_groups import GroupSettings
 from nexrl_engine import Datum, Engine
 from nexrl_engine import checkpoint as ckpt
-from nexrl_fsdp.direct_zmq.datums import datum_tensors, tensor_datums
+from nexrl_engine.config import TrainingSpec
 from nexrl_engine.lora import merged_copy
 from nexrl_engine.loss_fns import build_loss_fn, check_datums
-from nexrl_engine.config import TrainingSpec
-from nexrl_core.worker_groups import GroupSettings
+from nexrl_fsdp.direct_zmq.datums import datum_tensors, tensor_datums
 from nexrl_fsdp.local_placer import LocalPlacer
-from nexrl_fsdp.worker_groups import WorkerGroupEngine
 from nexrl_fsdp.worker.datum_ops import rank_shares
+from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
 BASE = "nexrl-tiny"
 SETTINGS = AdamWSettings(learning_rate=0.05, beta1=0.5, beta2=0.6, eps=1e-3, weight_decay=0.3, grad_clip_norm=0.01)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from nexrl_fsdp.group_journal import GroupJournal, ReplayCall
 
 

@@ -18,15 +18,15 @@ import pytest
 import torch
 
 from nexrl_core.chat_model import SamplingOptions
+from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.engine import Engine
-from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.loading import load_tokenizer, resolve_model_dir
+from nexrl_engine.types import SamplingParams
+from nexrl_fsdp.direct_zmq.group_key import new_group_key
 from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerError, SamplerProcess
 from nexrl_fsdp.selfhosted.sampler_server import SamplerSettings
-from nexrl_engine.types import SamplingParams
-from nexrl_fsdp.direct_zmq.group_key import new_group_key
 
 SETTINGS = SamplerSettings(
     engine=EngineConfig(model="nexrl-tiny", seed=3), batching=BatchedSamplingOptions(sample_linger_s=0.002, max_batch_rows=16)

@@ -25,7 +25,6 @@ from nexrl_core.registry import find_spec
 from nexrl_core.run_state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.hf_model import load_exported
-from nexrl_testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
 from nexrl_core.testing.rollouts import sampled_group
 from nexrl_engine.loading import load_model, resolve_model_dir
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
@@ -33,6 +32,7 @@ from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_grpo.config import SelfHostedGrpoConfig
 from nexrl_grpo.trainers import SelfHostedGrpoTrainer
+from nexrl_testing.processes import ListenerWatch, process_tree, processes_with, tcp_listeners
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_fsdp.yaml"
 MARKER = "NEXRL_SELF_HOSTED_TEST_RUN"

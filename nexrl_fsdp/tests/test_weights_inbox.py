@@ -10,10 +10,10 @@ from typing import Any
 import torch
 import zmq
 
-from nexrl_testing.processes import tcp_listeners
 from nexrl_fsdp.direct_zmq.group_key import new_group_key
 from nexrl_fsdp.direct_zmq.weights_inbox import WeightsInbox
 from nexrl_fsdp.worker.weights_push import push_weights
+from nexrl_testing.processes import tcp_listeners
 
 
 def test_the_inbox_listens_on_the_loopback_only_while_weights_arrive() -> None:

@@ -28,17 +28,17 @@ from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
-from nexrl_engine import Engine
-from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
-from nexrl_testing.processes import process_tree, tcp_listeners
-from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
+from nexrl_engine import Engine
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.loading import load_model, resolve_model_dir
 from nexrl_engine.lora import ATTN_MODULES, merged_copy
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, WorkerGroupError
+from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
+from nexrl_testing.processes import process_tree, tcp_listeners
 
 from tests.conftest import ready_sampler, training_batch, training_datums, training_runs
 
@@ -191,7 +191,6 @@ def test_a_local_group_listens_on_the_loopback_only(group: WorkerGroup) -> None:
     """Every socket the group listens on (the process group's store, gloo's sockets, the
     ranks' data sockets, this process's API server and command socket) is on 127.0.0.1
     or ::1: nothing of a local run is reachable from another machine."""
-    import os
 
     pids = process_tree(group.placed.process.pid) + [os.getpid()]
     listeners = tcp_listeners(pids)

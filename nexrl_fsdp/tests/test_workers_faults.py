@@ -15,10 +15,10 @@ import attrs
 import pytest
 import torch
 
+from nexrl_core.backend import BackendLost
 from nexrl_core.batch import Batch
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
-from nexrl_core.backend import BackendLost
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
 from nexrl_fsdp.local_placer import LocalPlacer
 from nexrl_fsdp.selfhosted.backend import start_group

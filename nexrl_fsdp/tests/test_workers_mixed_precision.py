@@ -35,7 +35,15 @@ from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError
 from nexrl_fsdp.selfhosted.backend import _check, _init_workers
 from nexrl_fsdp.worker.actor import HF_EXPORT_DIR
-from nexrl_testing.bf16_bounds import BF16_VISIBLE, GRAD_NORM_RELATIVE, LOGPROB_TOLERANCE, abs_advantages, loss_tolerance, max_logprob_gap, trained_tokens
+from nexrl_testing.bf16_bounds import (
+    BF16_VISIBLE,
+    GRAD_NORM_RELATIVE,
+    LOGPROB_TOLERANCE,
+    abs_advantages,
+    loss_tolerance,
+    max_logprob_gap,
+    trained_tokens,
+)
 
 from tests.conftest import ready_sampler, training_batch, training_datums, training_runs
 

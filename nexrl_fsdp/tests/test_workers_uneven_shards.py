@@ -15,7 +15,6 @@ ranks ranks 0-2 run two passes where rank 3 needs one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,10 +23,10 @@ from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.types import Trajectory
 from nexrl_engine import Datum, Engine
-from nexrl_fsdp.direct_zmq.datums import datum_tensors
-from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_engine.loss_fns import build_loss_fn, check_datums
 from nexrl_engine.shared_prefix import plan_prefix_sharing
+from nexrl_fsdp.direct_zmq.datums import datum_tensors
+from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 
 pytestmark = pytest.mark.slow
 

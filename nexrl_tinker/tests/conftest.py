@@ -22,14 +22,16 @@ from collections.abc import Iterator
 
 import nexrl_engine  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
+# isort: split
+
 import pytest
+
 from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+from nexrl_remote_api.testing import SdkHolderKit
+from nexrl_service.testing import local_service_fixtures
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 from nexrl_tinker.testing import TEST_API_KEY, start_service
-
-from nexrl_remote_api.testing import SdkHolderKit
-from nexrl_service.testing import local_service_fixtures
 
 service, base_url, keyed_base_url = local_service_fixtures(start_service, "tinkercloud", TEST_API_KEY)
 

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import tinker
-from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
+
+from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 
 HEADERS = {"X-API-Key": TEST_API_KEY}
 PROTO = {"Content-Type": "application/x-protobuf"}

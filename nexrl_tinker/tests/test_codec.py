@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tinker.proto import tinker_public_pb2 as pb
+from tinker.proto.response_conv import (
+    deserialize_forward_backward_output,
+    deserialize_sample_response,
+)
+
+from nexrl_service.errors import BadRequest
 from nexrl_tinker.server.codec import (
     decode_forward_backward,
     decode_forward_backward_json,
@@ -11,13 +18,7 @@ from nexrl_tinker.server.codec import (
     encode_forward_backward_output,
     encode_sample_response,
 )
-from nexrl_service.errors import BadRequest
 from nexrl_tinker.server.training import normalise_metrics
-from tinker.proto import tinker_public_pb2 as pb
-from tinker.proto.response_conv import (
-    deserialize_forward_backward_output,
-    deserialize_sample_response,
-)
 
 
 def request_with(tensor: pb.Tensor, tokens: tuple[int, ...] = (1, 2, 3)) -> bytes:

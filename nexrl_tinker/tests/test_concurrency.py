@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import tinker
-from nexrl_tinker.testing import BASE_MODEL, start_service
 from tinker import types
 
 from nexrl_service.testing import CLIENT_STEPS, ClientsAtOnceContract
+from nexrl_tinker.testing import BASE_MODEL, start_service
 
 
 class TestSixteenClientsAtOnce(ClientsAtOnceContract):

@@ -21,14 +21,15 @@ import pytest
 tinker_cookbook = pytest.importorskip("tinker_cookbook", reason="tinker-cookbook is not installed (see module docstring)")
 
 import chz
-from nexrl_tinker.testing import BASE_MODEL, start_service
 from tinker import types
 from tinker_cookbook import renderers, tokenizer_utils
 from tinker_cookbook.preference import train_dpo
 from tinker_cookbook.rl import train
-from tinker_cookbook.supervised.types import ChatDatasetBuilder, ChatDatasetBuilderCommonConfig, SupervisedDataset
 from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
+from tinker_cookbook.supervised.types import ChatDatasetBuilder, ChatDatasetBuilderCommonConfig, SupervisedDataset
+
+from nexrl_tinker.testing import BASE_MODEL, start_service
 
 RENDERER = "qwen3_instruct"
 """ChatML with <|im_end|> as the stop token: exactly the tiny model's chat template."""

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from nexrl_tinker.holder import TinkerServiceHolder
-from nexrl_tinker.holder_config import TinkerHolderConfig
 
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.cli import cli
@@ -19,6 +17,8 @@ from nexrl_core.holder_trainer import RemoteApiTrainer
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import CONTRACT_MESSAGES, sampled_group
+from nexrl_tinker.holder import TinkerServiceHolder
+from nexrl_tinker.holder_config import TinkerHolderConfig
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
+from tinker import types
+
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY
-from tinker import types
 
 PROMPTS = ["12+7=", "40+2=", "the sum of 3 and 5 is"]
 

@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import pytest
 import tinker
-from nexrl_testing.fuzz import fuzz_app, undescribed_objects
+
 from nexrl_service.bounds import SQL_INT_MAX
+from nexrl_testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from nexrl_tinker.testing import TEST_API_KEY
 
 from nexrl_testing.served_runs import SERVED_CUDA_RUNS, check_served_run_on_cuda
+from nexrl_tinker.testing import TEST_API_KEY
 
 pytestmark = pytest.mark.gpu
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 import tinker
-from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
 from tinker import types
+
+from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from nexrl_tinker.holder import TinkerServiceHolder
 
 from nexrl_core.testing.loss_option_contract import LossOptionCase
 from nexrl_remote_api.testing import HostedSdkHolderLossOptions, SdkHolderContract, SdkHolderLossOptions
+from nexrl_tinker.holder import TinkerServiceHolder
 
 
 class TestTinkerHolder(SdkHolderContract):

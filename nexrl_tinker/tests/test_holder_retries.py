@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 import tinker
+
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.retries import RetriesExhausted
-from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_core.types import RemoteDatum
+from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 from nexrl_tinker.testing import TEST_API_KEY, start_service

@@ -6,17 +6,16 @@ import pickle
 
 import pytest
 import tinker
+
+from nexrl_core.config import ModelConfig
+from nexrl_core.holders import TrainStepConfig
+from nexrl_core.types import RemoteDatum
 from nexrl_tinker.holder import (
     TinkerHolderConfig,
     TinkerServiceHolder,
     _hosted_loss_config,
     _to_tinker_datum,
 )
-
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.types import RemoteDatum
-
-from nexrl_core.config import ModelConfig
 
 TINY = ModelConfig(name="nexrl-tiny")
 
@@ -101,9 +100,9 @@ def test_with_renderer_name_unset_the_model_gets_the_renderer_the_cookbook_recom
     """As v1 did, a model the cookbook knows renders with its recommended renderer (a
     stand-in model here, recommended ``role_colon``); one it does not know (the tiny model)
     renders with the tokenizer's chat template, said once in the log however many holders."""
-    from nexrl_engine.loading import resolve_model_dir
     from tinker_cookbook import model_info
 
+    from nexrl_engine.loading import resolve_model_dir
     from nexrl_tinker import holder as holder_module
 
     recommended = model_info.get_recommended_renderer_name

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
+
+from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 
 HEADERS = {"X-API-Key": TEST_API_KEY}
 TOKENS = [19, 20, 13, 21, 22, 31, 22, 24, 5, 7, 9]

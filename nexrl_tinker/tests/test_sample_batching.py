@@ -13,9 +13,10 @@ import threading
 import time
 
 import pytest
+from tinker import types
+
 from nexrl_engine.engine import Engine
 from nexrl_tinker.testing import BASE_MODEL
-from tinker import types
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tinker
 import torch
-from nexrl_tinker.testing import BASE_MODEL
 from tinker import types
+
+from nexrl_tinker.testing import BASE_MODEL
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import tinker
 import torch
-from nexrl_tinker.testing import BASE_MODEL
 from tinker import types
+
+from nexrl_tinker.testing import BASE_MODEL
 
 BETA = 0.5
 PAIRS = (("12+34=", "46", "71"), ("7+8=", "15", "3"), ("40+2=", "42", "24"))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from nexrl_tinker.testing import free_port, wait_healthy
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))

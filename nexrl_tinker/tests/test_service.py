@@ -8,6 +8,7 @@ import threading
 
 import httpx
 import pytest
+
 from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 
@@ -70,9 +71,8 @@ def _process_gone(pid: int) -> bool:
 
 
 def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) -> None:
-    from nexrl_tinker.server.service import TinkerService
-
     from nexrl_core.serving import ServeOptions
+    from nexrl_tinker.server.service import TinkerService
 
     before = {t.ident for t in threading.enumerate()}
     options = ServeOptions(port=0, data_dir=str(tmp_path), api_key=TEST_API_KEY, separate_process=True)
@@ -121,9 +121,8 @@ def test_separate_process_dies_with_its_parent(tmp_path) -> None:
 def test_separate_process_start_failure_reports_its_output(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model that is not there, or whose files do not parse, is refused before a process
     starts; a child that dies while starting is reported with its output."""
-    from nexrl_tinker.server.service import TinkerService
-
     from nexrl_core.serving import ServeOptions, ServiceStartError
+    from nexrl_tinker.server.service import TinkerService
 
     missing = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), model=str(tmp_path / "no-such-model"), separate_process=True))
     with pytest.raises(ServiceStartError, match="no-such-model"):
@@ -168,6 +167,7 @@ def test_a_dead_services_tombstone_answers_410_and_the_sdk_stops_at_once() -> No
     import time
 
     import tinker
+
     from nexrl_service.tombstone import Tombstone
     from nexrl_tinker.server.service import TinkerService
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, sft_data, start_service
 
 from nexrl_testing.devices import absent_device
+from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, sft_data, start_service
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import tinker
-from nexrl_tinker.testing import BASE_MODEL, sft_data
 from tinker import types
 
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions
+from nexrl_tinker.testing import BASE_MODEL, sft_data
 
 BUDGET = 24
 """Below two of `sft_data`'s rows (checked in the test): each of its three datums gets a

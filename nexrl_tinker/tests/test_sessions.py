@@ -8,8 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 from tinker import types
+
+from nexrl_tinker.testing import BASE_MODEL, TEST_API_KEY, start_service
 
 HEADERS = {"X-API-Key": TEST_API_KEY}
 
@@ -19,7 +20,10 @@ def test_heartbeat_finish_and_listing(base_url: str) -> None:
         session_id = client.post(
             "/api/v1/create_session", json={"tags": ["t"], "user_metadata": {"who": "me"}, "sdk_version": "raw"}
         ).json()["session_id"]
-        cloud_row = lambda: client.get(f"/api/v1/sessions/{session_id}")
+
+        def cloud_row() -> httpx.Response:
+            return client.get(f"/api/v1/sessions/{session_id}")
+
         assert cloud_row().json() == {
             "training_run_ids": [],
             "sampler_ids": [],

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from nexrl_tinker.testing import BASE_MODEL
 from tinker import types
+
+from nexrl_tinker.testing import BASE_MODEL
 
 PROBLEMS = [(12, 34), (5, 77), (40, 41), (3, 9), (60, 25), (18, 18), (71, 2), (33, 50)]
 SHIFT = 11

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from safetensors.torch import load_file
+from tinker import types
+
 from nexrl_engine.loading import resolve_model_dir
 from nexrl_remote_api.testing import WorkerGroupLossContract
 from nexrl_tinker.testing import BASE_MODEL, sft_data, start_service
-from safetensors.torch import load_file
-from tinker import types
 
 pytestmark = pytest.mark.slow
 

@@ -242,7 +242,7 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
         reference = self._reference_client()
         results = []
         for tokens in sequences:
-            values = self._retry("compute reference logprobs", lambda: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens))))
+            values = self._retry("compute reference logprobs", lambda: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens))))  # noqa: B023 - _retry calls it now
             results.append([0.0 if value is None else float(value) for value in values])
         return results
 

@@ -27,6 +27,7 @@ def sdk_client(base_url: str, **options: Any) -> Any:
     takes at most a second, not the 5 s the SDK's default period costs; ``options`` are
     the client's own (``api_key``, ``session_id``, ...)."""
     import weaver
+
     from nexrl_weaver.holder import HEARTBEAT_S
 
     return weaver.ServiceClient(base_url=base_url, heartbeat_interval=HEARTBEAT_S, **options)

@@ -16,19 +16,22 @@ os.environ.setdefault("NEXRL_CHECK_COLLECTIVES", "1")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WEAVER_OPERATION_POLL_INTERVAL", "0.05")
-for _name in ("WEAVER_API_KEY", "WEAVER_BASE_URL", "WEAVER_TENSOR_TRANSPORT"):
-    os.environ.pop(_name, None)
+os.environ.pop("WEAVER_API_KEY", None)
+os.environ.pop("WEAVER_BASE_URL", None)
+os.environ.pop("WEAVER_TENSOR_TRANSPORT", None)
 
 import nexrl_engine  # noqa: F401 - its OpenMP wait policy, before anything loads torch
 
+# isort: split
+
 import pytest
+
 from nexrl_grpo.option_cases import LOSS_OPTION_CASES
+from nexrl_remote_api.testing import SdkHolderKit
+from nexrl_service.testing import local_service_fixtures
 from nexrl_weaver.holder import WeaverServiceHolder
 from nexrl_weaver.holder_config import WeaverHolderConfig
 from nexrl_weaver.testing import TEST_API_KEY, start_service
-
-from nexrl_remote_api.testing import SdkHolderKit
-from nexrl_service.testing import local_service_fixtures
 
 service, base_url, keyed_base_url = local_service_fixtures(start_service, "weaver", TEST_API_KEY)
 

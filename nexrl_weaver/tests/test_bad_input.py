@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import weaver
+
 from nexrl_weaver.testing import TEST_API_KEY, sdk_client
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from nexrl_weaver.testing import sdk_client, start_service
 from weaver.types import AdamParams, Datum, ModelInput, SamplingParams
 
 from nexrl_service.testing import CLIENT_STEPS, ClientsAtOnceContract
+from nexrl_weaver.testing import sdk_client, start_service
 
 
 class TestSixteenClientsAtOnce(ClientsAtOnceContract):

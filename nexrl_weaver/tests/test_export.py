@@ -10,10 +10,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import pytest
 import weaver
-from nexrl_weaver.testing import sdk_client
 from weaver.types import AdamParams, Datum, LoraConfig, ModelInput
 
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+from nexrl_weaver.testing import sdk_client
 
 TOKENS = [1, 5, 9, 14, 20, 7, 3]
 

@@ -14,13 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from weaver.types import Datum, ModelInput
+
 from nexrl_core.serving import ServeOptions
-from nexrl_testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.state import ServiceState
+from nexrl_testing.fuzz import fuzz_app, undescribed_objects
 from nexrl_weaver.server.service import WeaverService
 from nexrl_weaver.testing import BASE_MODEL, sdk_client, start_service
-from weaver.types import Datum, ModelInput
 
 pytestmark = pytest.mark.slow
 

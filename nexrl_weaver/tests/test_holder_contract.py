@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from nexrl_weaver.holder import WeaverServiceHolder
-from nexrl_weaver.holder_config import WeaverHolderConfig
 
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.testing import ServiceHolderContract
 from nexrl_remote_api.testing import HostedSdkHolderLossOptions, SdkHolderContract, SdkHolderKit, SdkHolderLossOptions
+from nexrl_weaver.holder import WeaverServiceHolder
+from nexrl_weaver.holder_config import WeaverHolderConfig
 
 TINY = ModelConfig(name="nexrl-tiny")
 

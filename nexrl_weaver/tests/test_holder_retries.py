@@ -18,8 +18,8 @@ import pytest
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import TrainStepConfig
-from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_core.types import RemoteDatum
+from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_weaver.holder import WeaverServiceHolder
 from nexrl_weaver.holder_config import WeaverHolderConfig
 from nexrl_weaver.testing import TEST_API_KEY, start_service

@@ -7,9 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from nexrl_weaver.holder import WeaverServiceHolder
-from nexrl_weaver.holder_config import WeaverHolderConfig
-from nexrl_weaver.server.operations import PACKED_CONTENT_TYPE
 from sqlalchemy import select
 
 from nexrl_core.config import ModelConfig
@@ -17,6 +14,9 @@ from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.loss_option_contract import FROZEN, probe_datums
 from nexrl_service.futures import JSON_CONTENT_TYPE
 from nexrl_service.store import FutureRow
+from nexrl_weaver.holder import WeaverServiceHolder
+from nexrl_weaver.holder_config import WeaverHolderConfig
+from nexrl_weaver.server.operations import PACKED_CONTENT_TYPE
 
 
 def step_answers(service: Any, transport: str) -> tuple[dict[str, float], list[str | None]]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import weaver
-from nexrl_weaver.testing import sdk_client
 from weaver.operations import WeaverOperationError
 from weaver.types import AdamParams, Datum, LoraConfig, ModelInput, SamplingParams
+
+from nexrl_weaver.testing import sdk_client
 
 TRANSPORTS = ["default", "http-binary"]
 

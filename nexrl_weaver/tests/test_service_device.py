@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import httpx
-from nexrl_weaver.testing import TEST_API_KEY, start_service
 
 from nexrl_testing.devices import absent_device
+from nexrl_weaver.testing import TEST_API_KEY, start_service
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 

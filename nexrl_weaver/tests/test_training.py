@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 import weaver
-from nexrl_weaver.testing import sdk_client, start_service
 from weaver.types import AdamParams, Datum, ModelInput, SamplingParams
+
+from nexrl_weaver.testing import sdk_client, start_service
 
 
 def _datum(tokens: list[int], weights: list[float]) -> Datum:

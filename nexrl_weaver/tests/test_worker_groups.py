@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 import weaver
+from safetensors.torch import load_file
+from weaver.types import AdamParams, Datum, ModelInput
+
 from nexrl_engine.loading import resolve_model_dir
 from nexrl_remote_api.testing import WorkerGroupLossContract
 from nexrl_weaver.testing import BASE_MODEL, sdk_client, start_service
-from safetensors.torch import load_file
-from weaver.types import AdamParams, Datum, ModelInput
 
 pytestmark = pytest.mark.slow
 

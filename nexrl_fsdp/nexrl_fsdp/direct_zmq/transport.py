@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import zmq
-from nexrl_core.config.lora import LoraSettings
 
 from nexrl_core.backend import BackendLost
+from nexrl_core.config.lora import LoraSettings
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.group_key import bearer_header
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions

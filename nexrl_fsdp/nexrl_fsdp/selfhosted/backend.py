@@ -40,15 +40,15 @@ from nexrl_core.placement import LOCAL_PLACEMENT, PlacementError, Placer, is_loo
 from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
 from nexrl_core.trainer import build_trainer
 from nexrl_core.types import Trajectory
+from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig
+from nexrl_engine.loading import load_tokenizer, resolve_model_dir
+from nexrl_engine.loss_fns import build_loss_fn
+from nexrl_engine.recipe_checks import check_device, check_model_name
 from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env, new_group_key
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.transport import DirectZmqTransport, OpRefused, WorkerGroupError
-from nexrl_engine.batching import BatchedSamplingOptions
-from nexrl_engine.loading import load_tokenizer, resolve_model_dir
-from nexrl_engine.loss_fns import build_loss_fn
-from nexrl_engine.recipe_checks import check_device, check_model_name
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig
 from nexrl_fsdp.selfhosted.sampler_chat import SamplerChat
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
@@ -366,7 +366,6 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     except BaseException:
         trainer.close()
         raise
-    recipe = setup.recipe
     setup.work_dir.mkdir(parents=True, exist_ok=True)
     engine_config = _engine_config(setup)
     batching = BatchedSamplingOptions(

@@ -16,8 +16,8 @@ import attrs
 from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.types import SampleResult
-from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 from nexrl_engine.types import SamplingParams
+from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess
 
 __all__ = ["SamplerChat"]
 

@@ -44,23 +44,26 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
+
 import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads
+
+# isort: split
 import torch
 import zmq
 
-from nexrl_engine.config import EngineConfig
-from nexrl_fsdp.direct_zmq import wire
-from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env
-from nexrl_engine.engine import Engine
-from nexrl_engine.chat import EngineChat
 from nexrl_engine.batching import BatchedSamplingOptions
+from nexrl_engine.chat import EngineChat
+from nexrl_engine.config import EngineConfig
+from nexrl_engine.engine import Engine
 from nexrl_engine.lora import load_in_place
 from nexrl_engine.types import SampledSequence, SamplingParams
+from nexrl_fsdp.direct_zmq import wire
+from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env
 
 __all__ = ["SamplerSettings", "SamplerServer", "main"]
 

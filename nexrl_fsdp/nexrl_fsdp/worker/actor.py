@@ -44,11 +44,10 @@ from nexrl_core.algorithms import StepTotals
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
+from nexrl_engine.checkpointing import enable_checkpointing, is_checkpointing, training_pass
 from nexrl_engine.engine import _MetricSum
 from nexrl_engine.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
-from nexrl_engine.checkpointing import enable_checkpointing, is_checkpointing, training_pass
 from nexrl_engine.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
-from nexrl_engine.mixed_precision import COMPUTE_DTYPE, MASTER_DTYPE, cast_parameters
 from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
@@ -60,6 +59,7 @@ from nexrl_engine.loss_fns import (
     policy_loss_inputs,
     step_totals,
 )
+from nexrl_engine.mixed_precision import COMPUTE_DTYPE, MASTER_DTYPE, cast_parameters
 from nexrl_engine.optim import AdamW
 from nexrl_engine.shared_prefix import chunk_logprobs, plan_prefix_sharing
 from nexrl_fsdp.worker.passes import aligned_passes

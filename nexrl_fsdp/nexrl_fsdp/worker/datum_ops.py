@@ -30,7 +30,6 @@ import torch.distributed as dist
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine import checkpoint as ckpt
-from nexrl_fsdp.direct_zmq.datums import tensor_datums
 from nexrl_engine.engine import _MetricSum
 from nexrl_engine.loading import SHIPPED_MODELS
 from nexrl_engine.loss_fns import (
@@ -44,6 +43,7 @@ from nexrl_engine.loss_fns import (
     policy_loss_inputs,
     step_totals,
 )
+from nexrl_fsdp.direct_zmq.datums import tensor_datums
 from nexrl_fsdp.worker.actor import FsdpActor
 from nexrl_fsdp.worker.passes import aligned_passes
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import torch
 
-from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
 from nexrl_engine.loss_fns import CheckedDatum
+from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
 
 __all__ = ["BatchError", "check_batch", "row_datums", "scatter_back"]
 

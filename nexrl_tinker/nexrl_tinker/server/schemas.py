@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_service.bounds import SeqId, StoredInt
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 __all__ = [
     "AdamParamsBody",

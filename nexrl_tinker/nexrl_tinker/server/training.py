@@ -15,8 +15,8 @@ from typing import Any
 
 import attrs
 import numpy as np
-from nexrl_core.config.lora import LoraSettings
 
+from nexrl_core.config.lora import LoraSettings
 from nexrl_engine.config import TrainingSpec
 from nexrl_service.checkpoint_paths import check_checkpoint_name
 from nexrl_service.errors import BadRequest

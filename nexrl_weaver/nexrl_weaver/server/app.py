@@ -19,8 +19,8 @@ from typing import Any
 
 import attrs
 from fastapi import Depends, FastAPI, Header, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.concurrency import run_in_threadpool
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException

@@ -21,7 +21,7 @@ Weaver's own loss names map onto the registered losses:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 

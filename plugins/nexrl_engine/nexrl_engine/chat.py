@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.types import SampleResult
-from nexrl_engine.engine import Engine
-from nexrl_engine.compute import ComputeThread, SampleRequest, plan_call
 from nexrl_engine.batching import BatchedSamplingOptions
+from nexrl_engine.compute import ComputeThread, SampleRequest, plan_call
+from nexrl_engine.engine import Engine
 from nexrl_engine.types import SampledSequence, SamplingParams
 
 __all__ = ["EngineChat"]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 

@@ -24,7 +24,8 @@ import contextlib
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -236,7 +237,7 @@ def _cache_keyword(model: Any) -> str:
     return _cache_keyword_of(type(base))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_keyword_of(cls: type) -> str:
     try:
         parameters = inspect.signature(cls.forward).parameters

@@ -29,10 +29,11 @@ from typing import Any
 
 import attrs
 import torch
+
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.model_export import ADAPTER_DIR
-
 from nexrl_engine import checkpoint as ckpt
+from nexrl_engine.checkpointing import enable_checkpointing, training_pass
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.loading import (
     SHIPPED_MODELS,
@@ -43,9 +44,7 @@ from nexrl_engine.loading import (
     save_hf_directory,
     torch_dtype,
 )
-from nexrl_engine.checkpointing import enable_checkpointing, training_pass
 from nexrl_engine.lora import apply_training_mode, load_in_place, merged_copy, save_adapter
-from nexrl_engine.mixed_precision import MASTER_DTYPE, MasterWeights
 from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
     CheckedDatum,
@@ -59,6 +58,7 @@ from nexrl_engine.loss_fns import (
     split_microbatches,
     step_totals,
 )
+from nexrl_engine.mixed_precision import MASTER_DTYPE, MasterWeights
 from nexrl_engine.optim import AdamW
 from nexrl_engine.sampling import StopRule, make_stop_rule, sample_batch
 from nexrl_engine.shared_prefix import chunk_logprobs
@@ -612,7 +612,7 @@ class Engine:
         copy, not fresh allocations (which page-fault) and a deepcopy of the module
         tree. Caller holds the lock."""
         sources = dict(self.model.named_parameters()) if weights is None else weights
-        for index, (engine, model) in enumerate(self._copies):
+        for index, (engine, model) in enumerate(self._copies):  # noqa: B007 - ``model`` is used after the break
             if engine() is None:
                 del self._copies[index]
                 break

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.resources
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

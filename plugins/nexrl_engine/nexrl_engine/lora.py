@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from nexrl_core.config.lora import LoraSettings
 
 __all__ = [

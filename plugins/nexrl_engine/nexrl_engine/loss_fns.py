@@ -25,7 +25,8 @@ The loss *math* lives in one place, the losses registered under
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch

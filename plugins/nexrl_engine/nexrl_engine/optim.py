@@ -9,12 +9,11 @@ does not depend on parameter order.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from nexrl_core.config.adamw import AdamWSettings
-
 from nexrl_engine.types import OptimStepResult
 
 __all__ = ["AdamW"]

@@ -18,13 +18,14 @@ CUDA it runs on a preallocated cache with the step captured as a CUDA graph.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
 
 from nexrl_engine.decode import DecodePolicy, StringStops, _cache_keyword, _output_cache, decode_rows, default_policy
-from nexrl_engine.types import SampledSequence, PromptSamples, SamplingParams
+from nexrl_engine.types import PromptSamples, SampledSequence, SamplingParams
 
 __all__ = ["StopRule", "derive_seed", "make_stop_rule", "sample_batch"]
 

@@ -7,7 +7,8 @@ the callers (a JSON/protobuf service, a trainer) never need torch to build or re
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import attrs
 

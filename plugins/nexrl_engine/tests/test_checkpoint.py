@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from nexrl_engine.checkpoint import MANIFEST_NAME, OPTIMIZER_NAME, WEIGHTS_NAME
 
 from nexrl_engine import Datum, Engine
+from nexrl_engine.checkpoint import MANIFEST_NAME, OPTIMIZER_NAME, WEIGHTS_NAME
 
 DATA = [
     Datum(input_tokens=[1, 40, 50, 60, 70], loss_fn_inputs={"target_tokens": [40, 50, 60, 70, 2], "weights": [0, 1, 1, 1, 1]}),

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_testing.served_runs import held_out_rewards, train
 from nexrl_engine import Engine
 from nexrl_engine.types import SamplingParams
+from nexrl_testing.served_runs import held_out_rewards, train
 
 pytestmark = pytest.mark.gpu
 

@@ -24,7 +24,15 @@ from nexrl_core.testing.rollouts import sampled_group
 from nexrl_engine import Engine
 from nexrl_engine.checkpoint import MANIFEST_NAME, OPTIMIZER_NAME, WEIGHTS_NAME
 from nexrl_engine.config import EngineConfig
-from nexrl_testing.bf16_bounds import BF16_VISIBLE, GRAD_NORM_RELATIVE, LOGPROB_TOLERANCE, abs_advantages, loss_tolerance, max_logprob_gap, trained_tokens
+from nexrl_testing.bf16_bounds import (
+    BF16_VISIBLE,
+    GRAD_NORM_RELATIVE,
+    LOGPROB_TOLERANCE,
+    abs_advantages,
+    loss_tolerance,
+    max_logprob_gap,
+    trained_tokens,
+)
 
 from tests.conftest import group_datums, open_backend, quickstart
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-import attrs
 import pytest
 import torch
 
@@ -287,7 +287,7 @@ def test_string_stops_find_the_token_the_per_token_rule_stops_at(shared_engine: 
     byte_tokens = [t for t in range(3, vocab) if "\ufffd" in decode([t])]
     assert byte_tokens, "the shipped tokenizer has byte tokens"
     checked = hits = 0
-    for trial in range(300):
+    for _trial in range(300):
         tokens = [rng.choice(byte_tokens) if rng.random() < 0.2 else rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))]
         text = decode(tokens)
         stops = [rng.choice(["é", "中", "\ufffd", "ab", "<|im_end|>", " the"])]

@@ -93,7 +93,7 @@ def test_split_step_loss_is_the_modes_formula(engines: dict[int, Engine], mode: 
     datums = _step(engine)
     nll = _per_token_nll(engines[ONE_PASS], datums)
     masks = [d.loss_fn_inputs["mask"] for d in datums]
-    row_sums = [sum(l * m for l, m in zip(row, mask)) for row, mask in zip(nll, masks)]
+    row_sums = [sum(value * m for value, m in zip(row, mask)) for row, mask in zip(nll, masks)]
     row_weights = [sum(mask) for mask in masks]
     rows = sum(1 for w in row_weights if w > 0)
     longest = max(len(d.input_tokens) for d in datums)

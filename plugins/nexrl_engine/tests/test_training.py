@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from nexrl_core.config.adamw import AdamWSettings
-
 from nexrl_engine import Datum, Engine, SamplingParams
 from nexrl_engine.loss_fns import build_loss_fn
 

@@ -37,10 +37,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     create_engine,
     event,
     insert,
-    bindparam,
     select,
     update,
 )

@@ -11,12 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
+
 from nexrl_core.config.schema import TrainConfig
-from nexrl_testing.fuzz import fuzz_app
 from nexrl_episodes.plugin import EpisodesOptions
 from nexrl_episodes.server import EpisodeServer
 from nexrl_episodes.source import open_book
 from nexrl_episodes.store import EpisodeStore
+from nexrl_testing.fuzz import fuzz_app
 
 from tests.conftest import DEFAULTS, requests_for
 

@@ -13,7 +13,8 @@ else.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import torch

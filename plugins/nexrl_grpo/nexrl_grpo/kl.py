@@ -8,7 +8,8 @@ adapted so that the measured KL tracks a target, as in Ziegler et al. (2019).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import attrs
 import torch

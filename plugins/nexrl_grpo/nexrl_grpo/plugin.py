@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from nexrl_core.holder_trainer import RemoteApiTrainerConfig
 from nexrl_core.hookspecs import hookimpl
+from nexrl_core.self_hosted import TRANSPORT_TRAINER
 from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
 from nexrl_grpo.config import (
     CispoLossConfig,
@@ -24,7 +25,6 @@ from nexrl_grpo.config import (
     RlooConfig,
     SelfHostedGrpoConfig,
 )
-from nexrl_core.self_hosted import TRANSPORT_TRAINER
 
 _GROUP_RELATIVE = frozenset({"group_relative"})
 _TRANSPORT = frozenset({TRANSPORT_TRAINER})

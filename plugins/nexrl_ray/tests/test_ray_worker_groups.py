@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +48,9 @@ def _train(service: Any, lose_node_at: int | None = None, cluster: Any = None) -
     node holding one of the group's ranks (not the head, which holds the cluster's
     control store) is removed once that step's forward_backward is answered."""
     import tinker
-    from nexrl_tinker.testing import BASE_MODEL, sft_data
     from tinker import types
+
+    from nexrl_tinker.testing import BASE_MODEL, sft_data
 
     client = tinker.ServiceClient(base_url=service.base_url)
     training = client.create_lora_training_client(base_model=BASE_MODEL, rank=LORA_RANK, seed=3).result(timeout=300)
@@ -110,6 +110,7 @@ def _nexrl_leftovers() -> tuple[list[str], list[str]]:
 def test_sigterm_to_a_service_holding_ray_groups_ends_it_and_leaves_the_cluster_clean(cluster: Any, tmp_path: Path) -> None:
     import ray
     import tinker
+
     from nexrl_tinker.testing import BASE_MODEL
 
     port_file = tmp_path / "log"

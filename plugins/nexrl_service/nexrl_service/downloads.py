@@ -51,7 +51,7 @@ class SignedDownloads:
         self._secret = secret if secret is not None else secrets.token_bytes(32)
 
     def _signature(self, relative: str, expires: int) -> str:
-        message = f"{relative}\n{expires}".encode("utf-8")
+        message = f"{relative}\n{expires}".encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
     def sign(self, directory: str | Path, base_url: str, now: float | None = None) -> SignedUrls:

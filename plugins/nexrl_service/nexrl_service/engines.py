@@ -29,11 +29,10 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
-from nexrl_engine.config import EngineConfig, TrainingSpec
-
 from nexrl_core.placement import PlacementUnavailable
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_core.worker_groups import GroupEngines, GroupEngineSetup, GroupHooks, GroupSettings
+from nexrl_engine.config import EngineConfig, TrainingSpec
 from nexrl_service.errors import RequestFailed, TooManyRequests
 from nexrl_service.group_starts import GroupStarts
 

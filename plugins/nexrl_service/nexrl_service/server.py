@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 import attrs
-import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
 
+import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
 from nexrl_core.longlived import freeze_long_lived_objects
 from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
 from nexrl_service.settings import ServerSettings

@@ -41,6 +41,7 @@ def warm_up_imports() -> None:
     """
     import nexrl_engine.engine
     import nexrl_engine.loss_fns  # noqa: F401
+    # isort: split
     import peft  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 

@@ -15,8 +15,8 @@ import json
 import socket
 import threading
 from collections.abc import Mapping
-from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 __all__ = ["Tombstone"]
 

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.worker_groups import GroupHooks, GroupRestart
-
 from nexrl_engine.config import TrainingSpec
 from nexrl_service.engines import WeightsRef
 from nexrl_service.errors import ApiError, BadRequest, RequestFailed, TooManyRequests

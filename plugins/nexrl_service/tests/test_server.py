@@ -80,9 +80,8 @@ def test_the_device_option_reaches_every_engine_the_service_builds(tmp_path: Pat
     engines and of every kind of sampler: the base model's, an exported model's and one
     on a saved training state. Engines are recorded, not built, so any device name works
     on a machine without it."""
-    from nexrl_engine.config import TrainingSpec
-
     from nexrl_core.config.lora import LoraSettings
+    from nexrl_engine.config import TrainingSpec
     from nexrl_service import engines as engines_module
     from nexrl_service.engines import WeightsRef
     from nexrl_service.settings import ServerSettings

@@ -18,7 +18,6 @@ import yaml
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.sinks import RunOutcome, SinkSetup
 from nexrl_core.specs import MetricsSinkSpec
-
 from nexrl_sinks.common import import_sdk, numbers_of
 
 FLUSH_SECS = 10

@@ -64,7 +64,7 @@ _SHARED_BY: dict[str, type[pytest.Node] | None] = {"class": pytest.Class, "modul
 def _shared_fixtures(item: pytest.Item) -> list[str]:
     """The recording ids of the shared (not per-test) fixtures ``item`` uses."""
     ids = []
-    for name, definitions in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+    for name, definitions in getattr(item, "_fixtureinfo").name2fixturedefs.items():  # noqa: B009 - pytest.Item does not declare it
         scope = definitions[-1].scope
         if scope in _SHARED_BY:
             kind = _SHARED_BY[scope]

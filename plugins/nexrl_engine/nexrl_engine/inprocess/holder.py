@@ -34,8 +34,8 @@ from nexrl_core.chat_holder import TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
-from nexrl_engine.engine import Engine
 from nexrl_engine.chat import EngineChat
+from nexrl_engine.engine import Engine
 from nexrl_engine.inprocess.config import EngineHolderConfig
 from nexrl_engine.lora import adapters_disabled
 from nexrl_engine.loss_fns import build_loss_fn

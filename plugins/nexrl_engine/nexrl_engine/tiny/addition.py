@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Literal, Sequence
+from typing import Literal
 
 import attrs
 

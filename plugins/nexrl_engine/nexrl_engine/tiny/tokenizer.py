@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from nexrl_engine.tiny.addition import train_problems
 
