@@ -13,7 +13,7 @@ DISTRIBUTIONS := -e '.[test,tensorboard,postgres,data]' -e 'plugins/nexrl_remote
 COOKBOOK := tinker-cookbook==0.6.1
 COOKBOOK_DEPS := chz datasets tiktoken blobfile cloudpickle pillow termcolor tqdm aiohttp anyio huggingface-hub pyrage
 
-.PHONY: install test test-gpu mutations demo benchmarks clean
+.PHONY: install test lint test-gpu mutations demo benchmarks clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,15 @@ install:
 	$(PIP_INSTALL) --no-deps $(COOKBOOK)
 	$(PIP_INSTALL) $(COOKBOOK_DEPS)
 
-# Each distribution's tests run from its own folder, as a publisher would run them, one suite
-# per CPU at once; the recipe-key walk and the mutation list run last (tests/run_suites.py).
+# The linters first (as `make lint`), then each distribution's tests from its own folder, as a
+# publisher would run them, one suite per CPU at once; the recipe-key walk and the mutation list
+# run last (tests/run_suites.py).
 test:
 	$(BIN)/python tests/run_suites.py
+
+# ruff over every distribution, configured once in the root pyproject.toml.
+lint:
+	$(BIN)/ruff check .
 
 # The GPU suite (tests marked gpu, files test_gpu_*.py), every distribution's at once. On a
 # machine with torch+CUDA and NexRL installed: the venv's python when there is one, else

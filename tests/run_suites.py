@@ -11,6 +11,9 @@ test sets and how it went. The readers of those records run last, on their own, 
 every other test has run: the recipe-key walk (`tests/test_recipe_keys.py`) and the
 mutation list (`tests/test_mutations.py::test_every_mutation_is_caught`), which takes a
 named test that passed in this run as its baseline.
+
+Before any suite, the linters run over the whole repository (``LINTERS``, about a
+second); a finding fails `make test` like a failed suite, and is printed first.
 """
 
 from __future__ import annotations
@@ -94,10 +97,24 @@ the GPU mostly idle, so the suite takes as long as the slowest. Without a GPU ev
 is collected and skipped."""
 NO_TESTS = 5
 """pytest's exit status when it collected nothing (a GPU run of a suite without GPU tests)."""
+LINTERS = {"ruff check": [PYTHON, "-m", "ruff", "check", "."]}
+"""What `make test` runs from the repository root before the suites (configured in the root
+pyproject.toml); not on a GPU run, whose machine need not have them."""
 
 
 def command(suite: Suite) -> list[str]:
     return [PYTHON, "-c", RUN_PYTEST, "--durations=15", *suite.args]
+
+
+def run_linters() -> dict[str, tuple[int, float]]:
+    """Each linter's exit status and seconds, its findings printed."""
+    results = {}
+    for name, argv in LINTERS.items():
+        began = time.monotonic()
+        print(f"=== {name}", flush=True)
+        code = subprocess.run(argv, cwd=ROOT).returncode
+        results[name] = (code, time.monotonic() - began)
+    return results
 
 
 def run_suite(suite: Suite, records: Path, logs: Path, printing: threading.Lock, jobs: int) -> tuple[int, float]:
@@ -131,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     suites, jobs = (GPU_SUITES, len(GPU_SUITES)) if args.gpu else (SUITES, max(1, args.jobs))
     began = time.monotonic()
+    linted = {} if args.gpu else run_linters()
     with tempfile.TemporaryDirectory(prefix="nexrl-records-") as folder:
         records, logs = Path(folder) / "records", Path(folder) / "logs"
         records.mkdir()
@@ -145,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             at_once = os.cpu_count() or 1  # the mutation list runs a named test per CPU
             code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records, at_once)).returncode
             results[LAST.name] = (code, time.monotonic() - last_began)
+    results.update(linted)
     print(f"=== {len(results)} suites in {time.monotonic() - began:.0f} s, {jobs} at once")
     for name, (code, seconds) in sorted(results.items(), key=lambda item: -item[1][1]):
         print(f"{seconds:8.0f} s  {'ok    ' if code == 0 else f'exit {code}'}  {name}")
