@@ -136,9 +136,15 @@ def environment(records: Path, jobs: int) -> dict[str, str]:
     CPUs for torch's threads (``OMP_NUM_THREADS``, unless set already). Two suites whose
     processes each spin as many threads as there are cores spend most of their time
     waiting on each other: two copies of the engine suite at once on 2 cores took 423 s
-    at torch's default and 68 s with one thread each (one alone: 56 s either way)."""
+    at torch's default and 68 s with one thread each (one alone: 56 s either way).
+
+    Python writes bytecode even where the shell says not to (``PYTHONDONTWRITEBYTECODE``,
+    set on some machines of this kind): ``make install`` does not byte-compile, so without
+    it every process the tests start (hundreds: runs, services, ranks, their watchdogs)
+    compiled torch's, transformers' and pytest's Python anew, about 3 s of CPU each here."""
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // jobs))
-    return {**os.environ, "NEXRL_RECIPE_KEY_RECORDS": str(records), "OMP_NUM_THREADS": threads}
+    inherited = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    return {**inherited, "NEXRL_RECIPE_KEY_RECORDS": str(records), "OMP_NUM_THREADS": threads}
 
 
 def main(argv: list[str] | None = None) -> int:

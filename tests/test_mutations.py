@@ -137,10 +137,11 @@ def throwaway_copy(root: Path) -> Iterator[Path]:
 
 
 def copy_environment(copy: Path) -> dict[str, str]:
-    """The environment the copy's tests run in: its distributions first on the path."""
-    env = {key: value for key, value in os.environ.items() if key not in RECORDING_ENV}
+    """The environment the copy's tests run in: its distributions first on the path, and
+    bytecode written (`mutated` keeps a mutated module's from outliving its restore), so
+    each named test's processes compile only the modules a mutation changed."""
+    env = {key: value for key, value in os.environ.items() if key not in (*RECORDING_ENV, "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = os.pathsep.join(str(folder) for folder in distribution_dirs(copy))
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutated module's bytecode never outlives its restore
     return env
 
 
@@ -197,14 +198,23 @@ class Report:
 
 
 @contextmanager
-def mutated(copy: Path, mutation: Mutation) -> Iterator[None]:
+def mutated(copy: Path, mutation: Mutation, serial: int) -> Iterator[None]:
+    """``mutation`` applied to ``copy`` while the block runs.
+
+    Python takes a module's cached bytecode when the source's modification time (whole
+    seconds) and size match the ones it was compiled from. So the mutated file gets a
+    time of its own, ``serial`` seconds (unique to the mutation) past the original's,
+    and the restored file gets the original's time back: a mutated module's bytecode is
+    never taken for the original or another mutation's, and the original's stays good."""
     target = copy / mutation.file
-    original = target.read_bytes()
+    original, stat = target.read_bytes(), target.stat()
     target.write_text(original.decode("utf-8").replace(mutation.original, mutation.replacement, 1), encoding="utf-8")
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + serial * 1_000_000_000))
     try:
         yield
     finally:
         target.write_bytes(original)
+        os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def run_mutations(
@@ -233,10 +243,10 @@ def run_mutations(
             finally:
                 copies.put(copy)
 
-        def verdict(mutation: Mutation) -> Verdict:
+        def verdict(serial: int, mutation: Mutation) -> Verdict:
             def job(copy: Path) -> Verdict:
                 began = time.monotonic()
-                with mutated(copy, mutation):
+                with mutated(copy, mutation, serial):
                     statuses = {test: run_test(copy, test) for test in mutation.tests}
                 return Verdict(mutation, statuses, time.monotonic() - began)
 
@@ -247,7 +257,7 @@ def run_mutations(
 
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             baseline = dict(zip(named, pool.map(lambda test: on_a_copy(lambda copy: run_test(copy, test)), named)))
-            verdicts = list(pool.map(verdict, mutations))
+            verdicts = list(pool.map(verdict, range(1, len(mutations) + 1), mutations))
     return Report(baseline, verdicts, time.monotonic() - started)
 
 
@@ -293,6 +303,22 @@ def test_a_mutation_no_test_catches_is_reported() -> None:
     assert report.baseline == {KL_TEST: 0}
     assert [verdict.caught for verdict in report.verdicts] == [False, True]
     assert report.problems() == [f"docstring: survived {KL_TEST} (changes no behaviour)"]
+
+
+@pytest.mark.slow
+def test_a_mutations_bytecode_is_never_taken_for_the_next_one_on_the_same_copy() -> None:
+    """Two mutations of one spot, the same size, one after the other on one copy (within
+    a second): the second, harmless one must run its own code, not the first one's
+    cached bytecode, and survive."""
+    original = '"""Does nothing; present so both controllers can be driven the same way."""'
+    breaking = Mutation(
+        id="fixed-moves", file="plugins/nexrl_grpo/nexrl_grpo/kl.py", tests=(KL_TEST,), why="the fixed controller moves",
+        original=original, replacement="self.value *= 2  # ".ljust(len(original), "x"),
+    )  # fmt: skip
+    harmless = attrs.evolve(breaking, id="same-size-docstring", replacement=f'"""{"y" * (len(original) - 6)}"""', why="-")
+    assert len(breaking.replacement) == len(harmless.replacement) == len(original)
+    report = run_mutations([breaking, harmless], workers=1, passed={KL_TEST})
+    assert [verdict.caught for verdict in report.verdicts] == [True, False]
 
 
 @pytest.mark.slow
