@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.gpu:
             print(f"=== pytest {LAST.name} ({LAST.folder})", flush=True)
             last_began = time.monotonic()
-            at_once = os.cpu_count() or 1  # the mutation list runs a named test per CPU
+            at_once = (os.cpu_count() or 1) + 1  # the mutation list's copies (tests/test_mutations.py: default_copies)
             code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records, at_once)).returncode
             results[LAST.name] = (code, time.monotonic() - last_began)
     results.update(linted)

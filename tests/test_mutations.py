@@ -5,7 +5,7 @@ The copy holds the files git tracks (and untracked ones it does not ignore); its
 run with ``PYTHONPATH`` listing the copy's distribution folders, so they import the
 copy's code, not the installed one. Each named test runs on its own, from its own
 distribution's folder, as ``make test`` runs it: once on the unmutated copy (it must
-pass) and once per mutation that names it (it must fail). One copy per CPU takes
+pass) and once per mutation that names it (it must fail). One copy per CPU, and one more, take
 these runs as they come, a mutation restored on its copy before that copy's next run.
 
 ``make mutations`` (``python tests/test_mutations.py``, or with mutation ids to run only
@@ -217,11 +217,18 @@ def mutated(copy: Path, mutation: Mutation, serial: int) -> Iterator[None]:
         os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
+def default_copies() -> int:
+    """One copy more than there are CPUs: a named test's run waits on the processes it
+    starts (services, ranks) for part of its time, and with one copy per CPU the list
+    kept 2 cores at a load of 1.2-1.5."""
+    return (os.cpu_count() or 1) + 1
+
+
 def run_mutations(
     mutations: Sequence[Mutation], root: Path = ROOT, verbose: bool = False, workers: int | None = None, passed: Collection[str] = ()
 ) -> Report:
     """Apply each mutation to a throwaway copy of ``root`` and run its tests; ``workers``
-    copies (one per CPU by default) take the named tests' baseline runs and then the
+    copies (`default_copies`) take the named tests' baseline runs and then the
     mutations in turn, so every core is busy (each job is mostly one pytest's start).
     A named test in ``passed`` already passed on this very source in this run (``make
     test`` records every test's outcome), which is its baseline: it is not run again."""
@@ -230,7 +237,7 @@ def run_mutations(
         raise ValueError("\n".join(problems))
     started = time.monotonic()
     named = sorted({test for mutation in mutations for test in mutation.tests} - set(passed))
-    workers = max(1, min(workers or os.cpu_count() or 1, len(mutations)))
+    workers = max(1, min(workers or default_copies(), len(mutations)))
     with ExitStack() as stack:
         copies: queue.Queue[Path] = queue.Queue()
         for _ in range(workers):
