@@ -24,7 +24,8 @@ import argparse
 import os
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+
+import attrs
 
 from nexrl_core.specs import RankCommand
 
@@ -52,7 +53,7 @@ RANK_COMMAND = RankCommand(
 accepts, and what the plugin's `GroupEngineSpec` tells the core."""
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class WorkerArguments:
     """What a rank needs from its command line and environment."""
 
