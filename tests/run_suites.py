@@ -7,10 +7,12 @@ at once keep both busy. Suites start longest first, and each one's output is pri
 whole when it ends, so the log reads suite by suite.
 
 Every suite records into one folder (``NEXRL_RECIPE_KEY_RECORDS``) which recipe keys each
-test sets and how it went. The readers of those records run last, on their own, once
-every other test has run: the recipe-key walk (`tests/test_recipe_keys.py`) and the
-mutation list (`tests/test_mutations.py::test_every_mutation_is_caught`), which takes a
-named test that passed in this run as its baseline.
+test sets and how it went, and two tests read those records. The mutation list
+(`tests/test_mutations.py::test_every_mutation_is_caught`, a quarter of all the time)
+runs beside the suites from the start, on one copy of the repository while they run and
+on all its copies once they have ended (the file ``NEXRL_SUITES_ENDED`` names tells it);
+only then does it read which of its named tests passed in this run, each its own
+baseline. The recipe-key walk (`tests/test_recipe_keys.py`) runs last, on its own.
 
 Before any suite, the linters run over the whole repository (``LINTERS``, about a
 second); a finding fails `make test` like a failed suite, and is printed first.
@@ -38,8 +40,12 @@ os._exit, skipping the interpreter's teardown, where the native threads third-pa
 clients leave behind (the tinker SDK's event loop and HTTP runtime, pyarrow's allocator)
 once aborted a fully green run with "double free or corruption" after pytest had printed
 its summary."""
-READERS = ("tests/test_recipe_keys.py", "tests/test_mutations.py::test_every_mutation_is_caught")
+MUTATIONS = "tests/test_mutations.py::test_every_mutation_is_caught"
+READERS = ("tests/test_recipe_keys.py", MUTATIONS)
 """The tests that read what every other test recorded."""
+SUITES_ENDED_ENV = "NEXRL_SUITES_ENDED"
+"""As `nexrl_testing.recipe_key_records.SUITES_ENDED_ENV` (not imported: this runner needs
+nothing but the standard library and attrs)."""
 RESUME = ("tests/test_resume_real.py",)
 ROOT_E2E = (
     "tests/test_signals_real.py", "tests/test_e2e_workers.py", "tests/test_e2e_weaver.py", "tests/test_eval.py",
@@ -76,7 +82,9 @@ SUITES = (
     Suite("nexrl-example-plugin", "examples/nexrl-example-plugin"),
 )
 """Longest first (from a CI run's timings), so that the short ones fill the gaps at the end."""
-LAST = Suite("tests (records)", ".", READERS)
+BESIDE = Suite("tests (mutations)", ".", (MUTATIONS, "-s"))
+"""Runs beside the suites, and prints each mutation's verdict as it comes (``-s``)."""
+LAST = Suite("tests (recipe keys)", ".", ("tests/test_recipe_keys.py",))
 
 
 def gpu_suite(name: str, folder: str) -> Suite:
@@ -103,7 +111,7 @@ pyproject.toml); not on a GPU run, whose machine need not have them."""
 
 
 def command(suite: Suite) -> list[str]:
-    return [PYTHON, "-c", RUN_PYTEST, "--durations=15", *suite.args]
+    return [PYTHON, "-c", RUN_PYTEST, "--durations=25", *suite.args]
 
 
 def run_linters() -> dict[str, tuple[int, float]]:
@@ -117,12 +125,15 @@ def run_linters() -> dict[str, tuple[int, float]]:
     return results
 
 
-def run_suite(suite: Suite, records: Path, logs: Path, printing: threading.Lock, jobs: int) -> tuple[int, float]:
+def run_suite(
+    suite: Suite, records: Path, logs: Path, printing: threading.Lock, jobs: int, extra_env: dict[str, str] | None = None
+) -> tuple[int, float]:
     """Run ``suite`` with its output in a log, then print that log whole."""
     log = logs / f"{suite.name.replace(' ', '_').replace('(', '').replace(')', '')}.log"
     began = time.monotonic()
+    env = {**environment(records, jobs), **(extra_env or {})}
     with log.open("wb") as out:
-        code = subprocess.run(command(suite), cwd=ROOT / suite.folder, env=environment(records, jobs), stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command(suite), cwd=ROOT / suite.folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.monotonic() - began
     with printing:
         print(f"=== pytest {suite.name} ({suite.folder}): exit {code} in {seconds:.0f} s", flush=True)
@@ -160,14 +171,23 @@ def main(argv: list[str] | None = None) -> int:
         records.mkdir()
         logs.mkdir()
         printing = threading.Lock()
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing, jobs) for suite in suites}
-            results = {name: future.result() for name, future in futures.items()}
+        ended = Path(folder) / "suites-ended"
+        with concurrent.futures.ThreadPoolExecutor(1) as beside:
+            mutations = None
+            if not args.gpu:  # its copies count as one more suite for torch's threads: each starts one process at a time
+                mutations = beside.submit(run_suite, BESIDE, records, logs, printing, jobs + 1, {SUITES_ENDED_ENV: str(ended)})
+            try:
+                with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                    futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing, jobs) for suite in suites}
+                    results = {name: future.result() for name, future in futures.items()}
+            finally:
+                ended.touch()
+            if mutations is not None:
+                results[BESIDE.name] = mutations.result()
         if not args.gpu:
             print(f"=== pytest {LAST.name} ({LAST.folder})", flush=True)
             last_began = time.monotonic()
-            at_once = (os.cpu_count() or 1) + 1  # the mutation list's copies (tests/test_mutations.py: default_copies)
-            code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records, at_once)).returncode
+            code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records, jobs)).returncode
             results[LAST.name] = (code, time.monotonic() - last_began)
     results.update(linted)
     print(f"=== {len(results)} suites in {time.monotonic() - began:.0f} s, {jobs} at once")

@@ -6,7 +6,9 @@ run with ``PYTHONPATH`` listing the copy's distribution folders, so they import 
 copy's code, not the installed one. Each named test runs on its own, from its own
 distribution's folder, as ``make test`` runs it: once on the unmutated copy (it must
 pass) and once per mutation that names it (it must fail). One copy per CPU, and one more, take
-these runs as they come, a mutation restored on its copy before that copy's next run.
+these runs as they come, a mutation restored on its copy before that copy's next run; a
+test that passed in this run of ``make test`` is its own baseline. ``make test`` runs the
+list beside its other suites, on one copy until they have ended.
 
 ``make mutations`` (``python tests/test_mutations.py``, or with mutation ids to run only
 those) runs the list and prints, per mutation, the tests that caught it and how long it took; `test_every_mutation_is_caught`
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -31,6 +34,8 @@ from typing import TypeVar
 import attrs
 import pytest
 import yaml
+
+from nexrl_testing.recipe_key_records import SUITES_ENDED_ENV, wait_for_the_suites
 
 T = TypeVar("T")
 
@@ -225,23 +230,42 @@ def default_copies() -> int:
 
 
 def run_mutations(
-    mutations: Sequence[Mutation], root: Path = ROOT, verbose: bool = False, workers: int | None = None, passed: Collection[str] = ()
+    mutations: Sequence[Mutation],
+    root: Path = ROOT,
+    verbose: bool = False,
+    workers: int | None = None,
+    passed: Callable[[], Collection[str]] = frozenset,
+    held: int = 0,
+    release: Callable[[], None] = lambda: None,
 ) -> Report:
     """Apply each mutation to a throwaway copy of ``root`` and run its tests; ``workers``
-    copies (`default_copies`) take the named tests' baseline runs and then the
-    mutations in turn, so every core is busy (each job is mostly one pytest's start).
-    A named test in ``passed`` already passed on this very source in this run (``make
-    test`` records every test's outcome), which is its baseline: it is not run again."""
+    copies (`default_copies`) take the mutations in turn, so every core is busy (each job
+    is mostly one pytest's start), and then the baseline runs of the named tests.
+
+    A named test that ``passed`` lists (asked once the mutations are done) already passed
+    on this very source in this run (``make test`` records every test's outcome), which
+    is its baseline: it is not run again. ``held`` of the copies take no work until
+    ``release`` returns: beside ``make test``'s suites the list keeps to the cores they
+    leave idle, and takes every copy once they have ended."""
     problems = [problem for mutation in mutations if (problem := misplaced(mutation, root))]
     if problems:
         raise ValueError("\n".join(problems))
     started = time.monotonic()
-    named = sorted({test for mutation in mutations for test in mutation.tests} - set(passed))
     workers = max(1, min(workers or default_copies(), len(mutations)))
+    held = min(held, workers - 1)
     with ExitStack() as stack:
+        made = [stack.enter_context(throwaway_copy(root)) for _ in range(workers)]
         copies: queue.Queue[Path] = queue.Queue()
-        for _ in range(workers):
-            copies.put(stack.enter_context(throwaway_copy(root)))
+        for copy in made[held:]:
+            copies.put(copy)
+
+        def release_the_held() -> None:
+            release()
+            for copy in made[:held]:
+                copies.put(copy)
+
+        if held:
+            threading.Thread(target=release_the_held, name="held-copies", daemon=True).start()
 
         def on_a_copy(job: Callable[[Path], T]) -> T:
             copy = copies.get()
@@ -263,8 +287,9 @@ def run_mutations(
             return done
 
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            baseline = dict(zip(named, pool.map(lambda test: on_a_copy(lambda copy: run_test(copy, test)), named)))
             verdicts = list(pool.map(verdict, range(1, len(mutations) + 1), mutations))
+            named = sorted({test for mutation in mutations for test in mutation.tests} - set(passed()))
+            baseline = dict(zip(named, pool.map(lambda test: on_a_copy(lambda copy: run_test(copy, test)), named)))
     return Report(baseline, verdicts, time.monotonic() - started)
 
 
@@ -286,7 +311,11 @@ def test_the_list_is_well_formed_and_each_mutation_applies() -> None:
 def test_every_mutation_is_caught(passed_in_this_run: Callable[[Collection[str], Path], set[str]]) -> None:
     mutations = load_mutations()
     named = {test for mutation in mutations for test in mutation.tests}
-    report = run_mutations(mutations, passed=passed_in_this_run(named, ROOT))
+    beside_the_suites = bool(os.environ.get(SUITES_ENDED_ENV))
+    report = run_mutations(
+        mutations, verbose=True, passed=lambda: passed_in_this_run(named, ROOT),
+        held=default_copies() - 1 if beside_the_suites else 0, release=wait_for_the_suites,
+    )  # fmt: skip
     print(f"{len(mutations)} mutations in {report.seconds:.0f} s; {len(report.baseline)} of {len(named)} named tests run for a baseline")
     assert not report.problems(), "\n".join(report.problems())
 
@@ -324,7 +353,7 @@ def test_a_mutations_bytecode_is_never_taken_for_the_next_one_on_the_same_copy()
     )  # fmt: skip
     harmless = attrs.evolve(breaking, id="same-size-docstring", replacement=f'"""{"y" * (len(original) - 6)}"""', why="-")
     assert len(breaking.replacement) == len(harmless.replacement) == len(original)
-    report = run_mutations([breaking, harmless], workers=1, passed={KL_TEST})
+    report = run_mutations([breaking, harmless], workers=1, passed=lambda: {KL_TEST})
     assert [verdict.caught for verdict in report.verdicts] == [True, False]
 
 
@@ -334,7 +363,7 @@ def test_a_named_test_that_passed_in_this_run_is_its_own_baseline() -> None:
         id="fixed-moves", file="plugins/nexrl_grpo/nexrl_grpo/kl.py", tests=(KL_TEST,), why="the fixed controller moves",
         original='"""Does nothing; present so both controllers can be driven the same way."""', replacement="self.value *= 2",
     )  # fmt: skip
-    report = run_mutations([breaking], passed={KL_TEST})
+    report = run_mutations([breaking], passed=lambda: {KL_TEST})
     assert report.baseline == {}
     assert [verdict.caught for verdict in report.verdicts] == [True]
 

@@ -150,10 +150,11 @@ def recipe_key_records(tmp_path: Path) -> Callable[[Iterable[str], Path], dict[s
 @pytest.fixture
 def passed_in_this_run() -> Callable[[Iterable[str], Path], set[str]]:
     """Which of the named tests (``path::name``, path from a root) passed in this run's
-    records (``make test``: every distribution's tests before this one); none when
-    nothing is recorded."""
+    records (``make test``: every distribution's tests, before this one or, for a test
+    that runs beside the suites, once they have ended); none when nothing is recorded."""
 
     def passed(named: Iterable[str], root: Path) -> set[str]:
+        key_records.wait_for_the_suites()
         directory = os.environ.get(key_records.RECORDS_ENV)
         found = key_records.read_records(Path(directory)) if directory else {}
         return {test for test in named if (record := key_records.record_of(test, root, found)) is not None and record.passed}

@@ -36,6 +36,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ RECORDS_ENV = "NEXRL_RECIPE_KEY_RECORDS"
 NOW_ENV = "NEXRL_RECIPE_KEY_NOW"
 """A file naming what the pytest session that started this process runs now: a test
 (``/abs/path.py::name[params]``) or a shared fixture being set up (see `fixture_id`)."""
+SUITES_ENDED_ENV = "NEXRL_SUITES_ENDED"
+"""A file ``make test`` creates once its suites have ended, given to a reader that runs
+beside them (the mutation list): it waits for that file before it reads how they went."""
 HOLDER_OPTIONS = "backend.options.holder"
 """Where the ``remote_api`` backend takes the chosen service holder's own options."""
 STARTUP_DIR = Path(__file__).with_name("key_record_startup")
@@ -410,6 +414,14 @@ class TestRecord:
     """It passed or was skipped, every run of it: what pytest's exit status 0 says."""
     errors: frozenset[str] = frozenset()
     """Why recording failed while it ran, if it did (a bug of the recorder)."""
+
+
+def wait_for_the_suites(poll_s: float = 1.0) -> None:
+    """Return once the suites running beside this one have ended (`SUITES_ENDED_ENV`);
+    at once where nothing runs beside it."""
+    ended = os.environ.get(SUITES_ENDED_ENV)
+    while ended and not Path(ended).exists():
+        time.sleep(poll_s)
 
 
 def read_records(directory: Path) -> dict[str, TestRecord]:

@@ -3,9 +3,13 @@ that passed in this very run as its baseline instead of running it again."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
-from nexrl_testing.recipe_key_records import read_records, record_of, run_recording
+import pytest
+
+from nexrl_testing.recipe_key_records import SUITES_ENDED_ENV, read_records, record_of, run_recording, wait_for_the_suites
 
 CASES = '''
 import pytest
@@ -51,3 +55,19 @@ def test_a_test_counts_as_passed_only_when_every_phase_of_every_case_passed(tmp_
         "test_passes_but_its_teardown_fails": False,
     }
     assert record_of("test_cases.py::test_one_case_fails[1]", tmp_path, found).passed
+
+
+def test_a_reader_beside_the_suites_reads_only_once_they_have_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutation list runs beside ``make test``'s suites: it must not read which of its
+    tests passed before the suites say they have ended, or it takes a test still to run
+    for one that failed."""
+    ended = tmp_path / "suites-ended"
+    monkeypatch.setenv(SUITES_ENDED_ENV, str(ended))
+    threading.Timer(0.5, ended.touch).start()
+    began = time.monotonic()
+    wait_for_the_suites(poll_s=0.05)
+    assert ended.exists() and time.monotonic() - began >= 0.4
+    monkeypatch.delenv(SUITES_ENDED_ENV)
+    began = time.monotonic()
+    wait_for_the_suites()
+    assert time.monotonic() - began < 0.5, "with nothing beside it, a reader does not wait"
