@@ -99,6 +99,13 @@ def _placement_options(pairs: Sequence[str]) -> dict[str, Any]:
 @click.option("--db", default=None, help="SQLAlchemy URL of the state store [default: a SQLite file in the data dir].")
 @click.option("--model", default="nexrl-tiny", show_default=True, help="Shipped model name or local HF directory.")
 @click.option(
+    "--model-name",
+    default=None,
+    metavar="ORG/NAME",
+    help="What clients and tinker-cookbook call the model (a Hugging Face-style name) [default: the shipped model's "
+    "own name; the --model path for a directory].",
+)
+@click.option(
     "--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16"]), help="Precision the service trains and samples in."
 )
 @click.option(
@@ -161,6 +168,7 @@ def serve(
     port: int,
     db: str | None,
     model: str,
+    model_name: str | None,
     dtype: str,
     device: str,
     api_key: str | None,
@@ -182,6 +190,7 @@ def serve(
         port=port,
         db=db,
         model=model,
+        model_name=model_name,
         dtype=dtype,
         device=device,
         api_key=api_key,

@@ -58,6 +58,10 @@ class ServeOptions:
     """SQLAlchemy URL of the state store; None lets the service choose a SQLite file."""
     model: str = "nexrl-tiny"
     """Base model served: a shipped model's name or a local HF directory."""
+    model_name: str | None = None
+    """What clients call the model (``base_model``, ``model_name``): a Hugging Face-style
+    ``Org/Name``, which tinker-cookbook's lookups and tokenizer downloads take; None: the
+    shipped model's own such name, or the ``model`` path for a directory."""
     dtype: str = attrs.field(default="fp32", validator=attrs.validators.in_(("fp32", "bf16")))
     """Precision the service trains and samples in (a recipe's ``model.dtype`` values);
     the service reports it, and a run whose ``model.dtype`` differs is refused."""

@@ -10,7 +10,11 @@ import tinker
 import torch
 from tinker import types
 
+from nexrl_engine.loading import SHIPPED_HUB_NAMES
 from nexrl_tinker.testing import BASE_MODEL
+
+SERVED_NAME = SHIPPED_HUB_NAMES[BASE_MODEL].model_name
+"""What the service calls the tiny model (requests may still say ``nexrl-tiny``)."""
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def rl_datum(datum: types.Datum, logprobs: list[float], advantage: float) -> typ
 
 def test_get_info_and_tokenizer(training_client, tokenizer):
     info = training_client.get_info()
-    assert info.model_data.model_name == BASE_MODEL
+    assert info.model_data.model_name == SERVED_NAME
     assert info.is_lora is True and info.lora_rank == 8
     assert training_client.model_id.endswith(":train:0")
     ids = tokenizer.encode("12+34=")
@@ -105,7 +109,7 @@ def test_full_sdk_flow(base_url, service_client, training_client, tokenizer):
 
     # Sampling from the named sampler weights.
     sampling_client = service_client.create_sampling_client(model_path=sampler_path).result(timeout=60)
-    assert sampling_client.get_base_model() == BASE_MODEL
+    assert sampling_client.get_base_model() == SERVED_NAME
     prompt = types.ModelInput.from_ints(chat_prompt(tokenizer, "21+30="))
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     response = sampling_client.sample(
@@ -160,7 +164,7 @@ def test_full_sdk_flow(base_url, service_client, training_client, tokenizer):
     rest = tinker.RestClient(base_url=base_url)
     run = rest.get_training_run_by_tinker_path(state.path).result(timeout=30)
     assert run.training_run_id == training_client.model_id
-    assert run.is_lora and run.lora_rank == 8 and run.base_model == BASE_MODEL
+    assert run.is_lora and run.lora_rank == 8 and run.base_model == SERVED_NAME
     assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state.path
 
 
@@ -222,7 +226,7 @@ def test_sessions_listing_and_checkpoint_delete(base_url, service_client, traini
 def test_server_capabilities(base_url):
     rest = tinker.RestClient(base_url=base_url)
     capabilities = rest.get_server_capabilities().result(timeout=30)
-    assert [m.model_name for m in capabilities.supported_models] == [BASE_MODEL]
+    assert [m.model_name for m in capabilities.supported_models] == [SERVED_NAME]
 
 
 def test_base_model_sampler_and_full_finetune(service_client, tokenizer):

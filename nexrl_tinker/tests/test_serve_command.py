@@ -36,7 +36,7 @@ def stop() -> Iterator[list[subprocess.Popen[bytes]]]:
 @pytest.mark.parametrize("key_from", ["flag", "env"])
 def test_the_key_host_and_model_flags(tmp_path: Path, stop: list, key_from: str) -> None:
     port = free_port()
-    args = ["--port", str(port), "--host", "127.0.0.1", "--model", "nexrl-tiny", "--dtype", "bf16"]
+    args = ["--port", str(port), "--host", "127.0.0.1", "--model", "nexrl-tiny", "--model-name", "myorg/tiny", "--dtype", "bf16"]
     args, env = (args + ["--api-key", "tml-secret"], None) if key_from == "flag" else (args, {"NEXRL_API_KEY": "tml-secret"})
     stop.append(serve(tmp_path, *args, env=env))
     url = f"http://127.0.0.1:{port}"
@@ -45,7 +45,7 @@ def test_the_key_host_and_model_flags(tmp_path: Path, stop: list, key_from: str)
     answer = httpx.post(f"{url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-secret"}, timeout=30)
     assert answer.status_code == 200, answer.text
     info = httpx.get(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-secret"}, timeout=30).json()
-    assert "nexrl-tiny" in str(info)
+    assert [model["model_name"] for model in info["supported_models"]] == ["myorg/tiny"]
     said = httpx.get(f"{url}/api/v1/nexrl_capabilities", headers={"X-API-Key": "tml-secret"}, timeout=30).json()
     assert said["dtype"] == "bf16", "the service trains in the --dtype it was started with"
 

@@ -24,6 +24,7 @@ from nexrl_core.openapi import json_body
 from nexrl_service.auth import Authenticator
 from nexrl_service.downloads import add_download_route
 from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
+from nexrl_service.hub import add_hub_routes
 from nexrl_service.state import ServiceState
 from nexrl_tinker.server.codec import (
     FORWARD_BACKWARD_JSON,
@@ -342,5 +343,7 @@ def create_app(state: ServiceState) -> FastAPI:
 
     # Signed downloads of external weights: no API key, the URL's signature is the credential.
     add_download_route(app, state.downloads)
+    # The tokenizer and config by the model's names, for HF_ENDPOINT=<this URL>/hf (bearer key).
+    add_hub_routes(app, state.hub, state.settings.api_key)
 
     return app

@@ -50,7 +50,7 @@ class RunService:
         sampler = [c for c in checkpoints if c.kind == "sampler"]
         return {
             "training_run_id": model.model_id,
-            "base_model": model.base_model,
+            "base_model": self.state.base.name,
             "model_owner": model.owner,
             "is_lora": model.lora_rank > 0,
             "corrupted": model.status == "failed",
@@ -116,7 +116,7 @@ class RunService:
         self.state.own_checkpoint(owner, parsed.path)
         model = self.state.own_model(owner, parsed.model_id)
         return {
-            "base_model": model.base_model,
+            "base_model": self.state.base.name,
             "optimizer_config": {"type": "adamw"},
             "is_lora": model.lora_rank > 0,
             "lora_rank": model.lora_rank if model.lora_rank > 0 else None,

@@ -74,7 +74,7 @@ class SamplingService:
 
     def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
         sampler = self.state.own_sampler(owner, sampler_id)
-        return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+        return {"sampler_id": sampler.sampler_id, "base_model": self.state.base.name, "model_path": sampler.model_path}
 
     # --- asample --------------------------------------------------------------------------------
 

@@ -188,13 +188,13 @@ class TrainingService:
             "model_id": model.model_id,
             "model_data": {
                 "arch": base.arch,
-                "model_name": model.base_model,
-                # A local directory: TrainingClient.get_tokenizer() loads it offline.
-                "tokenizer_id": str(base.directory),
+                "model_name": base.name,
+                # Loaded by name from this machine's cache or the service's /hf (nexrl_service.hub).
+                "tokenizer_id": base.tokenizer_id,
             },
             "is_lora": model.lora_rank > 0,
             "lora_rank": model.lora_rank if model.lora_rank > 0 else None,
-            "model_name": model.base_model,
+            "model_name": base.name,
             "optimizer_config": {"type": "adamw"},
         }
 

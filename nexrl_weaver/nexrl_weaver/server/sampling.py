@@ -51,7 +51,7 @@ class WeaverSampling:
         return {
             "id": sampler.sampler_id,
             "session_id": sampler.session_id,
-            "base_model": sampler.base_model,
+            "base_model": self.state.base.name,
             "model_path": sampler.model_path,
             "model_id": sampler.model_id,
             "tokenizer_path": str(self.state.base.directory),

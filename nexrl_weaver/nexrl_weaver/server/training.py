@@ -205,7 +205,7 @@ class WeaverTraining:
         answer: dict[str, Any] = {
             "id": model.model_id,
             "session_id": model.session_id,
-            "base_model": model.base_model,
+            "base_model": self.state.base.name,
             "training_mode": mode,
             "status": model.status,
             # A local directory: TrainingClient.get_tokenizer() loads it offline.

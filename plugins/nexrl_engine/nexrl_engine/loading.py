@@ -15,10 +15,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 __all__ = [
+    "SHIPPED_HUB_NAMES",
     "SHIPPED_MODELS",
+    "HubNames",
     "check_chat_model_dir",
     "context_length",
     "load_model",
@@ -35,6 +38,29 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 
 SHIPPED_MODELS: dict[str, str] = {"nexrl-tiny": "models/nexrl-tiny"}
 """Shipped model name → directory inside the ``nexrl_engine`` package."""
+
+
+@attrs.frozen
+class HubNames:
+    """The Hugging Face-style names a service serves a shipped model under."""
+
+    model_name: str
+    """What clients and tinker-cookbook call the model (``model_info``, ``hyperparam_utils``,
+    ``SamplingClient.get_tokenizer()``): a name in the cookbook's tables whose renderer
+    writes exactly the model's chat template."""
+    tokenizer_id: str
+    """The name its tokenizer is fetched by (``TrainingClient.get_tokenizer()``): one that
+    names no repository on the Hub, so that a client that can reach the Hub never gets
+    the real model's tokenizer in place of this one."""
+
+
+SHIPPED_HUB_NAMES: dict[str, HubNames] = {
+    # A qwen2 model whose chat template is ChatML with <|im_end|> as the stop token and no
+    # thinking block: the cookbook's ``qwen3_instruct`` renderer, whose smallest model this is.
+    "nexrl-tiny": HubNames(model_name="Qwen/Qwen3-4B-Instruct-2507", tokenizer_id="nexrl/nexrl-tiny"),
+}
+"""Shipped model name → the names a service serves it under by default (``--model-name``
+replaces the first)."""
 
 
 def shipped_model_dir(name: str) -> Path:

@@ -61,25 +61,44 @@ class BaseModelInfo:
     """The served base model, read once from its directory (no torch needed)."""
 
     name: str
-    """What clients call it (``base_model``): the shipped name or the path given."""
+    """What clients call it (``base_model``, ``model_name``): ``--model-name``, else the
+    shipped model's own Hugging Face-style name (`nexrl_engine.loading.SHIPPED_HUB_NAMES`),
+    else the ``--model`` path as given."""
+    source: str
+    """What engines load and what the store records a model was created from: the
+    ``--model`` value as given (a shipped name resolves on every machine a worker group
+    runs on, where an absolute path of this machine might not)."""
     directory: Path
+    tokenizer_id: str
+    """The name ``get_info`` gives clients to fetch the tokenizer by (`nexrl_service.hub`);
+    a served path for a directory that has no Hugging Face-style name."""
     arch: str | None
     vocab_size: int
     max_context_length: int | None
 
     @classmethod
-    def load(cls, model: str) -> BaseModelInfo:
-        from nexrl_engine.loading import resolve_model_dir
+    def load(cls, model: str, model_name: str | None = None) -> BaseModelInfo:
+        from nexrl_engine.loading import SHIPPED_HUB_NAMES, resolve_model_dir
 
         directory = resolve_model_dir(model)
         config = json.loads((directory / "config.json").read_text())
+        shipped = SHIPPED_HUB_NAMES.get(model)
+        name = model_name or (shipped.model_name if shipped else model)
         return cls(
-            name=model,
+            name=name,
+            source=model,
             directory=directory,
+            tokenizer_id=shipped.tokenizer_id if shipped else name,
             arch=config.get("model_type"),
             vocab_size=int(config["vocab_size"]),
             max_context_length=config.get("max_position_embeddings"),
         )
+
+    @property
+    def aliases(self) -> frozenset[str]:
+        """Every name a request may give for this model: the served name, the ``--model``
+        value and its directory (what clients before served names sent)."""
+        return frozenset({self.name, self.source, str(self.directory)})
 
 
 @attrs.frozen(kw_only=True)
@@ -324,7 +343,7 @@ class EnginePool:
     def _build_sampler(self, ref: WeightsRef) -> Any:
         if ref.kind == "base":
             return _new_engine(
-                model=self.base.name, dtype=self.dtype, device=self.device, max_tokens_per_microbatch=self.max_tokens_per_microbatch
+                model=self.base.source, dtype=self.dtype, device=self.device, max_tokens_per_microbatch=self.max_tokens_per_microbatch
             )
         if ref.kind == "hf":
             assert ref.directory is not None

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
+from nexrl_service.hub import hub_name_problem
 
 __all__ = ["ServerSettings", "default_data_dir"]
 
@@ -43,6 +44,8 @@ class ServerSettings:
     """SQLAlchemy URL; empty means ``sqlite:///<data_dir>/<name>.db``."""
     model: str = "nexrl-tiny"
     """The one base model served: a shipped name or a local HF directory."""
+    model_name: str | None = None
+    """What clients call it (`nexrl_core.serving.ServeOptions.model_name`)."""
     dtype: str = "fp32"
     """Precision of every engine the service builds (``fp32`` or ``bf16``)."""
     device: str = "cpu"
@@ -120,6 +123,7 @@ class ServerSettings:
             "data_dir": data_dir,
             "db_url": options.db or "",
             "model": options.model,
+            "model_name": options.model_name,
             "dtype": options.dtype,
             "device": options.device,
             "max_tokens_per_microbatch": options.max_tokens_per_microbatch,
@@ -130,6 +134,9 @@ class ServerSettings:
             "placement_options": dict(options.placement_options),
             "worker_save_every": options.worker_save_every,
         }
+        if options.model_name is not None and (problem := hub_name_problem(options.model_name)) is not None:
+            reason = f"{problem}; give a name such as myorg/{Path(options.model).name or 'my-model'}"
+            raise ServiceStartError(f"--model-name {reason}", option="model_name", reason=reason)
         if (options.placement is not None or options.placement_options) and not options.workers:
             raise ServiceStartError("--placement places the ranks of worker groups; give --workers N as well, or leave it out")
         if options.workers:

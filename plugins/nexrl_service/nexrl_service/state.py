@@ -19,6 +19,7 @@ from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
 from nexrl_service.errors import BadRequest, Forbidden, Gone, NotFound
 from nexrl_service.files import CheckpointFiles
 from nexrl_service.futures import FutureBook
+from nexrl_service.hub import HubRepo, hub_name_problem, seed_cache
 from nexrl_service.janitor import Janitor
 from nexrl_service.scheduler import Scheduler
 from nexrl_service.settings import ServerSettings
@@ -108,7 +109,7 @@ class ServiceState:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.base = BaseModelInfo.load(settings.model)
+        self.base = BaseModelInfo.load(settings.model, settings.model_name)
         self.store = Store(settings.database_url)
         self.book = FutureBook(self.store)
         self.scheduler = Scheduler(
@@ -129,14 +130,24 @@ class ServiceState:
         )
         self.files = CheckpointFiles(settings.data_dir / "runs")
         self.downloads = SignedDownloads(self.files.root, settings.download_url_ttl_s)
+        self.hub = HubRepo.of((self.base.name, self.base.tokenizer_id), self.base.directory)
         self.janitor = Janitor(self)
         self.started_at = time.time()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the engine stack, recover from a previous process, start the janitor."""
+        """Load the engine stack, recover from a previous process, start the janitor, and
+        make the tokenizer loadable by name on this machine (`nexrl_service.hub`)."""
         warm_up_imports()
+        if hub_name_problem(self.base.name) is not None:
+            log.warning(
+                "serving %s under its path: tinker-cookbook's lookups and clients on other machines need a Hugging "
+                "Face-style name, given with --model-name Org/Name",
+                self.base.name,
+            )
+        if self.base.tokenizer_id in self.hub.names:
+            seed_cache(self.hub, self.base.tokenizer_id)
         self.janitor.start()
 
     def close(self) -> None:
@@ -207,8 +218,10 @@ class ServiceState:
         return checkpoint
 
     def check_base_model(self, base_model: str) -> str:
-        """The served base model's name if ``base_model`` names it, else `BadRequest`."""
-        served = {self.base.name, str(self.base.directory)}
-        if base_model not in served:
+        """What the store records for the served base model (its ``--model`` value) if
+        ``base_model`` names it (`BaseModelInfo.aliases`), else `BadRequest`. Rows keep that
+        value, not the served name, so a service restarted under another ``--model-name``
+        still owns what it made; answers report `BaseModelInfo.name`."""
+        if base_model not in self.base.aliases:
             raise BadRequest(f"unknown base model {base_model!r}; this server serves {self.base.name!r}")
-        return self.base.name
+        return self.base.source
