@@ -12,8 +12,10 @@ from tinker.proto.response_conv import (
 
 from nexrl_service.errors import BadRequest
 from nexrl_tinker.server.codec import (
+    TopkRows,
     decode_forward_backward,
     decode_forward_backward_json,
+    decode_target_prompt_ids,
     decompress_body,
     encode_forward_backward_output,
     encode_sample_response,
@@ -124,6 +126,31 @@ def test_outputs_round_trip_through_the_sdk_decoders() -> None:
     sample = deserialize_sample_response(encode_sample_response([([5, 6], [-0.5, -0.25], "stop")], [None, -1.0, -2.0]))
     assert sample.sequences[0].tokens == [5, 6] and sample.sequences[0].stop_reason == "stop"
     assert sample.prompt_logprobs == [None, -1.0, -2.0]
+
+
+def test_topk_matrices_and_target_tensors_read_back_through_the_sdk() -> None:
+    """Empty top-k rows are the SDK's sentinel (read as None); a sparse target request's
+    unlisted cells and a listed -1 ask for nothing, and the answer keeps its layout."""
+    prompt_topk = TopkRows(length=3, k=2, first=2, token_ids=[[4, 9]], logprobs=[[-0.1, -2.5]])
+    sample_topk = TopkRows(length=2, k=2, first=0, token_ids=[[5, 1], [6, 2]], logprobs=[[-0.5, -1.0], [-0.25, -3.0]])
+    value = {"data": [-1, 4], "dtype": "int64", "shape": [2, 2], "sparse_crow_indices": [0, 1, 2], "sparse_col_indices": [1, 0]}
+    targets = decode_target_prompt_ids(value, prompt_length=3, vocab_size=10, max_cells=100)
+    assert targets.ids.tolist() == [[-1, -1], [4, -1]] and targets.cells() == ([2], [4])
+    body = encode_sample_response(
+        [([5, 6], [-0.5, -0.25], "length")],
+        None,
+        sequence_topk=[sample_topk],
+        topk_prompt=prompt_topk,
+        target_prompt_logprobs=targets.answer([-0.75]),
+    )
+    sample = deserialize_sample_response(body)
+    assert sample.topk_prompt_logprobs == [None, None, [(4, pytest.approx(-0.1)), (9, -2.5)]]
+    assert sample.sequences[0].topk_logprobs == [[(5, -0.5), (1, -1.0)], [(6, -0.25), (2, -3.0)]]
+    answer = sample.target_prompt_logprobs
+    assert answer is not None and answer.sparse_crow_indices == [0, 1, 2] and answer.sparse_col_indices == [1, 0]
+    assert answer.to_torch().tolist() == [[0.0, 0.0], [-0.75, 0.0]]
+    with pytest.raises(BadRequest, match="at most 3 per request"):
+        decode_target_prompt_ids({**value, "shape": [2, 2]}, prompt_length=3, vocab_size=10, max_cells=3)
 
 
 def test_metric_names_always_have_one_colon() -> None:

@@ -1,7 +1,10 @@
 """The unmodified tinker-cookbook trainers run against TinkerCloud: the RL loop
 (``tinker_cookbook.rl.train.main``) on a small addition environment of ours, three
-steps, checkpoints; and DPO (``tinker_cookbook.preference.train_dpo.main``), whose
-``forward_backward_custom`` sends negative cross-entropy weights.
+steps, checkpoints; DPO (``tinker_cookbook.preference.train_dpo.main``), whose
+``forward_backward_custom`` sends negative cross-entropy weights; off-policy
+distillation (``tinker_cookbook.distillation.train_off_policy.main``), whose teacher
+answers ``topk_prompt_logprobs``; and the decisions recipe's ``sample_decision``, which
+scores its labels with a sparse ``target_prompt_logprobs``.
 
 tinker-cookbook is not a declared dependency (its own requirement ``tml-renderers>=0.4.1``
 is not installable from every index): install it with ``pip install --no-deps
@@ -15,15 +18,20 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 tinker_cookbook = pytest.importorskip("tinker_cookbook", reason="tinker-cookbook is not installed (see module docstring)")
 
 import chz
+import torch
 from tinker import types
 from tinker_cookbook import renderers, tokenizer_utils
+from tinker_cookbook.distillation import train_off_policy
+from tinker_cookbook.distillation.datasets import TeacherConfig
 from tinker_cookbook.preference import train_dpo
+from tinker_cookbook.recipes.decisions.decision import DecisionRendering, sample_decision
 from tinker_cookbook.rl import train
 from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
@@ -204,3 +212,83 @@ def test_cookbook_train_dpo_main_lowers_the_dpo_loss(base_url: str, tmp_path: Pa
     assert sorted(losses) == [0, 1], metrics
     assert losses[0] == pytest.approx(math.log(2), abs=1e-3)
     assert losses[1] < losses[0] - 1e-3, losses
+
+
+def _reference_log_softmax() -> Any:
+    """Row j: log p(· | tokens[: j + 1]) under the tiny model, loaded here from its files."""
+    from transformers import AutoModelForCausalLM
+
+    from nexrl_engine.loading import resolve_model_dir
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(BASE_MODEL)), torch_dtype=torch.float32).eval()
+
+    def of(tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
+
+    return of
+
+
+def test_cookbook_off_policy_distillation_trains_on_the_teachers_top_k(base_url: str, tmp_path: Path) -> None:
+    """``distillation.train_off_policy.main``, unmodified, two steps: the teacher (the base
+    model) answers ``topk_prompt_logprobs=4`` for every datum and the student trains with
+    cross-entropy on those [N, 4] soft targets. The student starts as the base model
+    (LoRA's B is 0), so the first step's loss is, per answer position, the cross-entropy
+    of the base model's own renormalised top 4 against itself, computed here."""
+    tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
+    log_path = tmp_path / "off-policy"
+    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=BASE_MODEL, renderer_name=RENDERER, max_length=None, batch_size=6)
+    config = train_off_policy.Config(
+        learning_rate=2e-3,
+        dataset_configs=[
+            train_off_policy.DatasetWithTeacher(
+                dataset_builder=PreferenceDatasetBuilder(common_config=common), teacher_config=TeacherConfig(base_model=BASE_MODEL)
+            )
+        ],
+        model_name=BASE_MODEL,
+        recipe_name="nexrl_tinker_test",
+        renderer_name=RENDERER,
+        lora_rank=8,
+        n_teacher_targets=4,
+        batch_size=6,
+        save_every=0,
+        eval_every=0,
+        max_steps=2,
+        log_path=str(log_path),
+        base_url=base_url,
+        ttl_seconds=None,
+    )
+    asyncio.run(train_off_policy.main(config))
+
+    metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    losses = {m["step"]: m["train/loss:sum"] for m in metrics if "train/loss:sum" in m}
+    assert sorted(losses) == [0, 1] and all(math.isfinite(loss) for loss in losses.values()), metrics
+    log_softmax = _reference_log_softmax()
+    expected = 0.0
+    for datum in PreferenceDataset(1).get_batch(0):
+        targets = datum.loss_fn_inputs["target_tokens"].tolist()
+        reference = log_softmax([*datum.model_input.to_ints(), targets[-1]])
+        for position, weight in enumerate(datum.loss_fn_inputs["weights"].tolist()):
+            if weight > 0:
+                top = reference[position].topk(4).values
+                expected -= float((torch.softmax(top, dim=0) * top).sum())
+    assert losses[0] == pytest.approx(expected, rel=1e-4)
+
+
+def test_cookbook_sample_decision_scores_its_labels(base_url: str, service_client) -> None:
+    """The decisions recipe's ``sample_decision``, unmodified: one request with a sparse
+    ``target_prompt_logprobs`` naming three labels at the answer position; its
+    probabilities are the softmax of the model's logprobs of those labels there."""
+    tokenizer = _tiny_tokenizer()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "3+4="}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    labels = {label: tokenizer.convert_tokens_to_ids(label) for label in ("7", "8", "1")}
+    rendering = DecisionRendering(tokens=[*prompt, labels["7"]], choice_pos=len(prompt), label_tokens=labels)
+    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result(timeout=60)
+    probabilities = asyncio.run(sample_decision(sampler, rendering))
+
+    scores = _reference_log_softmax()(prompt)[-1, list(labels.values())]
+    expected = torch.softmax(scores, dim=0).tolist()
+    assert list(probabilities) == list(labels)
+    assert list(probabilities.values()) == pytest.approx(expected, abs=1e-4)

@@ -8,6 +8,11 @@ for a text model) with a `BadRequest` that names the datum and the field.
 
 ``forward_backward`` may also arrive as JSON (the SDK's pydantic shape) from non-SDK
 clients; both forms end up as the same `FwdBwdRequest`.
+
+On the sampling side: a ``SampleRequest``'s ``target_prompt_logprobs`` (JSON ``TensorData``,
+dense or sparse CSR) is read into `TargetPromptIds`, which answers in the request's own
+layout, and `encode_sample_response` writes ``SampleResponse`` with its top-k matrices
+(`TopkRows`) as the SDK's ``TopkLogprobs``.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ __all__ = [
     "PROTO_CONTENT_TYPE",
     "FwdBwdDatum",
     "FwdBwdRequest",
+    "TargetPromptIds",
+    "TopkRows",
     "decode_forward_backward",
     "decode_forward_backward_json",
+    "decode_target_prompt_ids",
     "decompress_body",
     "encode_forward_backward_output",
     "encode_sample_response",
@@ -87,8 +95,9 @@ _NP_OF_DTYPE = {1: np.float32, 2: np.int64, 3: np.int32}
 _BFLOAT16 = 4
 
 
-def _tensor(msg: Any, where: str) -> np.ndarray:
-    """A proto ``Tensor`` (dense or sparse CSR, any public dtype) as a dense array."""
+def _tensor(msg: Any, where: str, pad: int = 0) -> np.ndarray:
+    """A proto ``Tensor`` (dense or sparse CSR, any public dtype) as a dense array;
+    ``pad`` fills a sparse tensor's unlisted entries."""
     dtype = msg.dtype
     if dtype not in _NP_OF_DTYPE and dtype != _BFLOAT16:
         raise BadRequest(f"{where}: unsupported tensor dtype {dtype} (expected FLOAT32, INT64, INT32 or BFLOAT16)")
@@ -125,7 +134,7 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
             )
         if len(col) and (col.min() < 0 or col.max() >= cols):
             raise BadRequest(f"{where}: sparse column index out of range [0, {cols})")
-        dense = np.zeros((rows, cols), dtype=values.dtype)
+        dense = np.full((rows, cols), pad, dtype=values.dtype)
         row_index = np.repeat(np.arange(rows), np.diff(crow))
         dense[row_index, col] = values
         return dense
@@ -220,7 +229,7 @@ def decode_forward_backward(body: bytes) -> FwdBwdRequest:
 _JSON_DTYPES = {"float32": np.float32, "int64": np.int64}
 
 
-def _json_tensor(value: Any, where: str) -> np.ndarray:
+def _json_tensor(value: Any, where: str, pad: int = 0) -> np.ndarray:
     if not isinstance(value, Mapping) or "data" not in value:
         raise BadRequest(f"{where}: expected a TensorData object with 'data' and 'dtype'")
     dtype = _JSON_DTYPES.get(value.get("dtype", "float32"))
@@ -247,7 +256,7 @@ def _json_tensor(value: Any, where: str) -> np.ndarray:
             msg.sparse_csr.col_indices = np.asarray(col or [], dtype=np.int64).tobytes()
         except (TypeError, ValueError, OverflowError):
             raise BadRequest(f"{where}: sparse indices must be lists of 64-bit integers") from None
-        return _tensor(msg, where)
+        return _tensor(msg, where, pad)
     if shape:
         try:
             return values.reshape([int(s) for s in shape])
@@ -421,20 +430,126 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]], 
     return message.SerializeToString()
 
 
+@attrs.frozen
+class TargetPromptIds:
+    """A ``SampleRequest``'s ``target_prompt_logprobs``: which ids to score where, and the
+    layout the answer goes back in (the SDK promises "the same shape and layout")."""
+
+    ids: np.ndarray
+    """int64 [len(prompt) - 1, K]: row i scores prompt position i + 1; -1 (and every
+    unlisted cell of a sparse request) asks for nothing."""
+    crow: np.ndarray | None
+    """The request's CSR row pointers, or None for a dense request."""
+    col: np.ndarray | None
+
+    def cells(self) -> tuple[list[int], list[int]]:
+        """The prompt positions and ids of the cells that ask, in row-major order."""
+        rows, cols = np.nonzero(self.ids >= 0)
+        return (rows + 1).tolist(), self.ids[rows, cols].tolist()
+
+    def answer(self, logprobs: Sequence[float]) -> Any:
+        """The response ``Tensor``: float32 in the request's layout, ``logprobs`` (one per
+        `cells` entry) where a cell asked, 0.0 elsewhere."""
+        pb = _pb()
+        values = np.zeros(self.ids.shape, dtype=np.float32)
+        values[self.ids >= 0] = np.asarray(logprobs, dtype=np.float32)
+        tensor = pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(self.ids.shape))
+        if self.crow is None or self.col is None:
+            tensor.dense = values.tobytes()
+            return tensor
+        row_index = np.repeat(np.arange(self.ids.shape[0]), np.diff(self.crow))
+        tensor.sparse_csr.values = values[row_index, self.col].tobytes()
+        tensor.sparse_csr.crow_indices = self.crow.astype(np.int64).tobytes()
+        tensor.sparse_csr.col_indices = self.col.astype(np.int64).tobytes()
+        return tensor
+
+
+def decode_target_prompt_ids(value: Any, prompt_length: int, vocab_size: int, max_cells: int) -> TargetPromptIds:
+    """Read and check ``target_prompt_logprobs`` (JSON ``TensorData``) for a prompt of
+    ``prompt_length`` tokens: int64, shape [prompt_length - 1, K] with at most
+    ``max_cells`` cells, ids in the vocabulary or -1, at least one id."""
+    where = "target_prompt_logprobs"
+    if not isinstance(value, Mapping):
+        raise BadRequest(f"{where} must be a TensorData object (data, dtype, shape)")
+    if value.get("dtype") != "int64":
+        raise BadRequest(f"{where} must hold int64 token ids, got dtype {value.get('dtype')!r}")
+    shape = value.get("shape")
+    rows = prompt_length - 1
+    if not isinstance(shape, list) or len(shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        raise BadRequest(f"{where} must be 2-D, [len(prompt) - 1, K] = [{rows}, K], got shape {shape!r}")
+    if shape[0] != rows or shape[1] < 1:
+        raise BadRequest(f"{where} has shape {shape}; this prompt needs [len(prompt) - 1, K] = [{rows}, K] with K >= 1")
+    if rows * shape[1] > max_cells:
+        raise BadRequest(f"{where} has {rows * shape[1]} cells ({shape}); at most {max_cells} per request: lower K or split the prompt")
+    ids = _json_tensor(value, where, pad=-1)
+    bad = sorted({int(t) for t in ids[(ids < -1) | (ids >= vocab_size)]})
+    if bad:
+        raise BadRequest(f"{where} ids {bad[:5]} are neither -1 (no id) nor in the vocabulary [0, {vocab_size})")
+    if not np.any(ids >= 0):
+        raise BadRequest(f"{where} names no token id (every cell is -1); leave it out to ask for nothing")
+    if value.get("sparse_crow_indices") is None and value.get("sparse_col_indices") is None:
+        return TargetPromptIds(ids.astype(np.int64), None, None)
+    # `_json_tensor` checked these against the shape and each other.
+    crow = np.asarray(value.get("sparse_crow_indices") or [], dtype=np.int64)
+    col = np.asarray(value.get("sparse_col_indices") or [], dtype=np.int64)
+    return TargetPromptIds(ids.astype(np.int64), crow, col)
+
+
+@attrs.frozen
+class TopkRows:
+    """A ``TopkLogprobs`` message's content: ``length`` positions of ``k`` entries; rows
+    ``first`` to ``first + len(token_ids)`` are given (most likely first), every other
+    row is the SDK's empty row (id 0, logprob ``MASK_LOGPROB``), which it reads as None."""
+
+    length: int
+    k: int
+    first: int
+    token_ids: Sequence[Sequence[int]]
+    logprobs: Sequence[Sequence[float]]
+
+    def write(self, message: Any) -> None:
+        from tinker.types.topk_logprobs import MASK_LOGPROB
+
+        ids = np.zeros((self.length, self.k), dtype=np.int32)
+        values = np.full((self.length, self.k), MASK_LOGPROB, dtype=np.float32)
+        if len(self.token_ids):
+            end = self.first + len(self.token_ids)
+            ids[self.first : end] = np.asarray(self.token_ids, dtype=np.int32).reshape(-1, self.k)
+            values[self.first : end] = np.asarray(self.logprobs, dtype=np.float32).reshape(-1, self.k)
+        message.token_ids = ids.tobytes()
+        message.logprobs = values.tobytes()
+        message.k = self.k
+        message.length = self.length
+
+
 def encode_sample_response(
     sequences: Sequence[tuple[Sequence[int], Sequence[float], str]],
     prompt_logprobs: Sequence[float | None] | None,
+    *,
+    sequence_topk: Sequence[TopkRows | None] | None = None,
+    topk_prompt: TopkRows | None = None,
+    target_prompt_logprobs: Any = None,
 ) -> bytes:
-    """``SampleResponse``: tokens int32, logprobs float32, prompt logprobs with NaN for None."""
+    """``SampleResponse``: tokens int32, logprobs float32, prompt logprobs with NaN for None;
+    each sequence's ``topk_sampled_logprobs`` (``sequence_topk``, one per sequence),
+    ``topk_prompt_logprobs`` and the ``target_prompt_logprobs`` tensor (`TargetPromptIds.answer`)
+    when asked for."""
     pb = _pb()
     message = pb.SampleResponse()
-    for tokens, logprobs, stop_reason in sequences:
+    for index, (tokens, logprobs, stop_reason) in enumerate(sequences):
         sequence = message.sequences.add()
         sequence.stop_reason = pb.STOP_REASON_STOP if stop_reason == "stop" else pb.STOP_REASON_LENGTH
         sequence.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
         sequence.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+        topk = sequence_topk[index] if sequence_topk is not None else None
+        if topk is not None:
+            topk.write(sequence.topk_sampled_logprobs)
     if prompt_logprobs is not None:
         values = np.array([math.nan if v is None else v for v in prompt_logprobs], dtype=np.float32)
         message.prompt_logprobs = values.tobytes()
+    if topk_prompt is not None:
+        topk_prompt.write(message.topk_prompt_logprobs)
+    if target_prompt_logprobs is not None:
+        message.target_prompt_logprobs.CopyFrom(target_prompt_logprobs)
     message.prompt_cache_hit_tokens = 0
     return message.SerializeToString()

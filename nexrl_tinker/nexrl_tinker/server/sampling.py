@@ -1,9 +1,15 @@
 """Sampling routes' work: ``create_sampling_session`` and ``asample``.
 
 The Tinker side of sampling: the SDK's bodies (encoded-text prompt chunks, its
-sampling parameters and the options this server refuses), sampler ids and
-``tinker://`` paths, the ``sample_sequence_id`` per sample that the SDK asserts, and
-the protobuf response (``prompt_logprobs_last_n`` cuts the prompt logprobs there).
+sampling parameters, its top-k and target logprob fields, and the options this server
+refuses), sampler ids and ``tinker://`` paths, the ``sample_sequence_id`` per sample
+that the SDK asserts, and the protobuf response (``prompt_logprobs_last_n`` cuts the
+prompt logprobs and the top-k prompt rows there, as the SDK documents, and leaves the
+target logprobs whole).
+
+Every logprob returned is of the raw model distribution (temperature 1, no top-k or
+top-p filter), the distribution of ``prompt_logprobs`` and of each sampled token's
+logprob: the sampling parameters change which tokens are drawn, not these numbers.
 Lanes, batching and the engine calls are the runtime's `SamplingOps`; a resubmission
 of the same ``(sampling_session_id, seq_id)`` gets the same future.
 """
@@ -15,26 +21,47 @@ from typing import Any
 from nexrl_service.engines import WeightsRef
 from nexrl_service.errors import BadRequest
 from nexrl_service.futures import Outcome, new_request_id
-from nexrl_service.sampling import SampleTask, SamplingOps
+from nexrl_service.sampling import MAX_LOGPROB_CELLS, SampleTask, SamplingOps
 from nexrl_service.state import ServiceState
 from nexrl_service.training import TrainingOps
-from nexrl_tinker.server.codec import PROTO_CONTENT_TYPE, encode_sample_response
+from nexrl_tinker.server.codec import (
+    PROTO_CONTENT_TYPE,
+    TargetPromptIds,
+    TopkRows,
+    decode_target_prompt_ids,
+    encode_sample_response,
+)
 from nexrl_tinker.server.ids import new_sampler_id, parse_tinker_path
 from nexrl_tinker.server.schemas import CreateSamplingSessionBody, SampleBody
 
 __all__ = ["SamplingService"]
 
 
-def _answer(prompt_logprobs: bool, last_n: int | None) -> Any:
-    """The encoder of one request's `PromptSamples`."""
+def _answer(prompt_length: int, prompt_logprobs: bool, last_n: int | None, request: Any, targets: TargetPromptIds | None) -> Any:
+    """The encoder of one request's `PromptSamples`; ``request`` is its `LogprobRequest`."""
+    # Positions before the last ``last_n`` are not scored: None, and empty top-k rows.
+    cut = prompt_length - last_n if last_n is not None else 1
 
     def answer(result: Any) -> Outcome:
         logprobs = result.prompt_logprobs if prompt_logprobs else None
-        if logprobs is not None and last_n is not None:
-            cut = len(logprobs) - last_n
+        if logprobs is not None:
             logprobs = [None] * cut + list(logprobs[cut:])
+        topk_prompt = None
+        top, k = result.topk_prompt_logprobs, request.topk_prompt_logprobs
+        if top is not None:
+            # Engine row t is prompt position t + 1.
+            topk_prompt = TopkRows(prompt_length, k, cut, top.token_ids[cut - 1 :], top.logprobs[cut - 1 :])
+        k = request.topk_sample_logprobs
+        sequence_topk = [
+            None if s.topk_logprobs is None else TopkRows(len(s.tokens), k, 0, s.topk_logprobs.token_ids, s.topk_logprobs.logprobs)
+            for s in result.sequences
+        ]
+        target = targets.answer(result.target_prompt_logprobs) if targets is not None else None
         sequences = [(s.tokens, s.logprobs, s.stop_reason) for s in result.sequences]
-        return Outcome("done", PROTO_CONTENT_TYPE, encode_sample_response(sequences, logprobs))
+        body = encode_sample_response(
+            sequences, logprobs, sequence_topk=sequence_topk, topk_prompt=topk_prompt, target_prompt_logprobs=target
+        )
+        return Outcome("done", PROTO_CONTENT_TYPE, body)
 
     return answer
 
@@ -80,7 +107,7 @@ class SamplingService:
 
     def _task(self, body: SampleBody) -> SampleTask:
         from nexrl_engine.loss_fns import UNSERVED_LOSSES
-        from nexrl_engine.types import SamplingParams
+        from nexrl_engine.types import LogprobRequest, PromptTargets, SamplingParams
 
         if body.record_stability_info:
             # Recorded only for stable_reinforce; recording nothing while saying yes would
@@ -98,18 +125,16 @@ class SamplingService:
                 )
             tokens.extend(chunk.tokens)
         self.ops.check_prompt(tokens, body.num_samples)
-        unsupported = [
-            name
-            for name, asked in (
-                ("topk_prompt_logprobs", body.topk_prompt_logprobs > 0),
-                ("topk_sample_logprobs", body.topk_sample_logprobs > 0),
-                ("prompt_alt_tokens_k", body.prompt_alt_tokens_k > 0),
-                ("target_prompt_logprobs", body.target_prompt_logprobs is not None),
+        if body.prompt_alt_tokens_k > 0:
+            raise BadRequest(
+                "prompt_alt_tokens_k is not supported by this server (NexRL TinkerCloud); top-k and target "
+                "prompt logprobs are (topk_prompt_logprobs, target_prompt_logprobs)"
             )
-            if asked
-        ]
-        if unsupported:
-            raise BadRequest(f"{', '.join(unsupported)} is not supported by this server (NexRL TinkerCloud)")
+        targets = None
+        if body.target_prompt_logprobs is not None:
+            targets = decode_target_prompt_ids(
+                body.target_prompt_logprobs, len(tokens), self.state.base.vocab_size, MAX_LOGPROB_CELLS
+            )
         prompt_logprobs = bool(body.prompt_logprobs)
         last_n = body.prompt_logprobs_last_n
         if last_n is not None:
@@ -125,7 +150,14 @@ class SamplingService:
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"invalid sampling_params: {exc}") from None
         self.ops.check_stop_tokens(params)
-        return SampleTask(tokens, params, body.num_samples, prompt_logprobs, _answer(prompt_logprobs, last_n))
+        request = LogprobRequest(
+            topk_prompt_logprobs=body.topk_prompt_logprobs,
+            target_prompt_logprobs=PromptTargets(*targets.cells()) if targets is not None else None,
+            topk_sample_logprobs=body.topk_sample_logprobs,
+        )
+        self.ops.check_logprob_request(tokens, body.num_samples, params, request)
+        answer = _answer(len(tokens), prompt_logprobs, last_n, request, targets)
+        return SampleTask(tokens, params, body.num_samples, prompt_logprobs, answer, request)
 
     def asample(self, owner: str, body: SampleBody) -> dict[str, Any]:
         if body.sampling_session_id is not None:

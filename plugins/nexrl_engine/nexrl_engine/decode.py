@@ -30,6 +30,8 @@ from typing import Any
 import attrs
 import torch
 
+from nexrl_engine.types import TopLogprobs
+
 __all__ = ["DecodePolicy", "RowDraws", "RowResult", "StringStops", "choose_tokens", "decode_rows", "default_policy"]
 
 COUNTERS: collections.Counter[str] = collections.Counter()
@@ -81,6 +83,7 @@ class RowResult:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str
+    topk: TopLogprobs | None = None
 
 
 # --- drawing tokens ------------------------------------------------------------------------------
@@ -343,6 +346,7 @@ class _Decoder:
         strings: Sequence[StringStops | None],
         policy: DecodePolicy,
         max_new: int,
+        topk: Sequence[int],
     ) -> None:
         device = logits.device
         if isinstance(params, list):
@@ -368,6 +372,16 @@ class _Decoder:
         self.finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
         self.length = torch.zeros(n_rows, dtype=torch.long, device=device)
         self.stopped = torch.zeros(n_rows, dtype=torch.bool, device=device)
+        self.topk = list(topk)
+        """Each original row's top-k width (0: none)."""
+        self.topk_width = max(self.topk, default=0)
+        """Top-k columns every row records (the widest row's; rows keep their own on the host)."""
+        self.state = ["logits", "pos", "tok", "tokens", "logprobs", "finished", "length", "stopped", "limit", "mask"]
+        """Per-slot device tensors (``_compact`` selects their live rows)."""
+        if self.topk_width:
+            self.topk_ids = torch.zeros((n_rows, max_new, self.topk_width), dtype=torch.int32, device=device)
+            self.topk_logprobs = torch.zeros((n_rows, max_new, self.topk_width), dtype=torch.float32, device=device)
+            self.state += ["topk_ids", "topk_logprobs"]
         self.math: Callable[[], Any] | None = None
         """Makes the context the model runs in (sdpa's math backend), if any."""
         if static:
@@ -406,6 +420,10 @@ class _Decoder:
         raw = torch.log_softmax(self.logits, dim=-1)
         self.tokens.index_copy_(1, step, chosen[:, None])
         self.logprobs.index_copy_(1, step, raw.gather(-1, chosen[:, None]))
+        if self.topk_width:
+            top = raw.topk(self.topk_width, dim=-1)
+            self.topk_logprobs.index_copy_(1, step, top.values[:, None])
+            self.topk_ids.index_copy_(1, step, top.indices[:, None].to(torch.int32))
         ended = step + 1 >= self.limit
         if self.stop_ids is not None:
             hit = (chosen[:, None] == self.stop_ids).any(dim=-1)
@@ -525,13 +543,22 @@ class _Decoder:
         tokens = self.tokens.index_select(0, index)[:, :width].tolist()
         logprobs = self.logprobs.index_select(0, index)[:, :width].tolist()
         stopped = self.stopped.index_select(0, index).tolist()
+        top_ids = top_logprobs = None
+        if self.topk_width:
+            top_ids = self.topk_ids.index_select(0, index)[:, :width].tolist()
+            top_logprobs = self.topk_logprobs.index_select(0, index)[:, :width].tolist()
         for i, slot in enumerate(slots):
+            row, n = self.rows[slot], lengths[i]
             reason = "stop" if slot in self.string_end or stopped[i] else "length"
-            self.results[self.rows[slot]] = RowResult(tokens[i][: lengths[i]], logprobs[i][: lengths[i]], reason)
+            topk = None
+            if top_ids is not None and top_logprobs is not None and self.topk[row]:
+                k = self.topk[row]
+                topk = TopLogprobs([ids[:k] for ids in top_ids[i][:n]], [values[:k] for values in top_logprobs[i][:n]])
+            self.results[row] = RowResult(tokens[i][:n], logprobs[i][:n], reason, topk)
 
     def _compact(self, live: list[int]) -> None:
         index = torch.tensor(live, dtype=torch.long, device=self.tokens.device)
-        for name in ("logits", "pos", "tok", "tokens", "logprobs", "finished", "length", "stopped", "limit", "mask"):
+        for name in self.state:
             setattr(self, name, getattr(self, name).index_select(0, index))
         if self.uniforms is not None:
             self.uniforms = self.uniforms.index_select(0, index)
@@ -614,11 +641,15 @@ def decode_rows(
     stop_ids: Sequence[Sequence[int]],
     strings: Sequence[StringStops | None],
     policy: DecodePolicy,
+    topk: Sequence[int] | None = None,
 ) -> list[RowResult]:
     """Decode every row until it ends; one `RowResult` per row.
 
     ``params`` says how every row draws (a `SamplingParams`) or each row its own way (a
     list of them, one per row); ``stop_ids`` and ``strings`` are each row's stop tokens and stop strings.
+    ``topk`` (one per row; None: 0 for all) is how many of the most likely tokens each
+    row records, with their raw logprobs, at every step: they are read off the same
+    log-softmax as the drawn token's logprob, inside the step (a captured graph too).
 
     ``prefill(cache, length)`` runs the prompts through the model into ``cache`` (None:
     let the model make a dynamic one) with a ``length``-wide attention mask and returns
@@ -665,6 +696,7 @@ def decode_rows(
         strings=strings,
         policy=policy,
         max_new=max_new,
+        topk=topk if topk is not None else [0] * len(limits),
     )
     COUNTERS["static_calls" if static else "dynamic_calls"] += 1
     results = decoder.run()

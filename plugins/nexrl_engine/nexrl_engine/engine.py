@@ -66,6 +66,7 @@ from nexrl_engine.types import (
     Datum,
     DatumOutput,
     ForwardResult,
+    LogprobRequest,
     OptimStepResult,
     PromptSamples,
     SamplingParams,
@@ -292,6 +293,7 @@ class Engine:
         num_samples: int | Sequence[int] = 1,
         include_prompt_logprobs: bool = False,
         seeds: Sequence[int | None] | None = None,
+        logprobs: LogprobRequest | Sequence[LogprobRequest | None] | None = None,
     ) -> list[PromptSamples]:
         """Sample ``num_samples`` continuations of each prompt (token id lists); a list
         gives each prompt its own count.
@@ -312,6 +314,11 @@ class Engine:
         requests so). Each prompt is then seeded as if alone: by its ``seeds`` entry,
         else its own ``params.seed`` (else a fresh seed), so it gets what ``sample([prompt],
         its params)`` gets.
+
+        ``logprobs`` asks for more logprobs from the same passes (`LogprobRequest`: top-k
+        at prompt and sampled positions, chosen ids at chosen prompt positions), for every
+        prompt or one per prompt; all are of the raw model distribution, like every
+        other logprob here.
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
             raise ValueError("prompts must be a non-empty list of token id lists")
@@ -325,6 +332,7 @@ class Engine:
         self._check_num_samples(num_samples, len(prompts))
         checked = [self._check_prompt(prompt, index) for index, prompt in enumerate(prompts)]
         prompt_seeds = self._check_seeds(seeds, len(checked))
+        requests = self._check_logprob_requests(logprobs, checked)
         with self._lock:
             if isinstance(params, list):
                 rule: StopRule | list[StopRule] = [make_stop_rule(own.stop, self.eos_token_ids, self.vocab_size) for own in params]
@@ -346,7 +354,36 @@ class Engine:
                 base_seed=base_seed,
                 prompt_seeds=prompt_seeds,
                 include_prompt_logprobs=include_prompt_logprobs,
+                logprobs=requests,
             )
+
+    def _check_logprob_requests(
+        self, logprobs: LogprobRequest | Sequence[LogprobRequest | None] | None, prompts: list[list[int]]
+    ) -> list[LogprobRequest]:
+        """One `LogprobRequest` per prompt, each checked against its prompt and the vocabulary."""
+        if logprobs is None or isinstance(logprobs, LogprobRequest):
+            requests = [logprobs or LogprobRequest()] * len(prompts)
+        elif isinstance(logprobs, (str, bytes)) or not isinstance(logprobs, Sequence) or len(logprobs) != len(prompts):
+            raise ValueError(f"logprobs must be one LogprobRequest or one per prompt ({len(prompts)}), got {logprobs!r}")
+        else:
+            requests = [request or LogprobRequest() for request in logprobs]
+        for index, (request, prompt) in enumerate(zip(requests, prompts)):
+            if not isinstance(request, LogprobRequest):
+                raise ValueError(f"logprobs[{index}] must be a LogprobRequest or None, got {type(request).__name__}")
+            for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+                k = getattr(request, name)
+                if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= self.vocab_size:
+                    raise ValueError(f"logprobs[{index}].{name} must be an integer from 0 to the vocabulary size {self.vocab_size}, got {k!r}")
+            targets = request.target_prompt_logprobs
+            if targets is None:
+                continue
+            if len(targets.positions) != len(targets.token_ids):
+                raise ValueError(f"logprobs[{index}].target_prompt_logprobs has {len(targets.positions)} positions for {len(targets.token_ids)} token ids")
+            if any(not 1 <= p < len(prompt) for p in targets.positions):
+                raise ValueError(f"logprobs[{index}].target_prompt_logprobs positions must be from 1 to len(prompt) - 1 = {len(prompt) - 1}")
+            if any(not 0 <= t < self.vocab_size for t in targets.token_ids):
+                raise ValueError(f"logprobs[{index}].target_prompt_logprobs token ids must be in the vocabulary [0, {self.vocab_size})")
+        return requests
 
     @staticmethod
     def _sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:

@@ -25,7 +25,7 @@ import attrs
 import torch
 
 from nexrl_engine.decode import DecodePolicy, StringStops, _cache_keyword, _output_cache, decode_rows, default_policy
-from nexrl_engine.types import PromptSamples, SampledSequence, SamplingParams
+from nexrl_engine.types import LogprobRequest, PromptSamples, SampledSequence, SamplingParams, TopLogprobs
 
 __all__ = ["StopRule", "derive_seed", "make_stop_rule", "sample_batch"]
 
@@ -121,6 +121,7 @@ def sample_batch(
     base_seed: int,
     prompt_seeds: Sequence[int | None] | None = None,
     include_prompt_logprobs: bool = False,
+    logprobs: LogprobRequest | Sequence[LogprobRequest | None] | None = None,
     policy: DecodePolicy | None = None,
 ) -> list[PromptSamples]:
     """Sample ``num_samples`` continuations of every prompt (one count for all, or one per
@@ -139,6 +140,10 @@ def sample_batch(
     round a row differently depending on the batch size and the row's place in it, and
     a left-padded row attends over more key slots).
 
+    ``logprobs`` asks for top-k and target logprobs (`LogprobRequest`), for every prompt
+    or one per prompt (None: none); they are computed in the same prefill and decode
+    steps, so they are of exactly the distribution the samples' logprobs are.
+
     ``policy`` says how the decode loop runs (`nexrl_engine.decode.default_policy` for the
     model's device when None); it changes speed, never results. Should a static cache or
     CUDA graph path fail, the call is redone on the plain path (with a warning).
@@ -148,10 +153,11 @@ def sample_batch(
     device = next(model.parameters()).device
     if policy is None:
         policy = default_policy(device)
+    requests = [r or LogprobRequest() for r in _per_prompt(logprobs, (LogprobRequest, type(None)), len(prompts), "logprobs")]
     try:
         return _sample_batch(
             model, prompts, params, num_samples, stop_rule, pad_id, max_positions, decode, base_seed, prompt_seeds,
-            include_prompt_logprobs, policy,
+            include_prompt_logprobs, requests, policy,
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - retried on the plain path, which raises for real
         if not (policy.static_cache or policy.cuda_graphs):
@@ -160,7 +166,7 @@ def sample_batch(
         _warn_fallback(error)
         return _sample_batch(
             model, prompts, params, num_samples, stop_rule, pad_id, max_positions, decode, base_seed, prompt_seeds,
-            include_prompt_logprobs, plain,
+            include_prompt_logprobs, requests, plain,
         )  # fmt: skip
 
 
@@ -174,7 +180,7 @@ def _warn_fallback(error: Exception) -> None:
     )
 
 
-def _per_prompt(value: Any, kind: type, n_prompts: int, name: str) -> list[Any]:
+def _per_prompt(value: Any, kind: type | tuple[type, ...], n_prompts: int, name: str) -> list[Any]:
     """``value`` for every prompt, or its one entry per prompt."""
     if isinstance(value, kind):
         return [value] * n_prompts
@@ -209,6 +215,7 @@ def _sample_batch(
     base_seed: int,
     prompt_seeds: Sequence[int | None] | None,
     include_prompt_logprobs: bool,
+    requests: list[LogprobRequest],
     policy: DecodePolicy,
 ) -> list[PromptSamples]:
     device = next(model.parameters()).device
@@ -243,7 +250,8 @@ def _sample_batch(
 
     ids, mask = _left_pad(prompts, pad_id, device)
     positions = positions_from_mask(mask)
-    prompt_logprobs: list[list[float | None] | None] = [None] * n_prompts
+    scores: list[_PromptScores] = [_PromptScores()] * n_prompts
+    every_position = include_prompt_logprobs or any(request.scores_prompt for request in requests)
     keyword = _cache_keyword(model)
 
     def prefill(cache: Any | None, length: int) -> tuple[Any, torch.Tensor]:
@@ -254,15 +262,11 @@ def _sample_batch(
             attention_mask=wide,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=0 if include_prompt_logprobs else 1,
+            logits_to_keep=0 if every_position else 1,
             **extra,
         )
-        if include_prompt_logprobs:
-            scored = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-            width = ids.shape[1]
-            for row, prompt in enumerate(prompts):
-                start = width - len(prompt)
-                prompt_logprobs[row] = [None] + scored[row, start:].tolist()
+        if every_position:
+            scores[:] = _score_prompts(out.logits, ids, prompts, include_prompt_logprobs, requests)
         return (cache if cache is not None else _output_cache(out)), out.logits[:, -1].float()
 
     expand = None
@@ -280,6 +284,7 @@ def _sample_batch(
         stop_ids=[sorted(rules[prompt_index].token_ids) for prompt_index in prompt_of_row],
         strings=[strings.get(id(rules[prompt_index])) for prompt_index in prompt_of_row],
         policy=policy,
+        topk=[requests[prompt_index].topk_sample_logprobs for prompt_index in prompt_of_row],
     )
 
     results = []
@@ -287,10 +292,60 @@ def _sample_batch(
     for prompt_index, count in enumerate(counts):
         chunk = rows[first_row : first_row + count]
         first_row += count
+        scored = scores[prompt_index]
         results.append(
             PromptSamples(
-                sequences=[SampledSequence(row.tokens, row.logprobs, row.stop_reason) for row in chunk],  # type: ignore[arg-type]
-                prompt_logprobs=prompt_logprobs[prompt_index],
+                sequences=[SampledSequence(row.tokens, row.logprobs, row.stop_reason, row.topk) for row in chunk],  # type: ignore[arg-type]
+                prompt_logprobs=scored.logprobs,
+                topk_prompt_logprobs=scored.topk,
+                target_prompt_logprobs=scored.targets,
             )
         )
     return results
+
+
+@attrs.frozen
+class _PromptScores:
+    logprobs: list[float | None] | None = None
+    topk: TopLogprobs | None = None
+    targets: list[float] | None = None
+
+
+def _score_prompts(
+    logits: torch.Tensor, ids: torch.Tensor, prompts: Sequence[Sequence[int]], include_prompt_logprobs: bool, requests: list[LogprobRequest]
+) -> list[_PromptScores]:
+    """What the prefill reports about each prompt, all read off one log-softmax of its
+    logits (position j of ``logits[:, :-1]`` predicts token j + 1; prompt row r starts
+    at column ``width - len(prompt)`` of the left-padded batch), each kind moved to the
+    host in one transfer."""
+    raw = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    width = ids.shape[1]
+    starts = [width - len(prompt) for prompt in prompts]
+    plain = raw.gather(-1, ids[:, 1:, None])[..., 0].cpu() if include_prompt_logprobs else None
+    widest = max(request.topk_prompt_logprobs for request in requests)
+    top = raw.topk(widest, dim=-1) if widest else None
+    top_values, top_ids = (top.values.cpu(), top.indices.cpu()) if top is not None else (None, None)
+    cells = [
+        (row, starts[row] + position - 1, token)
+        for row, request in enumerate(requests)
+        if request.target_prompt_logprobs is not None
+        for position, token in zip(request.target_prompt_logprobs.positions, request.target_prompt_logprobs.token_ids)
+    ]
+    targets: list[float] = []
+    if cells:
+        index = torch.tensor(cells, dtype=torch.long, device=raw.device)
+        targets = raw[index[:, 0], index[:, 1], index[:, 2]].tolist()
+    scores = []
+    taken = 0
+    for row, request in enumerate(requests):
+        start, k = starts[row], request.topk_prompt_logprobs
+        logprobs = [None, *plain[row, start:].tolist()] if plain is not None else None
+        topk = None
+        if k and top_values is not None and top_ids is not None:
+            topk = TopLogprobs(top_ids[row, start:, :k].tolist(), top_values[row, start:, :k].tolist())
+        mine = None
+        if request.target_prompt_logprobs is not None:
+            count = len(request.target_prompt_logprobs.positions)
+            mine, taken = targets[taken : taken + count], taken + count
+        scores.append(_PromptScores(logprobs, topk, mine))
+    return scores

@@ -19,11 +19,14 @@ __all__ = [
     "Datum",
     "DatumOutput",
     "ForwardResult",
+    "LogprobRequest",
     "OptimStepResult",
     "PromptSamples",
+    "PromptTargets",
     "SampledSequence",
     "SamplingParams",
     "StopReason",
+    "TopLogprobs",
 ]
 
 StopReason = Literal["stop", "length"]
@@ -109,6 +112,50 @@ class SamplingParams:
 
 
 @attrs.frozen
+class TopLogprobs:
+    """The most likely next tokens at each of a run of positions, most likely first, with
+    their logprobs under the raw model distribution (temperature 1, unfiltered: the
+    distribution of every other logprob the engine reports), so a teacher's top-k can
+    be compared with, or renormalised against, the prompt's own logprobs."""
+
+    token_ids: list[list[int]]
+    """[positions][k]"""
+    logprobs: list[list[float]]
+    """[positions][k], descending along each row."""
+
+
+@attrs.frozen
+class PromptTargets:
+    """Token ids to score inside a prompt: cell i asks for
+    log p(``token_ids[i]`` | ``prompt[:positions[i]]``), the logprob of ``token_ids[i]``
+    standing at prompt position ``positions[i]`` (1 to len(prompt) - 1; position 0 has
+    no context). Cells, rather than a [positions, K] matrix, so that a request naming a
+    few ids at a few positions (a decision's labels at its answer position) costs what
+    it names."""
+
+    positions: list[int]
+    token_ids: list[int]
+
+
+@attrs.frozen(kw_only=True)
+class LogprobRequest:
+    """Logprobs one prompt's sample call reports besides each sampled token's own
+    (Tinker's ``SampleRequest`` fields of these names). They come from the same prefill
+    and decode steps as the samples, under the raw model distribution."""
+
+    topk_prompt_logprobs: int = 0
+    """The k most likely tokens at every prompt position after the first (0: none)."""
+    target_prompt_logprobs: PromptTargets | None = None
+    topk_sample_logprobs: int = 0
+    """The k most likely tokens at every sampled position (0: none)."""
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prefill must keep every position's logits for this prompt."""
+        return self.topk_prompt_logprobs > 0 or self.target_prompt_logprobs is not None
+
+
+@attrs.frozen
 class SampledSequence:
     """One sample: the new tokens, their raw-model logprobs and why it ended."""
 
@@ -118,6 +165,9 @@ class SampledSequence:
     logprobs: list[float]
     """log p(token) under the unprocessed model distribution, one per token."""
     stop_reason: StopReason
+    topk_logprobs: TopLogprobs | None = None
+    """When requested (``LogprobRequest.topk_sample_logprobs``): one row per token, the
+    most likely tokens at the step that drew it."""
 
 
 @attrs.frozen
@@ -127,6 +177,10 @@ class PromptSamples:
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = None
     """When requested: None at position 0, then log p(prompt[t] | prompt[:t])."""
+    topk_prompt_logprobs: TopLogprobs | None = None
+    """When requested: row t for prompt position t + 1 (len(prompt) - 1 rows)."""
+    target_prompt_logprobs: list[float] | None = None
+    """When requested: one logprob per `PromptTargets` cell, in its order."""
 
 
 @attrs.frozen(kw_only=True)

@@ -6,8 +6,10 @@ import math
 
 import attrs
 import pytest
+import torch
 
 from nexrl_engine import Datum, Engine, SamplingParams
+from nexrl_engine.types import LogprobRequest, PromptTargets
 
 IM_END = 2
 
@@ -239,6 +241,64 @@ def test_prompt_logprobs(shared_engine: Engine, chat_prompts: list[list[int]]) -
         assert result.prompt_logprobs is not None and len(result.prompt_logprobs) == len(prompt)
         assert result.prompt_logprobs[0] is None and expected[0] is None
         assert result.prompt_logprobs[1:] == pytest.approx(expected[1:], abs=1e-4)
+
+
+def _log_softmax(engine: Engine, sequence: list[int]) -> torch.Tensor:
+    """Row j: log p(· | sequence[: j + 1]), one unpadded forward pass of the sequence alone."""
+    with torch.no_grad():
+        return torch.log_softmax(engine.model(torch.tensor([sequence])).logits[0].float(), dim=-1)
+
+
+def test_topk_and_target_logprobs_in_a_mixed_batch(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
+    """Left-padded prompts, each with its own widths and targets, rows that stop at
+    different lengths (and leave the batch): every row's top-k and every target cell
+    equal the sequence's own log-softmax."""
+    prompts = [chat_prompts[0], chat_prompts[3][:5], [7]]
+    requests = [
+        LogprobRequest(topk_prompt_logprobs=3, topk_sample_logprobs=2, target_prompt_logprobs=PromptTargets([1, 4, 4], [9, 2, 0])),
+        LogprobRequest(topk_prompt_logprobs=1, topk_sample_logprobs=4),
+        None,
+    ]
+    results = shared_engine.sample(prompts, SamplingParams(max_tokens=8, seed=3), num_samples=3, logprobs=requests)
+    assert len({len(s.tokens) for r in results[:2] for s in r.sequences}) >= 2, "rows must stop at different lengths"
+    for prompt, request, result in zip(prompts, requests, results):
+        if request is None:
+            assert result.topk_prompt_logprobs is None and result.target_prompt_logprobs is None
+            assert all(s.topk_logprobs is None for s in result.sequences)
+            continue
+        reference = _log_softmax(shared_engine, prompt)
+        top = result.topk_prompt_logprobs
+        assert top is not None and len(top.token_ids) == len(prompt) - 1
+        expected = reference[:-1].topk(request.topk_prompt_logprobs)
+        assert top.token_ids == expected.indices.tolist()
+        for row, values in zip(top.logprobs, expected.values.tolist()):
+            assert row == pytest.approx(values, abs=1e-4)
+        targets = request.target_prompt_logprobs
+        if targets is not None:
+            wanted = [float(reference[p - 1, t]) for p, t in zip(targets.positions, targets.token_ids)]
+            assert result.target_prompt_logprobs == pytest.approx(wanted, abs=1e-4)
+        for sequence in result.sequences:
+            forced = _log_softmax(shared_engine, prompt + sequence.tokens)[len(prompt) - 1 : -1]
+            assert sequence.topk_logprobs is not None and len(sequence.topk_logprobs.token_ids) == len(sequence.tokens)
+            expected = forced.topk(request.topk_sample_logprobs)
+            assert sequence.topk_logprobs.token_ids == expected.indices.tolist()
+            for row, values in zip(sequence.topk_logprobs.logprobs, expected.values.tolist()):
+                assert row == pytest.approx(values, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (LogprobRequest(topk_prompt_logprobs=-1), "topk_prompt_logprobs must be an integer from 0"),
+        (LogprobRequest(topk_sample_logprobs=5000), "topk_sample_logprobs must be an integer from 0"),
+        (LogprobRequest(target_prompt_logprobs=PromptTargets([0], [3])), "positions must be from 1"),
+        (LogprobRequest(target_prompt_logprobs=PromptTargets([1], [5000])), "in the vocabulary"),
+        (LogprobRequest(target_prompt_logprobs=PromptTargets([1, 2], [3])), "2 positions for 1 token ids"),
+    ],
+)
+def test_bad_logprob_requests(shared_engine: Engine, request_: LogprobRequest, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        shared_engine.sample([[1, 2, 3]], SamplingParams(max_tokens=2), logprobs=request_)
 
 
 @pytest.mark.parametrize(

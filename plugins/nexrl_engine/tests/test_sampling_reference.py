@@ -23,7 +23,7 @@ from nexrl_engine import Engine, SamplingParams
 from nexrl_engine import decode as decode_module
 from nexrl_engine.decode import DecodePolicy, StringStops, _cache_keyword, _output_cache, default_policy
 from nexrl_engine.sampling import StopRule, derive_seed, make_stop_rule, sample_batch
-from nexrl_engine.types import PromptSamples, SampledSequence
+from nexrl_engine.types import LogprobRequest, PromptSamples, SampledSequence
 
 LOGPROB_TOLERANCE = 1e-4
 """Batched CPU matrix products round a row differently by batch size (seen: up to 2.4e-5
@@ -233,6 +233,31 @@ def test_sample_batch_matches_the_reference(
     # The cases exercise what they claim: rows of one call end at different steps.
     assert {"stop ids", "stop strings across tokens"} <= stopped_early or model_name == "tiny"
     assert "T=1, EOS" in stopped_early or model_name == "random"
+
+
+@pytest.mark.parametrize("policy_name", list(POLICIES))
+def test_topk_sample_logprobs_whatever_the_policy(shared_engine: Engine, chat_prompts: list[list[int]], policy_name: str) -> None:
+    """Each row records its own top-k at every step, through compaction, a static cache
+    that grows and syncs every few tokens: the k most likely tokens of the sequence's own
+    teacher-forced distribution, most likely first."""
+    model = shared_engine.model
+    for name, prompts, params, options in [cases(shared_engine, chat_prompts)[i] for i in (2, 12)]:
+        widths = [(2, 0, 4)[i % 3] for i in range(len(prompts))]
+        requests = [LogprobRequest(topk_sample_logprobs=k) for k in widths]
+        got = run(shared_engine, model, prompts, params, options, sample_batch, policy=POLICIES[policy_name], logprobs=requests)
+        assert len({len(s.tokens) for r in got for s in r.sequences}) > 1, f"{name}: rows must end at different steps"
+        for prompt, k, result in zip(prompts, widths, got):
+            for sequence in result.sequences:
+                if k == 0:
+                    assert sequence.topk_logprobs is None
+                    continue
+                with torch.no_grad():
+                    logits = model(torch.tensor([prompt + sequence.tokens])).logits[0, len(prompt) - 1 : -1]
+                expected = torch.log_softmax(logits.float(), dim=-1).topk(k)
+                assert sequence.topk_logprobs is not None, name
+                assert sequence.topk_logprobs.token_ids == expected.indices.tolist(), name
+                for row, values in zip(sequence.topk_logprobs.logprobs, expected.values.tolist()):
+                    assert row == pytest.approx(values, abs=LOGPROB_TOLERANCE), name
 
 
 def test_the_static_path_with_eager_attention(shared_engine: Engine, chat_prompts: list[list[int]], references: dict) -> None:

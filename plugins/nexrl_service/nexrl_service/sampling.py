@@ -10,6 +10,10 @@ own seed and sample count. Each request keeps its seed and count in the batch
 (`Engine.sample`'s ``seeds`` and per-prompt ``num_samples``), so it samples the same
 tokens as it would alone. A protocol decodes a request into a `SampleTask` whose
 ``answer`` encodes that request's result in the protocol's shape.
+
+A request may also ask for top-k logprobs at prompt and sampled positions and for chosen
+ids' logprobs at prompt positions (`nexrl_engine.types.LogprobRequest`); they come from
+the same prefill and decode steps, within the bounds below.
 """
 
 from __future__ import annotations
@@ -29,9 +33,15 @@ from nexrl_service.state import ServiceState
 from nexrl_service.store import FutureRow, SamplerRow
 from nexrl_service.training import TrainingOps, training_spec_of
 
-__all__ = ["MAX_NUM_SAMPLES", "CheckpointWeights", "SampleTask", "SamplingOps"]
+__all__ = ["MAX_LOGPROB_CELLS", "MAX_NUM_SAMPLES", "MAX_TOPK_LOGPROBS", "CheckpointWeights", "SampleTask", "SamplingOps"]
 
 MAX_NUM_SAMPLES = 1024
+MAX_TOPK_LOGPROBS = 128
+"""Widest top-k a request may ask for, at prompt or sampled positions: six times the
+cookbook's distillation default (20), and a bound on the per-position work."""
+MAX_LOGPROB_CELLS = 1 << 22
+"""Most top-k or target logprobs one field of a request may ask for in all (positions
+times k, samples included): about 32 MB of ids and logprobs to hold and send."""
 
 
 @attrs.frozen
@@ -45,6 +55,13 @@ class SampleTask:
     prompt_logprobs: bool
     answer: Callable[[Any], Outcome] = attrs.field(eq=False)
     """Encodes this request's `PromptSamples` for the protocol."""
+    logprobs: Any = None
+    """`nexrl_engine.types.LogprobRequest`: top-k and target logprobs (None: none)."""
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prefill keeps every prompt position's logits for this request."""
+        return self.prompt_logprobs or (self.logprobs is not None and self.logprobs.scores_prompt)
 
 
 @attrs.frozen
@@ -135,6 +152,33 @@ class SamplingOps:
         if not 1 <= num_samples <= MAX_NUM_SAMPLES:
             raise BadRequest(f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {num_samples}")
 
+    def check_logprob_request(self, tokens: Sequence[int], num_samples: int, params: Any, request: Any) -> None:
+        """Refuse a top-k width that is not from 0 to `MAX_TOPK_LOGPROBS` (and the
+        vocabulary size), and top-k fields that would hold more than `MAX_LOGPROB_CELLS`
+        logprobs (prompt positions times k; samples times new tokens times k). ``request``
+        is a `nexrl_engine.types.LogprobRequest` whose target cells the protocol checked."""
+        vocab_size = self.state.base.vocab_size
+        widest = min(MAX_TOPK_LOGPROBS, vocab_size)
+        for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+            k = getattr(request, name)
+            if not 0 <= k <= widest:
+                raise BadRequest(f"{name} must be from 0 to {widest} (the most this server returns per position), got {k}")
+        prompt_cells = len(tokens) * request.topk_prompt_logprobs
+        if prompt_cells > MAX_LOGPROB_CELLS:
+            raise BadRequest(
+                f"topk_prompt_logprobs={request.topk_prompt_logprobs} on a {len(tokens)}-token prompt asks for {prompt_cells} "
+                f"logprobs; at most {MAX_LOGPROB_CELLS} per request: lower k or split the prompt"
+            )
+        context = self.state.base.max_context_length
+        room = [n for n in (params.max_tokens, context - len(tokens) if context else None) if n is not None]
+        if room and request.topk_sample_logprobs:
+            sample_cells = num_samples * min(room) * request.topk_sample_logprobs
+            if sample_cells > MAX_LOGPROB_CELLS:
+                raise BadRequest(
+                    f"topk_sample_logprobs={request.topk_sample_logprobs} for {num_samples} samples of up to {min(room)} tokens "
+                    f"asks for {sample_cells} logprobs; at most {MAX_LOGPROB_CELLS} per request: lower k, num_samples or max_tokens"
+                )
+
     def check_stop_tokens(self, params: Any) -> None:
         """Refuse stop token ids outside the vocabulary (stop strings are not checked)."""
         vocab_size = self.state.base.vocab_size
@@ -161,9 +205,11 @@ class SamplingOps:
         row, is_new = self.state.book.create(owner, lane, seq, "Sample", extra=extra, request_id=request_id)
         if is_new:
             # Requests on the same weights batch into one decode loop whatever they sample
-            # with (each row keeps its own params, seed and count); only whether prompt
-            # logprobs are wanted must match, since the prefill computes them for all.
-            key = task.prompt_logprobs
+            # with (each row keeps its own params, seed, count and top-k); whether prompt
+            # logprobs are wanted must match, since the prefill computes them for all, and
+            # a request that scores prompt positions does not make others' prefill keep
+            # every position's logits.
+            key = (task.prompt_logprobs, task.scores_prompt)
             job = Job(
                 row.request_id,
                 lambda: self._run([task], ref)[0],
@@ -183,5 +229,6 @@ class SamplingOps:
             num_samples=[task.num_samples for task in tasks],
             include_prompt_logprobs=tasks[0].prompt_logprobs,
             seeds=[task.params.seed for task in tasks],
+            logprobs=[task.logprobs for task in tasks],
         )
         return [task.answer(result) for task, result in zip(tasks, results)]

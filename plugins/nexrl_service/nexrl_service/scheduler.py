@@ -12,8 +12,8 @@ not its checkpoint saves and loads): `Scheduler.submit_after` runs such a job on
 every job submitted before it has run, and before any numbered job after it.
 
 Sampling lanes are first-in first-out, and consecutive compatible jobs (the same
-``batch_key``: for samples, whether prompt logprobs are wanted; each request keeps its
-own sampling parameters in the batch) run as one batched engine call of at most `MAX_BATCH_ROWS` sampled rows. While sampling is bursty (the last
+``batch_key``: for samples, whether prompt logprobs are wanted and whether prompt
+positions are scored; each request keeps its own sampling parameters in the batch) run as one batched engine call of at most `MAX_BATCH_ROWS` sampled rows. While sampling is bursty (the last
 batchable batch held several jobs), an idle lane that receives a batchable job lingers
 until requests stop arriving for ``linger_s`` (at most ``linger_max_s``) before it forms
 the batch. An RL step's requests reach the server over tens of milliseconds, and without
