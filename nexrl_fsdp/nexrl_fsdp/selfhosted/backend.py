@@ -199,14 +199,19 @@ class SelfHostedBackend:
         return Path(reply.header["path"])
 
     def close(self) -> None:
-        """Let a running save finish, then stop the sampler, the workers and the API server."""
+        """Let a running save finish, then stop the sampler, the workers and the API server.
+
+        The sampler stops in a thread while the workers stop: each waits on processes
+        that take a second or more to exit, and a signal's whole shutdown must fit in
+        10 s on a slow machine."""
         if self._closed:
             return
         self._closed = True
         try:
             self.trainer.close()
         finally:
-            self.sampler.stop()
+            stopping = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sampler-stop")
+            sampler_stopped = stopping.submit(self.sampler.stop)
             try:
                 if self.group is not None:
                     self.group.stop()
@@ -216,8 +221,10 @@ class SelfHostedBackend:
                     finally:
                         self.transport.close()
             finally:
+                stopping.shutdown()
                 if self.placer is not None:
                     self.placer.close()
+                sampler_stopped.result()
 
 
 def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedTrainer:

@@ -64,6 +64,7 @@ from nexrl_engine.lora import load_in_place
 from nexrl_engine.types import SampledSequence, SamplingParams
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env
+from nexrl_fsdp.process_exit import exit_at_once
 
 __all__ = ["SamplerSettings", "SamplerServer", "main"]
 
@@ -224,6 +225,7 @@ def main() -> None:
     _write_ready(args.ready_file, server.endpoint)
     print(f"sampler: serving {settings.engine.model} ({settings.engine.dtype}, {settings.engine.device}) at {server.endpoint}", flush=True)
     server.serve()
+    exit_at_once()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import logging
 import sys
 
 import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before torch loads
+from nexrl_fsdp.process_exit import exit_at_once
 from nexrl_fsdp.worker.arguments import parse_arguments
 
 
@@ -32,6 +33,7 @@ def main() -> None:
         raise
     finally:
         rank.close()
+    exit_at_once()
 
 
 if __name__ == "__main__":
