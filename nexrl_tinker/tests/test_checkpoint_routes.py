@@ -178,24 +178,3 @@ def test_refused_routes_say_why(rest, service_client, base_url: str) -> None:
     wrong_method = httpx.put(f"{base_url}/api/v1/sessions", headers=headers)
     assert wrong_method.status_code == 405 and "PUT /api/v1/sessions is not served here" in wrong_method.json()["detail"]
 
-
-def test_a_store_from_before_the_new_columns_gets_them(tmp_path: Path) -> None:
-    """A data directory from a release without ``checkpoints.public`` opens and reads it as false."""
-    import sqlite3
-
-    from nexrl_service.store import Store
-
-    database = tmp_path / "old.db"
-    url = f"sqlite:///{database}"
-    Store(url).close()
-    with sqlite3.connect(database) as connection:
-        connection.execute("ALTER TABLE checkpoints DROP COLUMN public")
-        connection.execute("DROP INDEX ix_checkpoints_copied_by")
-        connection.execute("ALTER TABLE checkpoints DROP COLUMN copied_by")
-        assert "public" not in {row[1] for row in connection.execute("PRAGMA table_info(checkpoints)")}
-    store = Store(url)
-    try:
-        with sqlite3.connect(database) as connection:
-            assert {"public", "copied_by"} <= {row[1] for row in connection.execute("PRAGMA table_info(checkpoints)")}
-    finally:
-        store.close()
