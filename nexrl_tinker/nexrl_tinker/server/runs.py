@@ -128,9 +128,9 @@ class RunService:
         """
         row = self._own(owner, training_run_id, checkpoint_id)
         if row.public == public:
-            state, verb = ("public", "unpublish_checkpoint_from_tinker_path makes it private") if public else (
-                "private", "publish_checkpoint_from_tinker_path makes it public")
-            raise BadRequest(f"checkpoint {row.path!r} is already {state}; {verb}")
+            if public:
+                raise BadRequest(f"checkpoint {row.path!r} is already public; unpublish_checkpoint_from_tinker_path makes it private")
+            raise BadRequest(f"checkpoint {row.path!r} is already private; publish_checkpoint_from_tinker_path makes it public")
         return self._answer(row.path, self.state.store.update_checkpoint(row.path, public=public))
 
     def set_ttl(self, owner: str, training_run_id: str, checkpoint_id: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -57,8 +57,7 @@ class SessionService:
     def list(self, owner: str, page: Page) -> dict[str, Any]:
         """The caller's session ids, newest first (``ListSessionsResponse`` has no total:
         a page shorter than ``limit`` is the last)."""
-        rows, _total = self.state.store.sessions_page(owner, page.limit, page.offset)
-        return {"sessions": [s.session_id for s in rows]}
+        return {"sessions": [s.session_id for s in self.state.store.sessions_page(owner, page.limit, page.offset)]}
 
     def assign_project(self, owner: str, session_id: str, project_id: object) -> dict[str, Any]:
         """Move a session, and with it its training runs and samplers, into a project.

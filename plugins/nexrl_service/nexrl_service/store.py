@@ -375,14 +375,13 @@ class Store:
                 s.scalars(select(SessionRow).where(SessionRow.owner == owner).order_by(SessionRow.created_at))
             )
 
-    def sessions_page(self, owner: str, limit: int, offset: int) -> tuple[list[SessionRow], int]:
-        """One page of the owner's sessions, newest first, and how many there are in all.
+    def sessions_page(self, owner: str, limit: int, offset: int) -> list[SessionRow]:
+        """One page of the owner's sessions, newest first.
 
         Ordered by creation time and then by id, so pages are stable: a session created
         meanwhile moves later pages by one, never makes one skip or repeat a row by chance.
         """
         with self.tx() as s:
-            total = s.scalar(select(func.count()).select_from(SessionRow).where(SessionRow.owner == owner))
             rows = s.scalars(
                 select(SessionRow)
                 .where(SessionRow.owner == owner)
@@ -390,7 +389,7 @@ class Store:
                 .limit(limit)
                 .offset(offset)
             )
-            return list(rows), int(total or 0)
+            return list(rows)
 
     def set_session_project(self, session_id: str, project_id: str) -> None:
         with self.tx() as s:
