@@ -1,5 +1,6 @@
 """The model as a download, through the SDK's own API: ``save_weights_external`` then
-``RestClient.get_external_weights_urls``, signed per-file URLs served by the service.
+``RestClient.get_external_weights_urls``, signed per-file URLs served by the service;
+encrypted to age recipients, and through tinker-cookbook's ``weights.download``.
 
 The unmodified ``tinker`` SDK (and its ``tinker checkpoint download`` command) fetches
 the files with plain GETs from 127.0.0.1; what comes back loads with plain transformers
@@ -8,6 +9,7 @@ and scores tokens as the service's own ``compute_logprobs`` does.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+import pyrage
 import pytest
 import tinker
 from tinker import types
@@ -141,11 +144,56 @@ def test_only_external_weights_of_ones_own_run_are_signed(trained, base_url: str
     assert stranger.status_code == 403
 
 
-def test_encrypted_exports_are_refused_not_ignored(trained, base_url: str) -> None:
+def test_an_age_encrypted_export_decrypts_to_the_plain_exports_files(trained, export_path: str, rest, tmp_path: Path) -> None:
     training, _, _ = trained
+    identity = pyrage.x25519.Identity.generate()
+    sealed_path = training.save_weights_external("sealed", age_encryption_recipients=[str(identity.to_public())]).result().path
+    sealed = rest.get_external_weights_urls(sealed_path).result().urls
+    plain = rest.get_external_weights_urls(export_path).result().urls
+    assert set(sealed) == {f"{name}.age" for name in plain}
+    download(sealed, tmp_path / "sealed")
+    download(plain, tmp_path / "plain")
+    for name in plain:
+        ciphertext = (tmp_path / "sealed" / f"{name}.age").read_bytes()
+        assert ciphertext.startswith(b"age-encryption.org/v1")
+        assert pyrage.decrypt(ciphertext, [identity]) == (tmp_path / "plain" / name).read_bytes(), name
+    rest.delete_checkpoint_from_tinker_path(sealed_path).result()
+
+
+def test_the_cookbooks_download_of_a_training_checkpoint_gives_its_weights(
+    trained, export_path: str, rest, base_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``weights.download`` exports to an age key it generates, renews the export's TTL,
+    decrypts and deletes the export; what it writes is the model the service trained."""
+    from tinker_cookbook import weights
+
+    training, _, _ = trained
+    state_path = training.save_state("for_download").result().path
+    with caplog.at_level(logging.WARNING, logger="tinker_cookbook"):
+        out = weights.download(tinker_path=state_path, output_dir=str(tmp_path / "out"), base_url=base_url)
+    assert "Failed to renew the TTL" not in caplog.text and "Failed to delete" not in caplog.text
+    download(rest.get_external_weights_urls(export_path).result().urls, tmp_path / "plain")
+    written = sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*") if p.is_file())
+    assert written == sorted(p.relative_to(tmp_path / "plain").as_posix() for p in (tmp_path / "plain").rglob("*") if p.is_file())
+    for name in written:
+        assert (Path(out) / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+    leftovers = [c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints if c.tinker_path.endswith("/external_weights/download")]
+    assert leftovers == []  # the temporary export was deleted
+
+
+def test_bad_age_recipients_are_refused_naming_the_one(trained, base_url: str) -> None:
+    training, _, _ = trained
+    good = str(pyrage.x25519.Identity.generate().to_public())
     response = httpx.post(
         f"{base_url}/api/v1/save_weights_external",
         headers={"X-API-Key": TEST_API_KEY},
-        json={"model_id": training.model_id, "path": "secret", "age_encryption_recipients": ["age1xyz"]},
+        json={"model_id": training.model_id, "path": "secret", "age_encryption_recipients": [good, "age1xyz"]},
     )
-    assert response.status_code == 400 and "cannot encrypt exports" in response.json()["detail"]
+    assert response.status_code == 400
+    assert "age_encryption_recipients[1] 'age1xyz' is not an age recipient" in response.json()["detail"]
+    too_many = httpx.post(
+        f"{base_url}/api/v1/save_weights_external",
+        headers={"X-API-Key": TEST_API_KEY},
+        json={"model_id": training.model_id, "path": "secret", "age_encryption_recipients": [good] * 11},
+    )
+    assert too_many.status_code == 400 and "at most 10" in too_many.json()["detail"]

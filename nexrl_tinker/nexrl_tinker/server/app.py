@@ -13,11 +13,12 @@ import logging
 from typing import Any
 
 import attrs
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_core.openapi import json_body
@@ -25,6 +26,7 @@ from nexrl_service.auth import Authenticator
 from nexrl_service.downloads import add_download_route
 from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
 from nexrl_service.hub import add_hub_routes
+from nexrl_service.paging import Page
 from nexrl_service.state import ServiceState
 from nexrl_tinker.server.codec import (
     FORWARD_BACKWARD_JSON,
@@ -34,9 +36,11 @@ from nexrl_tinker.server.codec import (
     decompress_body,
     forward_backward_ids,
 )
+from nexrl_tinker.server.copies import CopyService
 from nexrl_tinker.server.runs import RunService
 from nexrl_tinker.server.sampling import SamplingService
 from nexrl_tinker.server.schemas import (
+    CopyWeightsBody,
     CreateModelBody,
     CreateSamplingSessionBody,
     CreateSessionBody,
@@ -89,6 +93,23 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, "invalid request body: " + "; ".join(parts)
 
 
+def _route_message(request: Request, exc: StarletteHTTPException) -> str:
+    """Starlette's bare "Not Found" / "Method Not Allowed" for a path no route serves, in words."""
+    route = f"{request.method} {request.url.path}"
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"this service has no route {route}: NexRL's TinkerCloud serves the routes of tinker SDK 0.38 (see nexrl_tinker's README)"
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        allowed = (exc.headers or {}).get("allow")
+        return f"{route} is not served here" + (f"; this path answers {allowed}" if allowed else "")
+    return str(exc.detail)
+
+
+def _check_access_scope(access_scope: str) -> None:
+    """``owned`` and ``accessible`` list the same here: one API key is one tenant, with no organization to share with."""
+    if access_scope not in ("owned", "accessible"):
+        raise BadRequest(f"access_scope must be 'owned' or 'accessible', got {access_scope!r}")
+
+
 API_KEY_PREFIX = "tml-"
 """The SDK refuses to start without a ``tml-...`` key; without a configured key, the
 server accepts exactly those (and the key names the tenant)."""
@@ -107,6 +128,7 @@ def create_app(state: ServiceState) -> FastAPI:
     training = TrainingService(state)
     sampling = SamplingService(state, training.ops)
     runs = RunService(state)
+    copies = CopyService(state)
     max_body = state.settings.max_body_bytes
 
     async def owner(x_api_key: str | None = Header(default=None, alias="X-API-Key")) -> str:
@@ -126,6 +148,10 @@ def create_app(state: ServiceState) -> FastAPI:
             return JSONResponse({"detail": message}, status_code=status)
         # ``detail`` is the list of errors FastAPI's schema of a 422 promises; ``message`` says it in words.
         return JSONResponse({"detail": jsonable_encoder(exc.errors()), "message": message}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": _route_message(request, exc)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -187,12 +213,35 @@ def create_app(state: ServiceState) -> FastAPI:
         return sessions.finish(who, session_id, body)
 
     @app.get("/api/v1/sessions")
-    def list_sessions(who: str = Depends(owner)) -> dict[str, Any]:
-        return sessions.list(who)
+    def list_sessions(
+        limit: int = 20, offset: int = 0, access_scope: str = "owned", who: str = Depends(owner)
+    ) -> dict[str, Any]:
+        _check_access_scope(access_scope)
+        return sessions.list(who, Page.of(limit, offset))
+
+    @app.post("/api/v1/sessions/search")
+    def search_sessions(_owner: str = Depends(owner)) -> dict[str, Any]:
+        raise BadRequest(
+            "search_sessions is not served here: it searches an organization's sessions across hosted Tinker's "
+            "projects; list this API key's sessions with list_sessions(limit, offset) and read each with get_session"
+        )
 
     @app.get("/api/v1/sessions/{session_id}")
-    def get_session(session_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+    def get_session(session_id: str, access_scope: str = "owned", who: str = Depends(owner)) -> dict[str, Any]:
+        _check_access_scope(access_scope)
         return sessions.get(who, session_id)
+
+    @app.put("/api/v1/sessions/{session_id}/project")
+    def assign_session_project(session_id: str, body: dict[str, Any], who: str = Depends(owner)) -> dict[str, Any]:
+        return sessions.assign_project(who, session_id, body.get("project_id"))
+
+    @app.get("/api/v1/sessions/{session_id}/trace_export")
+    def export_session_trace(session_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+        state.own_session(who, session_id)
+        raise BadRequest(
+            "export_session_trace is not served here: the Perfetto trace is built from hosted Tinker's request "
+            "telemetry, which this service does not record; its own log (nexrl serve tinker) shows each request"
+        )
 
     # --- training -------------------------------------------------------------------------------
 
@@ -309,12 +358,18 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.get("/api/v1/training_runs")
     def list_training_runs(
-        limit: int = Query(default=20, ge=1, le=1000), offset: int = Query(default=0, ge=0), who: str = Depends(owner)
+        limit: int = 20,
+        offset: int = 0,
+        access_scope: str = "owned",
+        project_id: str | None = None,
+        who: str = Depends(owner),
     ) -> dict[str, Any]:
-        return runs.list(who, limit, offset)
+        _check_access_scope(access_scope)
+        return runs.list(who, Page.of(limit, offset), project_id)
 
     @app.get("/api/v1/training_runs/{training_run_id}")
-    def get_training_run(training_run_id: str, who: str = Depends(owner)) -> dict[str, Any]:
+    def get_training_run(training_run_id: str, access_scope: str = "owned", who: str = Depends(owner)) -> dict[str, Any]:
+        _check_access_scope(access_scope)
         return runs.get(who, training_run_id)
 
     @app.get("/api/v1/training_runs/{training_run_id}/checkpoints")
@@ -327,15 +382,38 @@ def create_app(state: ServiceState) -> FastAPI:
     ) -> dict[str, Any]:
         return runs.external_weights_urls(who, training_run_id, checkpoint_id, str(request.base_url))
 
+    # Segment and name as two parameters: ``DELETE .../weights/publish`` deletes a checkpoint
+    # named "publish", ``DELETE .../weights/x/publish`` unpublishes "x".
+    @app.post("/api/v1/training_runs/{training_run_id}/checkpoints/{segment}/{name}/publish")
+    def publish_checkpoint(training_run_id: str, segment: str, name: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.publish(who, training_run_id, f"{segment}/{name}", True)
+
+    @app.delete("/api/v1/training_runs/{training_run_id}/checkpoints/{segment}/{name}/publish")
+    def unpublish_checkpoint(training_run_id: str, segment: str, name: str, who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.publish(who, training_run_id, f"{segment}/{name}", False)
+
+    @app.put("/api/v1/training_runs/{training_run_id}/checkpoints/{segment}/{name}/ttl")
+    def set_checkpoint_ttl(
+        training_run_id: str, segment: str, name: str, body: dict[str, Any], who: str = Depends(owner)
+    ) -> dict[str, Any]:
+        return runs.set_ttl(who, training_run_id, f"{segment}/{name}", body)
+
     @app.delete("/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}")
     def delete_checkpoint(training_run_id: str, checkpoint_id: str, who: str = Depends(owner)) -> dict[str, Any]:
         return runs.delete_checkpoint(who, training_run_id, checkpoint_id)
 
     @app.get("/api/v1/checkpoints")
-    def list_user_checkpoints(
-        limit: int = Query(default=100, ge=1, le=1000), offset: int = Query(default=0, ge=0), who: str = Depends(owner)
+    def list_user_checkpoints(limit: int = 100, offset: int = 0, who: str = Depends(owner)) -> dict[str, Any]:
+        return runs.user_checkpoints(who, Page.of(limit, offset))
+
+    @app.post("/api/v1/copy_weights")
+    def copy_weights(
+        body: CopyWeightsBody,
+        idempotency_key: str | None = Header(default=None, alias="X-Idempotency-Key"),
+        access_token: str | None = Header(default=None, alias="X-Tinker-Weights-Access-Token"),
+        who: str = Depends(owner),
     ) -> dict[str, Any]:
-        return runs.user_checkpoints(who, limit, offset)
+        return copies.copy(who, body, idempotency_key, access_token)
 
     @app.post("/api/v1/weights_info")
     def weights_info(body: dict[str, Any], who: str = Depends(owner)) -> dict[str, Any]:

@@ -19,6 +19,7 @@ __all__ = [
     "AdamParamsBody",
     "CreateModelBody",
     "CreateSamplingSessionBody",
+    "CopyWeightsBody",
     "CreateSessionBody",
     "FinishSessionBody",
     "HeartbeatBody",
@@ -143,6 +144,16 @@ class SaveWeightsExternalBody(Body):
     seq_id: SeqId | None = None
     ttl_seconds: int | None = Field(default=None, ge=1)
     age_encryption_recipients: list[str] | None = None
+
+
+class CopyWeightsBody(Body):
+    source_path: str
+    destination_project_id: str | None = None
+    session_id: str | None = None
+    model_seq_id: SeqId | None = None
+    ttl_seconds: int | None = None
+    """Checked by `nexrl_tinker.server.runs.check_ttl` (1 hour to 10 years)."""
+    weights_access_token: str | None = None
 
 
 class LoadWeightsBody(Body):

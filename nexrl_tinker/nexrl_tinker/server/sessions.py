@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from nexrl_service.errors import BadRequest
+from nexrl_service.paging import Page
 from nexrl_service.sessions import Sessions
 from nexrl_service.state import ServiceState
 from nexrl_tinker.server.ids import new_session_id
 from nexrl_tinker.server.schemas import CreateSessionBody, FinishSessionBody
 
-__all__ = ["SessionService", "str_dict"]
+__all__ = ["PROJECT_ID_MAX", "SessionService", "str_dict"]
+
+PROJECT_ID_MAX = 256
+"""The width of the store's ``project_id`` column."""
 
 
 def str_dict(values: dict[str, Any] | None) -> dict[str, str] | None:
@@ -49,8 +54,24 @@ class SessionService:
         self.sessions.finish(owner, session_id, reason)
         return {"status": "finished", "session_id": session_id}
 
-    def list(self, owner: str) -> dict[str, Any]:
-        return {"sessions": [s.session_id for s in self.sessions.of_owner(owner)]}
+    def list(self, owner: str, page: Page) -> dict[str, Any]:
+        """The caller's session ids, newest first (``ListSessionsResponse`` has no total:
+        a page shorter than ``limit`` is the last)."""
+        return {"sessions": [s.session_id for s in self.state.store.sessions_page(owner, page.limit, page.offset)]}
+
+    def assign_project(self, owner: str, session_id: str, project_id: object) -> dict[str, Any]:
+        """Move a session, and with it its training runs and samplers, into a project.
+
+        Projects are names here (no project has members of its own: one API key is one
+        tenant), so any non-empty name is accepted; hosted Tinker's clearing a project is
+        not supported there either."""
+        self.state.own_session(owner, session_id)
+        if not isinstance(project_id, str) or not project_id.strip():
+            raise BadRequest("project_id must be a non-empty string: the project to move the session into")
+        if len(project_id) > PROJECT_ID_MAX:
+            raise BadRequest(f"project_id is {len(project_id)} characters long; at most {PROJECT_ID_MAX} are allowed")
+        self.state.store.set_session_project(session_id, project_id)
+        return {"session_id": session_id, "project_id": project_id}
 
     def get(self, owner: str, session_id: str) -> dict[str, Any]:
         session = self.state.own_session(owner, session_id)

@@ -24,6 +24,7 @@ from nexrl_service.futures import Outcome
 from nexrl_service.state import ServiceState
 from nexrl_service.store import ModelRow
 from nexrl_service.training import NewModel, Prepare, TrainingOps
+from nexrl_tinker.server.age import AgeRecipients
 from nexrl_tinker.server.codec import (
     PROTO_CONTENT_TYPE,
     FwdBwdRequest,
@@ -294,20 +295,18 @@ class TrainingService:
 
     def save_weights_external(self, owner: str, body: SaveWeightsExternalBody) -> dict[str, Any]:
         """The model as a downloadable HF directory, ``tinker://<run>/external_weights/<name>``
-        (fetch its files through ``external_weights_urls``)."""
+        (fetch its files through ``external_weights_urls``); with age recipients every file
+        is stored encrypted as ``<name>.age`` (`nexrl_tinker.server.age`)."""
         model = self.ops.usable_model(owner, body.model_id)
 
         def prepare() -> Callable[[], Outcome]:
-            if body.age_encryption_recipients:
-                raise BadRequest(
-                    "age_encryption_recipients: this server cannot encrypt exports; leave them out (the files are "
-                    "served to this API key only, over signed URLs)"
-                )
+            age = AgeRecipients.parse(body.age_encryption_recipients) if body.age_encryption_recipients else None
             name = check_checkpoint_name(body.path)
             path = checkpoint_path(model.model_id, "external", name)
 
             def run() -> Outcome:
-                size = self.ops.export_external(model, name, path, body.ttl_seconds, None)
+                seal = age.encrypt_directory if age is not None else None
+                size = self.ops.export_external(model, name, path, body.ttl_seconds, None, seal)
                 return Outcome.json({"path": path, "size_bytes": size, "type": "save_weights_external"})
 
             return run
@@ -324,7 +323,7 @@ class TrainingService:
             model = self.ops.usable_model(owner, body.model_id)
 
         def prepare() -> Callable[[], Outcome]:
-            checkpoint = self.state.own_checkpoint(owner, parsed_path)
+            checkpoint = self.state.own_checkpoint(owner, parsed_path, public_ok=True)
 
             def run() -> Outcome:
                 self.ops.load_state(model, checkpoint, body.optimizer)
@@ -339,7 +338,7 @@ class TrainingService:
             raise BadRequest("load_weights with session_id also needs model_seq_id")
         session = self.state.own_session(owner, body.session_id or "", active=True)
         _check_optimizer(body.optimizer_config)
-        checkpoint = self.state.own_checkpoint(owner, path)
+        checkpoint = self.state.own_checkpoint(owner, path, public_ok=True)
         source = self.ops.source_of(checkpoint)
         if body.base_model is not None and self.state.check_base_model(body.base_model) != source.base_model:
             raise BadRequest(f"checkpoint {path!r} was trained from {source.base_model!r}, not {body.base_model!r}")

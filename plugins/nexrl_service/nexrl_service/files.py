@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import secrets
 import shutil
@@ -32,6 +33,13 @@ def safe_dirname(text: str) -> str:
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:80].strip("._") or "x"
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
     return f"{readable}-{digest}"
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 class CheckpointFiles:
@@ -55,6 +63,14 @@ class CheckpointFiles:
 
     def ephemeral_dir(self, model_id: str, sampler_id: str) -> Path:
         return self.model_dir(model_id) / "ephemeral" / safe_dirname(sampler_id)
+
+    def link_copy(self, source: str | Path, model_id: str, kind: str, name: str) -> Path:
+        """A new checkpoint directory of ``model_id`` with the files of ``source``, hard-linked
+        so that no bytes are duplicated and either can be deleted alone (copied where the
+        file system cannot link)."""
+        target = self.new_checkpoint_dir(model_id, kind, name)
+        shutil.copytree(source, target, copy_function=_link_or_copy)
+        return target
 
     def remove(self, directory: str | Path | None) -> None:
         if not directory:

@@ -84,8 +84,8 @@ class SamplingOps:
     # --- weights ------------------------------------------------------------------------------
 
     def checkpoint_weights(self, owner: str, path: str) -> CheckpointWeights:
-        """The weights behind the caller's checkpoint ``path``."""
-        checkpoint = self.state.own_checkpoint(owner, path)
+        """The weights behind checkpoint ``path``: the caller's own or a published one."""
+        checkpoint = self.state.own_checkpoint(owner, path, public_ok=True)
         source = self.training.source_of(checkpoint)
         if checkpoint.kind in ("sampler", "external"):  # both are HF directories
             ref = WeightsRef("hf", checkpoint.storage_dir)

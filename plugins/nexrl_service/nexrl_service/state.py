@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nexrl_core.serving import ServiceStartError
@@ -207,12 +208,22 @@ class ServiceState:
             raise Forbidden(f"sampling session {sampler_id!r} belongs to another session (a different API key)")
         return sampler
 
-    def own_checkpoint(self, owner: str, path: str) -> CheckpointRow:
+    def own_checkpoint(self, owner: str, path: str, *, public_ok: bool = False) -> CheckpointRow:
+        """The caller's checkpoint ``path``; with ``public_ok``, also another key's published
+        one (reading it: sampling, loading, copying; never changing it).
+
+        A checkpoint past its ``expires_at`` is unknown from that moment, as on hosted
+        Tinker, though the janitor deletes its files only on its next sweep.
+        """
         checkpoint = self.store.get_checkpoint(path)
         if checkpoint is None:
             raise NotFound(f"unknown checkpoint {path!r}")
-        if checkpoint.owner != owner:
-            raise Forbidden(f"checkpoint {path!r} belongs to another session (a different API key)")
+        if checkpoint.owner != owner and not (public_ok and checkpoint.public):
+            unpublished = " and is not published" if public_ok else ""
+            raise Forbidden(f"checkpoint {path!r} belongs to another session (a different API key){unpublished}")
+        if checkpoint.expires_at is not None and checkpoint.expires_at <= time.time():
+            expired = datetime.fromtimestamp(checkpoint.expires_at, tz=timezone.utc).isoformat()
+            raise NotFound(f"checkpoint {path!r} expired at {expired} (its time-to-live ran out) and is deleted")
         if not Path(checkpoint.storage_dir).is_dir():
             raise Gone(f"checkpoint {path!r} has no files any more (deleted on disk)")
         return checkpoint

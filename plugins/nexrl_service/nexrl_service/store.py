@@ -44,10 +44,13 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    false,
     func,
     insert,
+    inspect,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Engine as SqlEngine
@@ -57,6 +60,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.pool import StaticPool
 
 __all__ = [
+    "COPY_STATUS",
     "CheckpointRow",
     "FutureRow",
     "ModelRow",
@@ -65,6 +69,10 @@ __all__ = [
     "SessionRow",
     "Store",
 ]
+
+
+COPY_STATUS = "copy"
+"""The status of a training run made to hold a copy of a checkpoint: it cannot be trained on."""
 
 
 class Base(DeclarativeBase):
@@ -112,7 +120,7 @@ class ModelRow(Base):
     last_request_time: Mapped[float] = mapped_column(Float)
     create_request_id: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default="creating")
-    """``creating``, ``ready`` or ``failed``."""
+    """``creating``, ``ready``, ``failed``, or `COPY_STATUS` for a run that only holds copied weights."""
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     state_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     """The newest training-state directory of this model (saved or loaded): where a
@@ -196,6 +204,11 @@ class CheckpointRow(Base):
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     size_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Published: any API key may read it (sample from it, load it, copy it); only its owner changes it."""
+    copied_by: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    """The idempotency key of the copy request that made this checkpoint: a retried copy
+    finds it instead of making a second copy."""
 
 
 class RestartRow(Base):
@@ -241,6 +254,31 @@ _FINISH_FUTURE = (
 inside) costs more than running it."""
 
 
+def add_missing_columns(engine: SqlEngine) -> list[str]:
+    """Add the columns a newer release declares to tables an older one created.
+
+    ``create_all`` creates missing tables but never alters existing ones, so a data
+    directory from before a column existed would fail on its first query. Every column
+    added since the first release is nullable or has a server default, so adding it in
+    place is safe on SQLite and PostgreSQL alike. Returns ``table.column`` of each one added.
+    """
+    inspector = inspect(engine)
+    added = []
+    with engine.begin() as connection:
+        for table in Base.metadata.sorted_tables:
+            if not inspector.has_table(table.name):
+                continue
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in present:
+                    continue
+                kind = column.type.compile(dialect=engine.dialect)
+                default = f" DEFAULT {column.server_default.arg.compile(dialect=engine.dialect)}" if column.server_default is not None else ""
+                connection.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{default}'))
+                added.append(f"{table.name}.{column.name}")
+    return added
+
+
 def make_sql_engine(url: str) -> SqlEngine:
     """An SQLAlchemy engine for ``url``; SQLite gets WAL and a parent directory."""
     parsed = make_url(url)
@@ -263,6 +301,7 @@ class Store:
         self.url = url
         self.engine = make_sql_engine(url)
         Base.metadata.create_all(self.engine)
+        add_missing_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._serial: Any = threading.RLock() if self.engine.dialect.name == "sqlite" else nullcontext()
         """SQLite has one writer at a time, and a writer that finds the database locked
@@ -335,6 +374,27 @@ class Store:
             return list(
                 s.scalars(select(SessionRow).where(SessionRow.owner == owner).order_by(SessionRow.created_at))
             )
+
+    def sessions_page(self, owner: str, limit: int, offset: int) -> list[SessionRow]:
+        """One page of the owner's sessions, newest first.
+
+        Ordered by creation time and then by id, so pages are stable: a session created
+        meanwhile moves later pages by one, never makes one skip or repeat a row by chance.
+        """
+        with self.tx() as s:
+            rows = s.scalars(
+                select(SessionRow)
+                .where(SessionRow.owner == owner)
+                .order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc())
+                .limit(limit)
+                .offset(offset)
+            )
+            return list(rows)
+
+    def set_session_project(self, session_id: str, project_id: str) -> None:
+        with self.tx() as s:
+            s.execute(update(SessionRow).where(SessionRow.session_id == session_id).values(project_id=project_id))
+        self._forget(SessionRow, session_id)
 
     def stale_sessions(self, older_than: float) -> list[SessionRow]:
         """Sessions not yet expired whose last heartbeat is before ``older_than``."""
@@ -552,6 +612,8 @@ class Store:
                     expires_at=old.expires_at,
                     size_bytes=old.size_bytes,
                     user_metadata=old.user_metadata,
+                    public=old.public,
+                    copied_by=old.copied_by,
                 )
                 s.delete(old)
                 s.flush()
@@ -569,6 +631,17 @@ class Store:
                     select(CheckpointRow).where(CheckpointRow.model_id == model_id).order_by(CheckpointRow.created_at)
                 )
             )
+
+    def update_checkpoint(self, path: str, **values: Any) -> CheckpointRow | None:
+        """Change columns of one checkpoint; returns the row as it is now (None if unknown)."""
+        with self.tx() as s:
+            s.execute(update(CheckpointRow).where(CheckpointRow.path == path).values(**values))
+            return s.get(CheckpointRow, path)
+
+    def checkpoint_copied_by(self, owner: str, key: str) -> CheckpointRow | None:
+        """The checkpoint an earlier copy request with idempotency key ``key`` made, if any."""
+        with self.tx() as s:
+            return s.scalars(select(CheckpointRow).where(CheckpointRow.owner == owner, CheckpointRow.copied_by == key)).first()
 
     def delete_checkpoint(self, path: str) -> CheckpointRow | None:
         with self.tx() as s:

@@ -42,7 +42,7 @@ from nexrl_service.errors import ApiError, BadRequest, RequestFailed, TooManyReq
 from nexrl_service.futures import Outcome
 from nexrl_service.scheduler import Job
 from nexrl_service.state import ServiceState
-from nexrl_service.store import CheckpointRow, ModelRow, RestartRow, SamplerRow
+from nexrl_service.store import COPY_STATUS, CheckpointRow, ModelRow, RestartRow, SamplerRow
 
 __all__ = ["NewModel", "Prepare", "TrainingOps", "training_spec_of"]
 
@@ -181,6 +181,11 @@ class TrainingOps:
         model = self.state.own_model(owner, model_id)
         if model.status == "failed":
             raise BadRequest(f"model {model_id!r} could not be created: {model.error}")
+        if model.status == COPY_STATUS:
+            raise BadRequest(
+                f"training run {model_id!r} only holds copied weights (copy_weights) and cannot be trained on; "
+                f"create a training client from its checkpoint to train from them"
+            )
         if not self.state.scheduler.has_lane(model_id):
             self.state.scheduler.open_ordered(model_id, self.state.store.lane_last_seq(model_id) + 1)
         return model
@@ -405,12 +410,21 @@ class TrainingOps:
         path: str,
         ttl_seconds: int | None,
         user_metadata: dict[str, Any] | None,
+        seal: Callable[[Path], None] | None = None,
     ) -> int:
         """Export the weights as the downloadable HF directory of checkpoint ``path``
-        (`Engine.export_hf`: LoRA merged, the adapter beside); returns its size in bytes."""
+        (`Engine.export_hf`: LoRA merged, the adapter beside); returns its size in bytes.
+        ``seal`` rewrites the files before the checkpoint is recorded (a protocol's
+        encryption), so no one can download them unsealed."""
         engine = self.engine_for(model.model_id)
         directory = self.state.files.new_checkpoint_dir(model.model_id, "external", name)
         engine.export_hf(directory)
+        if seal is not None:
+            try:
+                seal(directory)
+            except BaseException:
+                self.state.files.remove(directory)
+                raise
         self._register_checkpoint(model, "external", name, path, directory, ttl_seconds, user_metadata, False)
         return self.state.files.size_of(directory)
 

@@ -136,6 +136,34 @@ def test_checkpoints_replace_and_expire(url: str) -> None:
         store.close()
 
 
+def test_a_database_from_before_the_newer_columns_gets_them(url: str) -> None:
+    """A data directory an older release made (no ``checkpoints.public``, no ``copied_by``)
+    opens, and its checkpoints read as private and not copied."""
+    from sqlalchemy import create_engine, text
+
+    store = Store(url)
+    try:
+        store.add_session(_session())
+        store.add_model(_model())
+        store.put_checkpoint(_checkpoint("scheme://m1/weights/a", "/data/a"))
+    finally:
+        store.close()
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("DROP INDEX ix_checkpoints_copied_by"))
+        connection.execute(text("ALTER TABLE checkpoints DROP COLUMN copied_by"))
+        connection.execute(text("ALTER TABLE checkpoints DROP COLUMN public"))
+    engine.dispose()
+    store = Store(url)
+    try:
+        row = store.get_checkpoint("scheme://m1/weights/a")
+        assert row is not None and row.public is False and row.copied_by is None
+        assert store.update_checkpoint(row.path, public=True, copied_by="k").public is True
+        assert store.checkpoint_copied_by("o1", "k").path == row.path
+    finally:
+        store.close()
+
+
 def test_stale_sessions_and_the_cache_follow_writes(url: str) -> None:
     store = Store(url)
     try:
