@@ -42,8 +42,17 @@ def _logged_steps(out: Path) -> int:
 
 
 def _ended_and_gone(process: subprocess.Popen[str], marker: str, sent: float) -> float:
-    """Seconds from the signal until the command and every process it started are gone."""
-    process.wait(timeout=60)
+    """Seconds from the signal until the command and every process it started are gone; a
+    command still running after 60 s is asked for its threads' stacks (SIGUSR1), then killed,
+    and fails the test with its output."""
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        process.kill()
+        output = process.communicate()[0] or ""
+        raise AssertionError(f"still running 60 s after the signal; its stacks and output:\n{output[-12000:]}") from None
     while processes_with(marker) and time.monotonic() - sent < 60:
         time.sleep(0.05)
     assert not processes_with(marker), f"left running: {processes_with(marker)}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import shlex
 import signal
@@ -40,7 +41,8 @@ def configure_logging() -> None:
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (``kill``, a job scheduler) like Ctrl-C, so the run shuts down cleanly."""
+    """Treat SIGTERM (``kill``, a job scheduler) like Ctrl-C, so the run shuts down cleanly;
+    SIGUSR1 dumps every thread's stack, so a run that hangs can say where."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -49,9 +51,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
+    # ``kill -USR1`` prints every thread's stack to stderr: how a run that does not end is diagnosed.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         yield
     finally:
+        faulthandler.unregister(signal.SIGUSR1)
         signal.signal(signal.SIGTERM, previous)
 
 
