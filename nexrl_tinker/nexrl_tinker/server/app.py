@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -108,6 +109,32 @@ def _check_access_scope(access_scope: str) -> None:
     """``owned`` and ``accessible`` list the same here: one API key is one tenant, with no organization to share with."""
     if access_scope not in ("owned", "accessible"):
         raise BadRequest(f"access_scope must be 'owned' or 'accessible', got {access_scope!r}")
+
+
+HOSTED_REPORTS = {
+    "/api/v1/audit": (
+        "get_audit_log is not served here: it reads the audit log of a hosted Tinker organization, and this "
+        "service has no organizations (one API key is one tenant); its own log (nexrl serve tinker) shows each request"
+    ),
+    "/api/v1/billing/usage/events": (
+        "get_billing_usage is not served here: it reads hosted Tinker's billing, and this service bills nothing"
+    ),
+    "/api/v1/billing/usage/checkpoints/current": (
+        "get_current_checkpoint_storage_usage is not served here: it prices hosted Tinker's checkpoint storage, "
+        "and this service bills nothing; list_user_checkpoints gives each checkpoint's size_bytes"
+    ),
+}
+"""AdminClient's routes (SDK 0.38 sends them; hosted Tinker gates them on an admin role):
+a 400 that says why, rather than the 404 of a path no SDK uses."""
+
+
+def _refuse(message: str) -> Callable[[], Awaitable[None]]:
+    """A route handler that answers every request with a 400 saying ``message``."""
+
+    async def refused() -> None:
+        raise BadRequest(message)
+
+    return refused
 
 
 API_KEY_PREFIX = "tml-"
@@ -242,6 +269,11 @@ def create_app(state: ServiceState) -> FastAPI:
             "export_session_trace is not served here: the Perfetto trace is built from hosted Tinker's request "
             "telemetry, which this service does not record; its own log (nexrl serve tinker) shows each request"
         )
+
+    # --- an organization's reports (AdminClient), which hosted Tinker keeps and this service has not -----
+
+    for path, refusal in HOSTED_REPORTS.items():
+        app.add_api_route(path, _refuse(refusal), methods=["GET"], dependencies=[Depends(owner)])
 
     # --- training -------------------------------------------------------------------------------
 
