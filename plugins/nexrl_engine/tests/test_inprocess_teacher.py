@@ -1,0 +1,71 @@
+"""The recipe's ``teacher`` on the ``inprocess`` backend: a second, frozen engine that
+scores the student's sampled tokens before the advantage step (on-policy distillation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nexrl_core.config import ConfigError
+from nexrl_core.loop import run_training
+from nexrl_engine.engine import Engine
+from nexrl_engine.inprocess.holder import EngineHolder
+
+from tests.conftest import group_datums, open_backend, quickstart
+
+DISTIL = ("algorithm.advantage.name=on_policy_distillation", "algorithm.advantage.options.kl_coef=0.5")
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """nexrl-tiny after one large step: a local Hugging Face directory whose log-probs
+    differ from the shipped model's, as a run's ``final_model`` would."""
+    engine = Engine(model="nexrl-tiny", seed=0)
+    engine.forward_backward(group_datums(), "importance_sampling")
+    engine.optim_step(learning_rate=3e-2)
+    return engine.export_hf(tmp_path_factory.mktemp("teacher") / "model")
+
+
+def test_the_teacher_scores_tokens_as_its_own_frozen_model(tmp_path: Path, teacher_dir: Path) -> None:
+    backend = open_backend(quickstart(tmp_path, f"teacher.model={teacher_dir}", *DISTIL), tmp_path / "backend")
+    try:
+        holder = backend.holder
+        sequences = [datum.input_tokens + datum.loss_fn_inputs["target_tokens"][-1:] for datum in group_datums()]
+        scored = holder.teacher_logprobs(sequences)  # type: ignore[attr-defined]
+        expected = Engine(model=str(teacher_dir), seed=0).compute_logprobs(sequences)
+        for row, want in zip(scored, expected):
+            assert row[0] == 0.0 and len(row) == len(want)
+            torch.testing.assert_close(torch.tensor(row[1:]), torch.tensor(want[1:]), rtol=0, atol=1e-5)
+        assert scored != holder.reference_logprobs(sequences), "the teacher is its own model, not the student's base"
+        assert not any(parameter.requires_grad for parameter in holder._teacher.model.parameters())  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
+def test_a_distillation_step_trains_on_minus_coef_times_the_log_ratio_to_the_teacher(
+    tmp_path: Path, teacher_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each datum's advantage on a trained target token is ``-0.5 * (sampler logprob -
+    teacher logprob of that token)``, the teacher's log-prob of the same position."""
+    received: list = []
+    train = EngineHolder.train
+    monkeypatch.setattr(EngineHolder, "train", lambda self, datums, config: received.extend(datums) or train(self, datums, config))
+    settings = ("schedule.steps=1", "schedule.validate_every=0", "rollout.prompts_per_step=2", "rollout.group_size=2")
+    run_training(quickstart(tmp_path, f"teacher.model={teacher_dir}", *settings, *DISTIL), progress_bar=False)
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["train/grad_norm"] > 0 and row["train/teacher/reverse_kl"] != 0
+    teacher = Engine(model=str(teacher_dir), seed=0)
+    assert len(received) == 4
+    for datum in received:
+        scores = teacher.compute_logprobs([list(datum.input_tokens) + [datum.target_tokens[-1]]])[0][1:]
+        for advantage, sampled, scored, trained in zip(datum.advantages, datum.sampling_logprobs, scores, datum.loss_mask):
+            expected = -0.5 * (sampled - scored) if trained else 0.0
+            assert advantage == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_teacher_that_cannot_load_is_refused_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="teacher.model: cannot load '/no/such/teacher'"):
+        open_backend(quickstart(tmp_path, "teacher.model=/no/such/teacher", *DISTIL), tmp_path / "backend")
