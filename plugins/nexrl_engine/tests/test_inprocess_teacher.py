@@ -4,6 +4,7 @@ scores the student's sampled tokens before the advantage step (on-policy distill
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from nexrl_core.config import ConfigError
 from nexrl_core.loop import run_training
+from nexrl_core.types import Trajectory
 from nexrl_engine.engine import Engine
 from nexrl_engine.inprocess.holder import EngineHolder
 
@@ -56,7 +58,7 @@ def test_a_distillation_step_trains_on_minus_coef_times_the_log_ratio_to_the_tea
     settings = ("schedule.steps=1", "schedule.validate_every=0", "rollout.prompts_per_step=2", "rollout.group_size=2")
     run_training(quickstart(tmp_path, f"teacher.model={teacher_dir}", *settings, *DISTIL), progress_bar=False)
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert row["train/grad_norm"] > 0 and row["train/teacher/reverse_kl"] != 0
+    assert row["train/grad_norm"] > 0 and row["teacher/reverse_kl"] > 0
     teacher = Engine(model=str(teacher_dir), seed=0)
     assert len(received) == 4
     for datum in received:
@@ -66,6 +68,63 @@ def test_a_distillation_step_trains_on_minus_coef_times_the_log_ratio_to_the_tea
             assert advantage == pytest.approx(expected, abs=1e-4)
 
 
+def _trajectories(holder: EngineHolder) -> list[Trajectory]:
+    """Eight runs of different lengths over two prompts, with the student's own log-probs
+    as the sampler's, so the reverse KL to the teacher is what it would be on-policy."""
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 1000, (length,), generator=generator).tolist() for length in (6, 9)]
+    rows = []
+    for run in range(8):
+        prompt = prompts[run % 2]
+        rows.append(prompt + torch.randint(3, 1000, (2 + run,), generator=generator).tolist())
+    student = holder.reference_logprobs(rows)
+    return [
+        Trajectory(
+            tokens=tokens,
+            loss_mask=[0] * len(prompts[run % 2]) + [1] * (len(tokens) - len(prompts[run % 2])),
+            logprobs=[value if index >= len(prompts[run % 2]) else 0.0 for index, value in enumerate(logprobs)],
+            reward=float(run % 3 == 0),
+            group_id=f"g{run % 2}",
+            run_id=run,
+            task_id="t",
+        )
+        for run, (tokens, logprobs) in enumerate(zip(rows, student))
+    ]
+
+
+def test_a_distillation_step_is_the_same_however_the_engine_splits_it(tmp_path: Path, teacher_dir: Path) -> None:
+    """The teacher scores the whole step before the advantages, so a step the engine runs
+    in many micro-batches (and without shared prefixes) has the loss and gradient of the
+    step in one pass."""
+    steps = []
+    for limit, share in ((16384, "true"), (40, "false")):
+        split = (f"backend.options.max_tokens_per_microbatch={limit}", f"backend.options.share_prefixes={share}")
+        config = quickstart(tmp_path, f"teacher.model={teacher_dir}", *DISTIL, "algorithm.advantage.options.kl_discount=0.5", *split)
+        backend = open_backend(config, tmp_path / f"backend_{limit}")
+        try:
+            metrics = backend.train(_trajectories(backend.holder), step=1)  # type: ignore[arg-type]
+            assert metrics["datums/trained"] == 8 and metrics["teacher/reverse_kl"] != 0
+            steps.append(metrics)
+        finally:
+            backend.close()
+    one_pass, many_passes = steps
+    for key in ("teacher/reverse_kl", "advantages/mean", "advantages/std", "train/loss", "train/grad_norm"):
+        assert many_passes[key] == pytest.approx(one_pass[key], rel=1e-5, abs=1e-7), key
+
+
 def test_a_teacher_that_cannot_load_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="teacher.model: cannot load '/no/such/teacher'"):
         open_backend(quickstart(tmp_path, "teacher.model=/no/such/teacher", *DISTIL), tmp_path / "backend")
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key(tmp_path: Path, teacher_dir: Path) -> None:
+    """The teacher scores the student's token ids, so one more token in its vocabulary is enough to refuse it."""
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(teacher_dir, other)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<teacher_only>"])
+    tokenizer.save_pretrained(other)
+    with pytest.raises(ConfigError, match=f"teacher.model: '{other}' has another tokenizer than model.name 'nexrl-tiny'"):
+        open_backend(quickstart(tmp_path, f"teacher.model={other}", *DISTIL), tmp_path / "backend")

@@ -26,7 +26,7 @@ messages as every other holder does, and samples prompts through its `EngineChat
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +49,17 @@ from nexrl_engine.types import Datum
 
 __all__ = ["EngineHolder", "engine_datum"]
 
+logger = logging.getLogger(__name__)
+
+DATUM_INPUTS = frozenset({"old_logprobs", "advantages"})
+"""What a loss may need from a `RemoteDatum` beyond the target tokens and the loss mask."""
+
 
 def _frozen_engine(config: EngineConfig) -> Engine:
     """An engine that only scores: no mixed precision (it keeps no masters), no gradients."""
     engine = Engine(attrs.evolve(config, mixed_precision=False, gradient_checkpointing=False))
     engine.model.requires_grad_(False)
     return engine
-
-logger = logging.getLogger(__name__)
-
-DATUM_INPUTS = frozenset({"old_logprobs", "advantages"})
-"""What a loss may need from a `RemoteDatum` beyond the target tokens and the loss mask."""
 
 
 def engine_datum(datum: RemoteDatum) -> Datum:
@@ -176,9 +176,15 @@ class EngineHolder(TemplateChatModel):
         return f"inprocess://sampler/{self._version:06d}"
 
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return self._scored(self._reference_logprobs, sequences)
+
+    def _scored(
+        self, score: Callable[[list[list[int]]], list[list[float | None]]], sequences: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """``score`` of ``sequences`` on the compute thread, 0.0 at each position 0."""
         if not sequences:
             return []
-        rows = self.compute.call(lambda: self._reference_logprobs([list(tokens) for tokens in sequences]))
+        rows = self.compute.call(lambda: score([list(tokens) for tokens in sequences]))
         return [[0.0 if value is None else float(value) for value in row] for row in rows]
 
     def _reference_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
@@ -219,10 +225,7 @@ class EngineHolder(TemplateChatModel):
         teacher = self._teacher
         if teacher is None:
             raise ValueError("this run has no teacher; set teacher.model to score sequences under one")
-        if not sequences:
-            return []
-        rows = self.compute.call(lambda: teacher.compute_logprobs([list(tokens) for tokens in sequences]))
-        return [[0.0 if value is None else float(value) for value in row] for row in rows]
+        return self._scored(teacher.compute_logprobs, sequences)
 
     # --- checkpoints and shutdown --------------------------------------------------------------
 
