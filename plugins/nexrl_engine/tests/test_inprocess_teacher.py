@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.config import ConfigError
+from nexrl_core.config import ConfigError, load_config
 from nexrl_core.loop import run_training
 from nexrl_core.types import Trajectory
 from nexrl_engine.engine import Engine
@@ -128,3 +128,23 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_key(tmp_path: Pa
     tokenizer.save_pretrained(other)
     with pytest.raises(ConfigError, match=f"teacher.model: '{other}' has another tokenizer than model.name 'nexrl-tiny'"):
         open_backend(quickstart(tmp_path, f"teacher.model={other}", *DISTIL), tmp_path / "backend")
+
+
+@pytest.mark.slow
+def test_the_distillation_quickstart_raises_the_students_held_out_reward(tmp_path: Path) -> None:
+    """recipes/quickstart_distill.yaml, shortened: a teacher trained by the in-process
+    quickstart, then 10 distillation steps of the untrained student, which never sees the
+    task's reward, lift its held-out reward and bring it closer to the teacher."""
+    recipes = Path(__file__).resolve().parents[3] / "recipes"
+    teacher = load_config(recipes / "quickstart_inprocess.yaml", [f"output.dir={tmp_path / 'teacher'}", "schedule.validate_every=0"])
+    run_training(teacher, progress_bar=False)
+    student = load_config(
+        recipes / "quickstart_distill.yaml",
+        [f"output.dir={tmp_path / 'student'}", f"teacher.model={tmp_path / 'teacher' / 'final_model'}", "schedule.steps=10"],
+    )
+    run_training(student, progress_bar=False)
+    rows = [json.loads(line) for line in (tmp_path / "student" / "metrics.jsonl").read_text().splitlines()]
+    validation = {row["step"]: row["val/reward/mean"] for row in rows if "val/reward/mean" in row}
+    assert validation[10] > validation[0] + 0.2, validation
+    kl = [row["teacher/reverse_kl"] for row in rows if "teacher/reverse_kl" in row]
+    assert kl[-1] < kl[0] / 2, kl
