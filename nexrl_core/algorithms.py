@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 
 GroupKey = Union[str, int]
 
-ADVANTAGE_INPUTS = frozenset({"group_ids", "run_ids", "old_logprobs", "ref_logprobs"})
+ADVANTAGE_INPUTS = frozenset({"group_ids", "run_ids", "old_logprobs", "ref_logprobs", "teacher_logprobs"})
 """Optional `AdvantageInputs` fields an estimator may list in ``requires``."""
+TEACHER_LOGPROBS = "teacher_logprobs"
+"""The field an estimator lists in ``requires`` to read the recipe's ``teacher``: a
+trainer then has the backend score every trajectory under the teacher."""
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +50,9 @@ class AdvantageInputs:
     """[B, T] sampler (behaviour policy) logprobs."""
     ref_logprobs: torch.Tensor | None = None
     """[B, T] reference-model logprobs."""
+    teacher_logprobs: torch.Tensor | None = None
+    """[B, T] the recipe's ``teacher`` model's logprobs of the same tokens (on-policy
+    distillation compares them with ``old_logprobs``, the student's)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -32,6 +32,11 @@ CONTEXT_KEY = "max_context_length"
 """`Backend.run_info` key of the model's context in tokens, where the backend knows it; the
 loop refuses a ``rollout.max_tokens`` (with ``rollout.max_prompt_tokens``) that does not fit."""
 
+TEACHER_BACKEND = "teacher"
+"""Capability of a `nexrl_core.specs.BackendSpec` whose backend holds the recipe's
+``teacher`` model beside the student and gives the trainer its log-probs; the loop
+refuses ``teacher.model`` on any other backend before opening it."""
+
 if TYPE_CHECKING:
     from nexrl_core.config.schema import TrainConfig
     from nexrl_core.rollout import Agent, PendingBatch, RunRequest

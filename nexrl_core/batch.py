@@ -68,6 +68,20 @@ class Batch:
             listed = ", ".join(f"{name}={count}" for name, count in rows.items())
             raise ValueError(f"every tensor and non-tensor of a Batch needs the same number of rows, got {listed}")
 
+    def token_values(self, trajectories: Sequence[Trajectory], values: Sequence[Sequence[float]]) -> torch.Tensor:
+        """[B, L] float64 of per-token ``values`` (one list per trajectory, aligned with its
+        tokens: a holder's reference or teacher logprobs), laid out as
+        `from_trajectories` laid out those ``trajectories``' tokens; 0 elsewhere."""
+        import torch
+
+        table = torch.zeros(self.tensors["loss_mask"].shape, dtype=torch.float64)
+        for row, (trajectory, row_values) in enumerate(zip(trajectories, values, strict=True)):
+            if len(row_values) != len(trajectory.tokens):
+                raise ValueError(f"row {row}: {len(row_values)} values for {len(trajectory.tokens)} tokens")
+            offset = self.prompt_length - _response_start(trajectory)
+            table[row, offset : offset + len(trajectory.tokens)] = torch.tensor(row_values, dtype=torch.float64)
+        return table
+
     @classmethod
     def from_trajectories(cls, trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
         """Pad ``trajectories`` into one batch (see the class docstring for the layout)."""

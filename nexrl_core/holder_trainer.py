@@ -11,7 +11,10 @@ one `TrainStepConfig` carrying every option of the loss and every AdamW paramete
 
 Flavours subclass it: `shape_rewards` is where per-token reward terms (a KL penalty
 against the reference model, in the GRPO flavour) enter before advantages are
-computed. `RemoteApiTrainerConfig.from_recipe` is where the recipe's ``algorithm``
+computed. An estimator that lists ``teacher_logprobs`` in its ``requires`` (on-policy
+distillation) gets the recipe's teacher's log-probs of every trajectory from the holder
+(`nexrl_core.holders.TeacherHolder`), laid out as the reference's are for a KL penalty.
+`RemoteApiTrainerConfig.from_recipe` is where the recipe's ``algorithm``
 section (estimator, loss options, KL, every AdamW parameter) becomes the
 `TrainStepConfig` every holder-driving trainer sends; self-hosted trainers reuse it. This
 module imports torch only where advantages are computed.
@@ -21,15 +24,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from nexrl_core.algorithms import TEACHER_LOGPROBS
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.lr_schedule import LearningRateSchedule
-from nexrl_core.config.schema import ComponentChoice, KLSettings, TrainConfig
-from nexrl_core.holders import LossOptionValue, ServiceHolder, TrainStepConfig
+from nexrl_core.config.schema import ComponentChoice, KLSettings, TeacherConfig, TrainConfig
+from nexrl_core.holders import LossOptionValue, ServiceHolder, TeacherHolder, TrainStepConfig
 from nexrl_core.metrics import readable_train_metrics
 from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
 
@@ -77,6 +81,8 @@ class RemoteApiTrainerConfig:
     lr_schedule: LearningRateSchedule = attrs.field(factory=LearningRateSchedule)
     """How each step's learning rate follows from ``train_step.optimizer.learning_rate``
     (``algorithm.lr_schedule``, ``algorithm.warmup_steps``, ``schedule.steps``)."""
+    teacher: TeacherConfig = attrs.field(factory=TeacherConfig)
+    """The recipe's ``teacher``: set exactly when the estimator reads teacher log-probs."""
 
     @classmethod
     def from_recipe(cls, config: TrainConfig) -> RemoteApiTrainerConfig:
@@ -111,6 +117,28 @@ class RemoteApiTrainerConfig:
             ),
             kl=algorithm.kl,
             lr_schedule=LearningRateSchedule.from_recipe(config),
+            teacher=config.teacher,
+        )
+
+
+def check_teacher(estimator: Any, config: RemoteApiTrainerConfig) -> None:
+    """A teacher is there exactly when ``estimator`` reads its log-probs: one the estimator
+    needs and lacks would fail at step 1, one it ignores would be silently dropped.
+
+    :raises ConfigError: naming ``algorithm.advantage.name`` or ``teacher.model``.
+    """
+    reads_teacher = TEACHER_LOGPROBS in estimator.requires
+    name = config.advantage.name
+    if reads_teacher and config.teacher.model is None:
+        raise ConfigError(
+            [f"algorithm.advantage.name: {name!r} reads a teacher model's log-probs; set teacher.model (the model to distil from)"]
+        )
+    if not reads_teacher and config.teacher.model is not None:
+        raise ConfigError(
+            [
+                f"teacher.model: advantage estimator {name!r} reads no teacher log-probs, so the teacher would be "
+                "ignored; choose an estimator that does (nexrl plugins lists them) or remove teacher"
+            ]
         )
 
 
@@ -132,6 +160,7 @@ class RemoteApiTrainer:
             )
         self._estimator: Any = None
         self._changed = False
+        check_teacher(self.estimator, self.config)
 
     @property
     def estimator(self) -> Any:
@@ -157,6 +186,9 @@ class RemoteApiTrainer:
 
         batch = Batch.from_trajectories(trajectories, pad_token_id=0)
         inputs = batch.to_advantage_inputs()
+        if TEACHER_LOGPROBS in self.estimator.requires:
+            teacher = cast(TeacherHolder, holder).teacher_logprobs([trajectory.tokens for trajectory in trajectories])
+            inputs = attrs.evolve(inputs, teacher_logprobs=batch.token_values(trajectories, teacher))
         token_rewards, metrics = self.shape_rewards(holder, trajectories, batch, inputs.token_rewards)
         output = self.estimator(attrs.evolve(inputs, token_rewards=token_rewards))
         metrics.update({key: float(value) for key, value in output.metrics.items()})

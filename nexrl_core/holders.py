@@ -113,6 +113,16 @@ class ServiceHolder(ChatModel, Protocol):
         ...
 
 
+class TeacherHolder(ServiceHolder, Protocol):
+    """A holder that also holds the recipe's ``teacher``: what a backend with capability
+    `nexrl_core.backend.TEACHER_BACKEND` gives its trainer."""
+
+    def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per sequence, ``log p_teacher(token[i] | tokens[:i])`` under the frozen
+        teacher, with 0.0 at position 0: aligned as `ServiceHolder.reference_logprobs` is."""
+        ...
+
+
 def fixed_precision_refusals(model: ModelConfig, api: str, service: NexrlCapabilities | None) -> dict[str, str]:
     """What a training API without dtype, mixed-precision, LoRA-alpha or checkpointing settings
     cannot honour of ``model``, as `ServiceHolder.refused_options` entries; ``api`` names it

@@ -42,6 +42,7 @@ import attrs
 
 from nexrl_core.backend import (
     CONTEXT_KEY,
+    TEACHER_BACKEND,
     Backend,
     BackendLost,
     BackendSetup,
@@ -167,6 +168,13 @@ def open_backend(config: TrainConfig, options: Any, out_dir: Path) -> Backend:
     """The backend ``backend.name`` names, opened for this run (it may start services)."""
     assert config.backend.name is not None  # resolve_all_options refused a missing name
     spec = _component_spec("backends", config.backend.name, "backend.name")
+    if config.teacher.model is not None and TEACHER_BACKEND not in spec.capabilities:
+        raise ConfigError(
+            [
+                f"teacher.model: backend {config.backend.name!r} cannot hold a teacher model beside the student; "
+                f"remove teacher or choose a backend with capability {TEACHER_BACKEND!r} (nexrl plugins lists them)"
+            ]
+        )
     work_dir = out_dir / BACKEND_DIR
     work_dir.mkdir(parents=True, exist_ok=True)
     return spec.open(BackendSetup(recipe=config, options=options, work_dir=work_dir))

@@ -49,6 +49,20 @@ def test_layout_left_pads_prompts_and_right_pads_responses(batch: Batch) -> None
     assert len(batch) == batch.batch_size == 2
 
 
+def test_token_values_sit_in_the_columns_of_their_tokens(batch: Batch) -> None:
+    """A holder's per-token values (reference or teacher logprobs) land where the row's
+    tokens landed, so column j of every table is about the same token."""
+    trajectories = [
+        trajectory([1, 2, 3, 4], [0, 0, 1, 1], run=0),
+        trajectory([5, 6, 7, 8, PAD], [0, 1, 1, 0, 1], run=1),
+    ]
+    table = batch.token_values(trajectories, [[0.0, -0.1, -0.2, -0.3], [0.0, -1.1, -1.2, -1.3, -1.4]])
+    assert table.dtype == torch.float64
+    assert table.tolist() == [[0.0, -0.1, -0.2, -0.3, 0.0, 0.0], [0.0, 0.0, -1.1, -1.2, -1.3, -1.4]]
+    with pytest.raises(ValueError, match="row 1: 4 values for 5 tokens"):
+        batch.token_values(trajectories, [[0.0] * 4, [0.0] * 4])
+
+
 def test_a_trajectory_without_trained_tokens_is_all_prompt() -> None:
     batch = Batch.from_trajectories([trajectory([1, 2, 3], [0, 0, 0]), trajectory([4, 5], [0, 1])], pad_token_id=PAD)
     assert batch.meta["prompt_length"] == 3

@@ -23,7 +23,7 @@ def test_plugins_json_lists_grpo_with_everything_it_registers() -> None:
     assert grpo["distribution"] == "nexrl-grpo"
     assert grpo["error"] is None
     assert grpo["registers"] == {
-        "advantage_estimators": ["dr_grpo", "grpo", "reinforce_plus_plus", "rloo"],
+        "advantage_estimators": ["dr_grpo", "grpo", "on_policy_distillation", "reinforce_plus_plus", "rloo"],
         "policy_losses": ["cispo", "cross_entropy", "dro", "gspo", "importance_sampling", "ppo"],
         "trainers": ["remote_api_grpo", "self_hosted_grpo"],
         "service_holders": [],

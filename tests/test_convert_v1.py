@@ -239,8 +239,9 @@ def test_flat_shape_lists() -> None:
 def test_nested_shape_lists() -> None:
     conversion = convert_v1_recipe(SHAPES["v1.4"])
     assert lines(conversion)["unsupported"] == [
-        "service.train_service.teacher: a second model (role teacher) beside the actor, as on-policy distillation uses; NexRL trains one "
-        "policy per run; instead: train the actor alone (distillation from a teacher is not carried)",
+        "service.train_service.teacher: a second model (role teacher) beside the actor, as on-policy distillation uses; NexRL's self-hosted "
+        "and remote_api backends hold no teacher yet; instead: train the actor alone, or distil on backend inprocess with teacher.model (the "
+        "teacher's model directory) and algorithm.advantage.name on_policy_distillation",
         "rollout_worker.agent_cls = single_turn_math: v1's built-in agent single_turn_math; instead: write it as an agent function "
         "(examples/math/math_agent.py does single_turn_math's job: copy it beside the recipe) and pass --agent math_agent:solve (task.agent)",
     ]
@@ -296,6 +297,24 @@ def test_everything_carried_exits_0_with_the_lists(tmp_path: Path) -> None:
     assert "dropped (no meaning here):" in result.stderr and "not supported" not in result.stderr
     assert result.stdout.startswith("# Converted from the NexRL v1 recipe")
     assert "#   service.train_service.student.config.weight_decay: v1 never sent this" in result.stdout, "the choice heads the file"
+
+
+def test_a_v1_distillation_recipe_names_where_each_of_its_keys_goes_in_nexrl(tmp_path: Path) -> None:
+    """v1's remote_api_opd keys (a Weaver recipe's teachers, kl_penalty_coef, kl_discount_factor)
+    are not supported on the backends v1 ran on, and each line names the NexRL key to set on
+    the inprocess backend instead; the conversion stops rather than train without the teacher."""
+    recipe = yaml.safe_load((SHAPES["v1.4"]).read_text())
+    recipe["trainer"] = {"type": "remote_api_opd", "teachers": [{"base_model": "Qwen/Qwen3-8B", "checkpoint": None}]}
+    recipe["service"]["train_service"]["student"]["config"].update(kl_penalty_coef=0.5, kl_discount_factor=0.9)
+    del recipe["service"]["train_service"]["teacher"]
+    (tmp_path / "common.yaml").write_text((DATA / "nested" / "common.yaml").read_text())
+    (tmp_path / "opd.yaml").write_text(yaml.safe_dump(recipe))
+    unsupported = lines(convert_v1_recipe(tmp_path / "opd.yaml"))["unsupported"]
+    named = {line.split(" = ")[0]: line for line in unsupported}
+    assert "teacher.model" in named["trainer.teachers"] and "on_policy_distillation" in named["trainer.teachers"]
+    assert "algorithm.advantage.options.kl_coef" in named["service.train_service.student.config.kl_penalty_coef"]
+    assert "algorithm.advantage.options.kl_discount" in named["service.train_service.student.config.kl_discount_factor"]
+    assert "distils from a teacher" in named["trainer.type"] and "backend inprocess" in named["trainer.type"]
 
 
 def test_an_unknown_key_is_named(tmp_path: Path) -> None:

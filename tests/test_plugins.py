@@ -21,7 +21,7 @@ from nexrl_core.registry import (
 )
 from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec
 
-GRPO_ESTIMATORS = ["dr_grpo", "grpo", "reinforce_plus_plus", "rloo"]
+GRPO_ESTIMATORS = ["dr_grpo", "grpo", "on_policy_distillation", "reinforce_plus_plus", "rloo"]
 GRPO_LOSSES = ["cispo", "cross_entropy", "dro", "gspo", "importance_sampling", "ppo"]
 
 

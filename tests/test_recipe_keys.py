@@ -128,6 +128,8 @@ KL_ADAPTIVE = everywhere(
     "plugins/nexrl_grpo/tests/test_trainers.py::test_the_adaptive_controller_moves_the_coefficient_towards_the_target_and_resumes",
     f"{SELF_HOSTED}::test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers",
 )
+TEACHER_REFUSED = "tests/test_teacher_recipe.py::test_a_teacher_is_refused_on_a_backend_that_cannot_hold_one"
+DISTILLATION = "plugins/nexrl_grpo/tests/test_distillation.py"
 SELF_HOSTED_LORA = f"{SELF_HOSTED}::test_quickstart_fsdp_trains_lora_adapters_end_to_end"
 LORA_TARGETS = per_backend(
     inprocess=(f"{INPROCESS}::test_lora_settings_reach_the_engine", "plugins/nexrl_engine/tests/test_lora.py::test_target_flags"),
@@ -184,6 +186,13 @@ CORE: dict[str, Entry] = {
         refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_gradient_checkpointing_is_refused_before_step_1_by_name"},
         inprocess=SCHEDULE_AND_CHECKPOINTING,
         self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
+    ),
+    "teacher.model": per_backend(
+        refused={"remote_api": TEACHER_REFUSED, "self-hosted": TEACHER_REFUSED},
+        inprocess=(
+            "plugins/nexrl_engine/tests/test_inprocess_teacher.py::test_the_teacher_scores_tokens_as_its_own_frozen_model",
+            "plugins/nexrl_engine/tests/test_inprocess_teacher.py::test_a_distillation_step_trains_on_minus_coef_times_the_log_ratio_to_the_teacher",
+        ),
     ),
     "model.mixed_precision": per_backend(
         refused={"remote_api": "tests/test_mixed_precision_refusals.py::test_the_remote_api_backend_refuses_it_before_step_1"},
@@ -293,6 +302,16 @@ COMPONENTS: dict[str, Entry] = {
     ),
     "algorithm.advantage.options.eps [reinforce_plus_plus]": everywhere(
         "plugins/nexrl_grpo/tests/test_advantages.py::test_reinforce_plus_plus_eps_is_added_to_the_std"
+    ),
+    "algorithm.advantage.options.kl_coef [on_policy_distillation]": everywhere(
+        f"{DISTILLATION}::test_the_advantage_is_minus_coef_times_the_log_ratio_of_each_sampled_token",
+        "plugins/nexrl_engine/tests/test_inprocess_teacher.py::test_a_distillation_step_trains_on_minus_coef_times_the_log_ratio_to_the_teacher",
+    ),
+    "algorithm.advantage.options.kl_discount [on_policy_distillation]": everywhere(
+        f"{DISTILLATION}::test_kl_discount_adds_the_discounted_later_tokens"
+    ),
+    "algorithm.advantage.options.task_advantage [on_policy_distillation]": everywhere(
+        f"{DISTILLATION}::test_the_task_advantage_is_added_to_the_distillation_term"
     ),
     "algorithm.advantage.options.scale [example.median]": everywhere(
         "examples/nexrl-example-plugin/tests/test_median_baseline.py::test_median_of_even_group_is_mean_of_middle_two"

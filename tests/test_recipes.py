@@ -29,23 +29,44 @@ def test_hosted_recipe_differs_from_the_quickstart_in_backend_and_model() -> Non
     assert quickstart.model.lora.rank == 0 and hosted.model.lora.rank > 0, "hosted Tinker trains LoRA adapters"
 
 
+METHOD_QUICKSTARTS = {"quickstart_distill.yaml": ("teacher", "advantage")}
+"""Quickstarts of another method, and what they change besides backend and output: the
+distillation one adds a teacher and the estimator that reads it."""
+
+
 def test_backend_quickstarts_differ_from_the_builtin_only_in_backend_and_output() -> None:
-    """quickstart_<X>.yaml is the quickstart on another backend or rollout source, nothing else."""
+    """quickstart_<X>.yaml is the quickstart on another backend or rollout source, nothing
+    else, but for what a method quickstart changes (`METHOD_QUICKSTARTS`)."""
     from importlib.resources import files
 
     from nexrl_core.config import dump_config
 
-    def without_source(config: dict) -> dict:
-        return {**config, "rollout": {**config["rollout"], "source": None}}
+    def without_source(config: dict, method: tuple[str, ...] = ()) -> dict:
+        plain = {**config, "rollout": {**config["rollout"], "source": None}}
+        if "teacher" in method:
+            plain["teacher"] = None
+        if "advantage" in method:
+            plain["algorithm"] = {**config["algorithm"], "advantage": None}
+        return plain
 
     builtin = dump_config(load_config(str(files("nexrl_core").joinpath("recipes", "quickstart.yaml")), []))
     for recipe in (path for path in RECIPES if path.name.startswith("quickstart_")):
         config = dump_config(load_config(recipe, []))
         assert (config["backend"], config["rollout"]["source"]) != (builtin["backend"], builtin["rollout"]["source"]), recipe.name
         assert config["output"]["dir"] == f"runs/{recipe.stem}"
-        same = without_source(builtin)
-        differing = {key for key in same if key not in ("backend", "output") and without_source(config)[key] != same[key]}
+        method = METHOD_QUICKSTARTS.get(recipe.name, ())
+        same = without_source(builtin, method)
+        differing = {key for key in same if key not in ("backend", "output") and without_source(config, method)[key] != same[key]}
         assert not differing, f"{recipe.name} also changes {sorted(differing)}"
+
+
+def test_the_distillation_quickstart_distils_the_inprocess_quickstarts_model() -> None:
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    distill = load_config(recipes / "quickstart_distill.yaml", [])
+    teacher = load_config(recipes / "quickstart_inprocess.yaml", [])
+    assert distill.teacher.model == f"{teacher.output.dir}/final_model"
+    assert (distill.backend.name, distill.algorithm.advantage.name) == ("inprocess", "on_policy_distillation")
+    assert distill.model.name == teacher.model.name, "the student starts where the teacher started"
 
 
 def test_hosted_weaver_recipe_differs_from_the_weaver_quickstart_in_backend_and_model() -> None:

@@ -364,6 +364,19 @@ class OutputConfig:
 
 
 @attrs.frozen(kw_only=True)
+class TeacherConfig:
+    """A frozen second model that scores the student's sampled tokens, for on-policy
+    distillation: an advantage estimator that reads teacher log-probs (``nexrl plugins``
+    lists them) compares the two models on every trained token. Only backends that can
+    hold a second model run it; the others refuse it before step 1."""
+
+    model: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """Name or path of the teacher as the backend knows it (a shipped model or a local
+    Hugging Face directory, e.g. a run's ``final_model``); it must share the student's
+    tokenizer, since it scores the student's token ids. Null: no teacher."""
+
+
+@attrs.frozen(kw_only=True)
 class TrainConfig:
     """A whole recipe for ``nexrl train``."""
 
@@ -374,6 +387,8 @@ class TrainConfig:
     them) and its options."""
     model: ModelConfig = attrs.field(factory=ModelConfig)
     """The policy being trained."""
+    teacher: TeacherConfig = attrs.field(factory=TeacherConfig)
+    """A frozen model whose log-probs the advantage estimator reads (on-policy distillation)."""
     algorithm: AlgorithmConfig = attrs.field(factory=AlgorithmConfig)
     """Advantage estimator, loss, KL penalty and optimizer."""
     rollout: RolloutConfig = attrs.field(factory=RolloutConfig)

@@ -39,6 +39,7 @@ def make_advantage_inputs(
             loss_mask[row, 3] = 0.0
         token_rewards[row, 2 + length - 1] = rewards[row]
     logprobs = -torch.rand(batch, width, generator=generator, dtype=torch.float32) * 3
+    teacher_logprobs = -torch.rand(batch, width, generator=generator, dtype=torch.float32) * 3
     return AdvantageInputs(
         token_rewards=token_rewards,
         loss_mask=loss_mask,
@@ -47,6 +48,7 @@ def make_advantage_inputs(
         run_ids=list(run_ids if run_ids is not None else range(batch)),
         old_logprobs=logprobs,
         ref_logprobs=logprobs - 0.1,
+        teacher_logprobs=teacher_logprobs,
     )
 
 
@@ -62,6 +64,7 @@ def _select_rows(inputs: AdvantageInputs, order: Sequence[int]) -> AdvantageInpu
         run_ids=pick(inputs.run_ids),
         old_logprobs=pick_tensor(inputs.old_logprobs),
         ref_logprobs=pick_tensor(inputs.ref_logprobs),
+        teacher_logprobs=pick_tensor(inputs.teacher_logprobs),
     )
 
 
@@ -78,6 +81,7 @@ def _append_padding_rows(inputs: AdvantageInputs, count: int) -> AdvantageInputs
         run_ids=list(inputs.run_ids or []) + [f"pad{i}" for i in range(count)],
         old_logprobs=None if inputs.old_logprobs is None else torch.cat([inputs.old_logprobs, garbage * 0]),
         ref_logprobs=None if inputs.ref_logprobs is None else torch.cat([inputs.ref_logprobs, garbage * 0]),
+        teacher_logprobs=None if inputs.teacher_logprobs is None else torch.cat([inputs.teacher_logprobs, garbage]),
     )
 
 

@@ -175,7 +175,8 @@ def _shape(raw: dict[str, Any], recipe: Path) -> Shaped:
         Note(
             f"service.train_service.{name}",
             f"a second model (role {entry.get('role', '?') if isinstance(entry, dict) else '?'}) beside the actor, as on-policy "
-            "distillation uses; NexRL trains one policy per run; instead: train the actor alone (distillation from a teacher is not carried)",
+            "distillation uses; NexRL's self-hosted and remote_api backends hold no teacher yet; instead: train the actor alone, or "
+            "distil on backend inprocess with teacher.model (the teacher's model directory) and algorithm.advantage.name on_policy_distillation",
         )
         for name, entry in service.items()
         if name != actor

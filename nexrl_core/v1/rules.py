@@ -52,6 +52,12 @@ def backend(converter: Converter) -> None:
     v1_trainer = converter.value("trainer.type")
     if v1_trainer is ABSENT or v1_trainer == trainer:
         converter.carry("trainer.type", {"backend.options.trainer": trainer})
+    elif str(v1_trainer).endswith("_opd"):
+        converter.refuse(
+            "trainer.type",
+            f"v1's {v1_trainer} trainer distils from a teacher, which NexRL holds on none of {profile.about}'s backends yet",
+            f"distil on backend inprocess: {trainer} with teacher.model and algorithm.advantage.name on_policy_distillation",
+        )
     else:
         converter.refuse(
             "trainer.type",

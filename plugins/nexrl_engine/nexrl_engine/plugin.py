@@ -7,6 +7,7 @@ chosen; the backend's config class is torch-free.
 
 from __future__ import annotations
 
+from nexrl_core.backend import TEACHER_BACKEND
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.specs import BackendSpec, TaskSpec
 from nexrl_engine.inprocess.config import InProcessBackendConfig
@@ -25,12 +26,14 @@ def nexrl_tasks() -> list[TaskSpec]:
 
 @hookimpl
 def nexrl_backends() -> list[BackendSpec]:
-    """The engine inside the training process (no service, no HTTP)."""
+    """The engine inside the training process (no service, no HTTP); it can hold the
+    recipe's teacher as a second, frozen engine."""
     return [
         BackendSpec(
             name="inprocess",
             factory="nexrl_engine.inprocess.backend:open_inprocess",
             config_class=InProcessBackendConfig,
             description="NexRL's engine in the training process (no service): fastest on one machine",
+            capabilities=frozenset({TEACHER_BACKEND}),
         )
     ]

@@ -27,6 +27,7 @@ __all__ = [
     "GrpoEstimator",
     "ReinforcePlusPlusEstimator",
     "RlooEstimator",
+    "discounted_returns",
 ]
 
 _WHAT = "advantage estimator"
@@ -245,6 +246,24 @@ def _group_relative(
     return counted, _group_stats(scores, counted, inputs)
 
 
+def discounted_returns(rewards: torch.Tensor, trained: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[B, T] return-to-go of ``rewards`` (already 0 off ``trained``), 0 off ``trained``.
+
+    Each trained token's return is its reward plus ``gamma`` times the next trained
+    token's return: a step is a trained token, so tool output between two turns is
+    neither discounted nor rewarded.
+    """
+    if gamma == 1.0:
+        returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    else:
+        returns = torch.zeros_like(rewards)
+        running = torch.zeros_like(rewards[:, 0])
+        for t in range(rewards.shape[1] - 1, -1, -1):
+            running = torch.where(trained[:, t], rewards[:, t] + gamma * running, running)
+            returns[:, t] = running
+    return torch.where(trained, returns, torch.zeros_like(returns))
+
+
 # --- estimators ----------------------------------------------------------------------------------
 
 
@@ -317,24 +336,11 @@ class ReinforcePlusPlusEstimator:
     def __init__(self, config: ReinforcePlusPlusConfig) -> None:
         self.config = config
 
-    def _returns(self, rewards: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
-        """[B, T] return-to-go of ``rewards`` (already 0 off ``trained``), 0 off ``trained``."""
-        gamma = self.config.gamma
-        if gamma == 1.0:
-            returns = rewards.flip(-1).cumsum(-1).flip(-1)
-        else:
-            returns = torch.zeros_like(rewards)
-            running = torch.zeros_like(rewards[:, 0])
-            for t in range(rewards.shape[1] - 1, -1, -1):
-                running = torch.where(trained[:, t], rewards[:, t] + gamma * running, running)
-                returns[:, t] = running
-        return torch.where(trained, returns, torch.zeros_like(returns))
-
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput:
         counted = _check(self.name, self.requires, inputs)
         trained = _trained(inputs, counted)
         rewards = _masked_rewards(inputs, trained)
-        returns = self._returns(rewards, trained)
+        returns = discounted_returns(rewards, trained, self.config.gamma)
 
         values = returns[trained]
         count = max(values.numel(), 1)

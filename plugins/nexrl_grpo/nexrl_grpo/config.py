@@ -126,6 +126,37 @@ class ReinforcePlusPlusConfig:
     """Added to the batch std before whitening so a constant batch gives 0, not NaN."""
 
 
+class TaskAdvantage(str, enum.Enum):
+    """Which group-relative advantage of the task reward on-policy distillation adds to
+    the teacher's, or none."""
+
+    NONE = "none"
+    """The teacher's reverse KL alone: pure distillation."""
+    GRPO = "grpo"
+    """``grpo`` with its default options (normalised by the group's std)."""
+    DR_GRPO = "dr_grpo"
+    """``dr_grpo``: the score minus the group mean, what the Tinker cookbook adds."""
+    RLOO = "rloo"
+    """``rloo``: the score minus the mean of the group's other runs."""
+
+
+@attrs.frozen(kw_only=True)
+class OnPolicyDistillationConfig:
+    """Options of ``on_policy_distillation``: the student samples, the recipe's teacher
+    scores each sampled token, and the negative reverse KL is the student's advantage."""
+
+    kl_coef: float = attrs.field(default=1.0, validator=_positive)
+    """Weight of the reverse KL: a token's advantage is ``-kl_coef * (log p_student -
+    log p_teacher)`` (v1's ``distillation_coeff``, the cookbook's ``kl_penalty_coef``)."""
+    kl_discount: float = attrs.field(default=0.0, validator=_discount)
+    """Discount of later tokens' KL: with it above 0 a token's advantage is the discounted
+    sum of its own and every later trained token's term, so a token is also blamed for the
+    divergence it leads to (the cookbook's ``kl_discount_factor``); 0 keeps each token's own."""
+    task_advantage: TaskAdvantage = attrs.field(default=TaskAdvantage.NONE, converter=_enum_converter(TaskAdvantage))
+    """Add this group-relative advantage of the task reward to the distillation term (the
+    task's reward then also teaches); ``none`` distils only."""
+
+
 # --- policy losses -------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from nexrl_grpo.config import (
     GrpoConfig,
     GspoLossConfig,
     ImportanceSamplingLossConfig,
+    OnPolicyDistillationConfig,
     PPOLossConfig,
     ReinforcePlusPlusConfig,
     RlooConfig,
@@ -60,6 +61,12 @@ def nexrl_advantage_estimators() -> list[AdvantageEstimatorSpec]:
             factory="nexrl_grpo.advantages:ReinforcePlusPlusEstimator",
             config_class=ReinforcePlusPlusConfig,
             description="REINFORCE++: discounted per-token returns whitened over the batch",
+        ),
+        AdvantageEstimatorSpec(
+            name="on_policy_distillation",
+            factory="nexrl_grpo.distillation:OnPolicyDistillationEstimator",
+            config_class=OnPolicyDistillationConfig,
+            description="On-policy distillation: -coef * (student - teacher logprob) per sampled token, needs teacher.model",
         ),
     ]
 

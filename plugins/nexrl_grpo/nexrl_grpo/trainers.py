@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from nexrl_core.holder_trainer import RemoteApiTrainer, RemoteApiTrainerConfig
+from nexrl_core.holder_trainer import RemoteApiTrainer, RemoteApiTrainerConfig, check_teacher
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
 from nexrl_core.types import Trajectory
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
     from nexrl_core.batch import Batch
 
 __all__ = ["RemoteApiGrpoTrainer", "RemoteApiTrainerConfig", "SelfHostedGrpoConfig", "SelfHostedGrpoTrainer"]
-
-
-def _first_trained(trajectory: Trajectory) -> int:
-    return next((i for i, flag in enumerate(trajectory.loss_mask) if flag == 1), len(trajectory.tokens))
 
 
 def group_metrics(group_ids: Sequence[Any], run_ids: Sequence[Any], rewards: Sequence[float]) -> dict[str, float]:
@@ -78,16 +74,9 @@ class RemoteApiGrpoTrainer(RemoteApiTrainer):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         if self.kl_in_reward is None:
             return token_rewards, {}
-        import torch
-
         references = holder.reference_logprobs([trajectory.tokens for trajectory in trajectories])
-        logprobs = torch.zeros(token_rewards.shape, dtype=torch.float64)
-        ref_logprobs = torch.zeros_like(logprobs)
-        for row, (trajectory, reference) in enumerate(zip(trajectories, references)):
-            offset = batch.prompt_length - _first_trained(trajectory)
-            columns = slice(offset, offset + len(trajectory.tokens))
-            logprobs[row, columns] = torch.tensor(trajectory.logprobs, dtype=torch.float64)
-            ref_logprobs[row, columns] = torch.tensor(reference, dtype=torch.float64)
+        logprobs = batch.token_values(trajectories, [trajectory.logprobs for trajectory in trajectories])
+        ref_logprobs = batch.token_values(trajectories, references)
         return self.kl_in_reward.apply(token_rewards, logprobs, ref_logprobs, batch.tensors["loss_mask"], len(trajectories))
 
     def extra_metrics(
@@ -122,6 +111,7 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
 
         self.kl_in_reward = KLInReward(self.config.kl) if self.config.kl.coef > 0 else None
         self.estimator = get_advantage_estimator(self.config.advantage.name, self.config.advantage_options)
+        check_teacher(self.estimator, self.config)
 
     def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         batch = batch.remove_redundant_left_padding().remove_redundant_right_padding()

@@ -20,10 +20,21 @@ LOSSES: list[tuple[str, dict[str, Any]]] = [
 """Every registered loss under every aggregation, and options that change its path."""
 
 
+DISTILLATION_OPTIONS = [{}, {"kl_discount": 0.9}, {"task_advantage": "grpo", "kl_coef": 0.5}]
+"""On-policy distillation alone, discounted, and with the task reward's GRPO advantage."""
+
+
 class TestEstimatorContracts(AdvantageEstimatorContract):
     @pytest.fixture(params=ESTIMATORS)
     def estimator(self, request: pytest.FixtureRequest) -> Any:
         return get_advantage_estimator(request.param)
+
+
+class TestDistillationContracts(AdvantageEstimatorContract):
+    @pytest.fixture(params=DISTILLATION_OPTIONS, ids=str)
+    def estimator(self, request: pytest.FixtureRequest) -> Any:
+        config_class = find_spec("advantage_estimators", "on_policy_distillation").config_class
+        return get_advantage_estimator("on_policy_distillation", config_class(**request.param))
 
 
 class TestLossContracts(PolicyLossContract):

@@ -45,7 +45,7 @@ def test_importing_the_plugin_loads_neither_torch_nor_numpy() -> None:
 
 
 def test_registered_names() -> None:
-    assert [spec.name for spec in advantage_specs()] == ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"]
+    assert [spec.name for spec in advantage_specs()] == ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "on_policy_distillation"]
     assert [spec.name for spec in loss_specs()] == ["ppo", "importance_sampling", "cross_entropy", "cispo", "gspo", "dro"]
 
 

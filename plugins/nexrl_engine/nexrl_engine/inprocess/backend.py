@@ -25,9 +25,13 @@ ENGINE_DIR = "engine"
 def _open_holder(setup: BackendSetup, options: InProcessBackendConfig) -> EngineHolder:
     name = check_model_name(setup.recipe)
     check_device(options.device, "backend.options.device")
-    config = EngineHolderConfig(model=setup.recipe.model, seed=setup.recipe.seed, engine=options.engine_options())
+    config = EngineHolderConfig(
+        model=setup.recipe.model, seed=setup.recipe.seed, engine=options.engine_options(), teacher=setup.recipe.teacher.model
+    )
     try:
         return EngineHolder(config, setup.work_dir / ENGINE_DIR)
+    except ConfigError:
+        raise
     except (ValueError, OSError) as error:
         raise ConfigError([f"model.name: cannot load {name!r}: {error}"]) from None
 
@@ -35,8 +39,8 @@ def _open_holder(setup: BackendSetup, options: InProcessBackendConfig) -> Engine
 def open_inprocess(setup: BackendSetup) -> HolderBackend:
     """Open the ``inprocess`` backend for one run.
 
-    :raises ConfigError: naming ``model.name`` for a model that is missing or cannot be
-        loaded, ``backend.options.*`` for a bad trainer or device, or a setting the
+    :raises ConfigError: naming ``model.name`` (or ``teacher.model``) for a model that is
+        missing or cannot be loaded, ``backend.options.*`` for a bad trainer or device, or a setting the
         engine cannot honour; the engine is released first.
     """
     options: InProcessBackendConfig = setup.options

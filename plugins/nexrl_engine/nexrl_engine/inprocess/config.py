@@ -46,9 +46,11 @@ class InProcessBackendConfig(EngineOptions):
 @attrs.frozen(kw_only=True)
 class EngineHolderConfig(HolderTarget):
     """What `nexrl_engine.inprocess.holder.EngineHolder` runs: the recipe's model and seed
-    (`HolderTarget`; ``base_url`` and ``api_key`` are unused), and how."""
+    (`HolderTarget`; ``base_url`` and ``api_key`` are unused), its teacher, and how."""
 
     engine: EngineOptions = attrs.field(factory=EngineOptions)
+    teacher: str | None = attrs.field(default=None, validator=attrs.validators.optional(non_empty))
+    """The recipe's ``teacher.model``: a frozen model the holder scores tokens under; None: no teacher."""
 
     def engine_config(self) -> EngineConfig:
         """The engine's own config; ``model.dtype`` (``fp32``/``bf16``) becomes the parameter

@@ -1,7 +1,7 @@
 """`EngineHolder`: a `nexrl_core.holders.ServiceHolder` on an `Engine` in this process.
 
 No service and no HTTP: the fastest path on one machine, and the baseline that the
-service backends' overhead is measured against. Three engines at most share the
+service backends' overhead is measured against. Four engines at most share the
 process, each with its own weights:
 
 * the training engine, which ``train`` steps and checkpoints save and load;
@@ -11,7 +11,10 @@ process, each with its own weights:
   ``export_model`` writes its weights;
 * the reference for a KL penalty: for LoRA the training engine with its adapters
   switched off, for full fine-tuning a frozen engine of the base weights, loaded from
-  the model directory on first use (so it is right after a resume too).
+  the model directory on first use (so it is right after a resume too);
+* the recipe's teacher (on-policy distillation): a frozen engine of another model,
+  loaded with the holder so a teacher that cannot load, or whose tokenizer differs from
+  the student's, stops the run before step 1. It scores tokens as the reference does.
 
 Every torch call runs on one `ComputeThread`, which batches the rollouts' concurrent
 sample requests into few engine calls; the chat half (`EngineChat`: templates, stops,
@@ -23,7 +26,7 @@ messages as every other holder does, and samples prompts through its `EngineChat
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,12 @@ import torch
 
 from nexrl_core.chat_holder import TemplateChatModel
 from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.lora import LoraSettings
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_engine.chat import EngineChat
+from nexrl_engine.config import EngineConfig
 from nexrl_engine.engine import Engine
 from nexrl_engine.inprocess.config import EngineHolderConfig
 from nexrl_engine.lora import adapters_disabled
@@ -47,6 +53,13 @@ logger = logging.getLogger(__name__)
 
 DATUM_INPUTS = frozenset({"old_logprobs", "advantages"})
 """What a loss may need from a `RemoteDatum` beyond the target tokens and the loss mask."""
+
+
+def _frozen_engine(config: EngineConfig) -> Engine:
+    """An engine that only scores: no mixed precision (it keeps no masters), no gradients."""
+    engine = Engine(attrs.evolve(config, mixed_precision=False, gradient_checkpointing=False))
+    engine.model.requires_grad_(False)
+    return engine
 
 
 def engine_datum(datum: RemoteDatum) -> Datum:
@@ -69,7 +82,8 @@ class EngineHolder(TemplateChatModel):
     It cannot be pickled: the model lives in this process, so rollouts must run here
     too (use a service backend for rollouts elsewhere).
 
-    :raises ValueError: for a model that cannot be found or loaded, or bad engine options.
+    :raises ValueError: for a model that cannot be found or loaded, or bad engine options;
+        a `ConfigError` naming ``teacher.model`` for a teacher that cannot serve.
     """
 
     def __init__(self, config: EngineHolderConfig, checkpoint_dir: Path) -> None:
@@ -82,6 +96,7 @@ class EngineHolder(TemplateChatModel):
         """What rollouts sample from: the weights of the last `update_sampling_weights`
         (with mixed precision the bfloat16 weights the masters round to; it keeps no masters)."""
         self._reference: Engine | None = None
+        self._teacher = None if config.teacher is None else self._load_teacher(config.teacher)
         trained = dict(self.engine.model.named_parameters())
         published = set(self.engine.trainable_parameter_names())
         self._published = [
@@ -161,9 +176,15 @@ class EngineHolder(TemplateChatModel):
         return f"inprocess://sampler/{self._version:06d}"
 
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return self._scored(self._reference_logprobs, sequences)
+
+    def _scored(
+        self, score: Callable[[list[list[int]]], list[list[float | None]]], sequences: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """``score`` of ``sequences`` on the compute thread, 0.0 at each position 0."""
         if not sequences:
             return []
-        rows = self.compute.call(lambda: self._reference_logprobs([list(tokens) for tokens in sequences]))
+        rows = self.compute.call(lambda: score([list(tokens) for tokens in sequences]))
         return [[0.0 if value is None else float(value) for value in row] for row in rows]
 
     def _reference_logprobs(self, sequences: list[list[int]]) -> list[list[float | None]]:
@@ -172,9 +193,39 @@ class EngineHolder(TemplateChatModel):
                 return self.engine.compute_logprobs(sequences)
         if self._reference is None:
             logger.info("loading a frozen copy of %s as the KL reference", self.config.model.name)
-            self._reference = Engine(attrs.evolve(self.engine.config, mixed_precision=False))
-            self._reference.model.requires_grad_(False)
+            self._reference = _frozen_engine(self.engine.config)
         return self._reference.compute_logprobs(sequences)
+
+    def _load_teacher(self, model: str) -> Engine:
+        """The frozen teacher, in the student's dtype and device and without adapters.
+
+        :raises ConfigError: naming ``teacher.model`` when it cannot load or its tokenizer
+            gives token ids other than the student's.
+        """
+        logger.info("loading %s as the teacher", model)
+        config = attrs.evolve(self.engine.config, model=model, lora=LoraSettings())
+        try:
+            teacher = _frozen_engine(config)
+        except (ValueError, OSError) as error:
+            raise ConfigError([f"teacher.model: cannot load {model!r}: {error}"]) from None
+        if teacher.tokenizer.get_vocab() != self.engine.tokenizer.get_vocab():
+            raise ConfigError(
+                [
+                    f"teacher.model: {model!r} has another tokenizer than model.name {self.config.model.name!r}; the "
+                    "teacher scores the student's token ids, so distil from a teacher of the same tokenizer"
+                ]
+            )
+        return teacher
+
+    def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The teacher's log-probs of ``sequences`` (`nexrl_core.holders.TeacherHolder`).
+
+        :raises ValueError: when the recipe names no teacher.
+        """
+        teacher = self._teacher
+        if teacher is None:
+            raise ValueError("this run has no teacher; set teacher.model to score sequences under one")
+        return self._scored(teacher.compute_logprobs, sequences)
 
     # --- checkpoints and shutdown --------------------------------------------------------------
 
