@@ -102,8 +102,8 @@ def _placement_options(pairs: Sequence[str]) -> dict[str, Any]:
     "--model-name",
     default=None,
     metavar="ORG/NAME",
-    help="What clients and tinker-cookbook call the model (a Hugging Face-style name) [default: the shipped model's "
-    "own name; the --model path for a directory].",
+    help="What clients call the model: a Hugging Face-style name, as by-name lookups of models and tokenizers expect "
+    "[default: the shipped model's own name; the --model path for a directory].",
 )
 @click.option(
     "--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16"]), help="Precision the service trains and samples in."

@@ -196,7 +196,7 @@ def test_every_problem_is_listed_in_one_error(tmp_path: Path) -> None:
         "rollout.max_tokens: expected int, got 'eight' (str)",
         "rollout.temperature: must be a finite number > 0, got -1.0",
         "schedul: unknown key; did you mean 'schedule'? valid keys: algorithm, backend, model, output, rollout, "
-        "schedule, seed, task",
+        "schedule, seed, task, teacher",
     ]
     message = str(caught.value)
     assert message.startswith(f"invalid config ({path} + 1 override), 6 problems:\n  model.dtype:")

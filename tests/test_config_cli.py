@@ -54,7 +54,8 @@ def test_show_prints_the_defaults_with_component_options_resolved() -> None:
     exit_code, stdout, stderr = show()
     assert exit_code == 0, stderr
     data = yaml.safe_load(stdout)
-    assert list(data) == ["task", "backend", "model", "algorithm", "rollout", "schedule", "output", "seed"]
+    assert list(data) == ["task", "backend", "model", "teacher", "algorithm", "rollout", "schedule", "output", "seed"]
+    assert data["teacher"] == {"model": None}
     assert data["algorithm"]["advantage"] == {"name": "grpo", "options": {"eps": 1e-6, "scale_by_std": True}}
     assert data["algorithm"]["loss"] == {"name": "importance_sampling", "options": {}}
     assert data["model"]["dtype"] == "fp32"

@@ -51,8 +51,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
-    # ``kill -USR1`` prints every thread's stack to stderr: how a run that does not end is diagnosed.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # ``kill -USR1`` prints every thread's stack to the process's own stderr (a stream
+    # standing in for it, as click's test runner gives, has no file descriptor to write to).
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     try:
         yield
     finally:
