@@ -8,11 +8,13 @@ whole when it ends, so the log reads suite by suite.
 
 Every suite records into one folder (``NEXRL_RECIPE_KEY_RECORDS``) which recipe keys each
 test sets and how it went, and two tests read those records. The mutation list
-(`tests/test_mutations.py::test_every_mutation_is_caught`, a quarter of all the time)
-runs beside the suites from the start, on one copy of the repository while they run and
-on all its copies once they have ended (the file ``NEXRL_SUITES_ENDED`` names tells it);
-only then does it read which of its named tests passed in this run, each its own
-baseline. The recipe-key walk (`tests/test_recipe_keys.py`) runs last, on its own.
+(`tests/test_mutations.py::test_every_mutation_is_caught`, its slow entries left to
+`make mutations`) takes the first CPU a suite leaves once every suite has started: one
+copy of the repository while the others run, all its copies once they have ended (the
+file ``NEXRL_SUITES_ENDED`` names tells it); only then does it read which of its named
+tests passed in this run, each its own baseline. (Started beside the suites from the
+first, it held the 2 cores at a load of 5-7, where tests that time a shutdown failed
+for the load alone.) The recipe-key walk (`tests/test_recipe_keys.py`) runs last, on its own.
 
 Before any suite, the linters run over the whole repository (``LINTERS``, about a
 second); a finding fails `make test` like a failed suite, and is printed first.
@@ -83,7 +85,7 @@ SUITES = (
 )
 """Longest first (from a CI run's timings), so that the short ones fill the gaps at the end."""
 BESIDE = Suite("tests (mutations)", ".", (MUTATIONS, "-s"))
-"""Runs beside the suites, and prints each mutation's verdict as it comes (``-s``)."""
+"""Runs beside the last suites, and prints each mutation's verdict as it comes (``-s``)."""
 LAST = Suite("tests (recipe keys)", ".", ("tests/test_recipe_keys.py",))
 
 
@@ -172,14 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         logs.mkdir()
         printing = threading.Lock()
         ended = Path(folder) / "suites-ended"
-        with concurrent.futures.ThreadPoolExecutor(1) as beside:
-            mutations = None
-            if not args.gpu:  # its copies count as one more suite for torch's threads: each starts one process at a time
-                mutations = beside.submit(run_suite, BESIDE, records, logs, printing, jobs + 1, {SUITES_ENDED_ENV: str(ended)})
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing, jobs) for suite in suites}
+            # queued last, so it takes the first CPU a suite leaves once every suite has started
+            mutations = None if args.gpu else pool.submit(run_suite, BESIDE, records, logs, printing, jobs, {SUITES_ENDED_ENV: str(ended)})
             try:
-                with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-                    futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing, jobs) for suite in suites}
-                    results = {name: future.result() for name, future in futures.items()}
+                results = {name: future.result() for name, future in futures.items()}
             finally:
                 ended.touch()
             if mutations is not None:

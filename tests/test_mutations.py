@@ -17,6 +17,7 @@ runs it in CI. The cheap tests below check the list itself and the runner's verd
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import os
 import queue
@@ -42,6 +43,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS_FILE = ROOT / "tests" / "mutations.yaml"
 FIELDS = ("id", "file", "original", "replacement", "tests", "why")
+OPTIONAL_FIELDS = ("slow",)
 TEST_TIMEOUT_S = 600
 FAILED = 1
 """pytest's exit status when tests ran and some failed (any other non-zero status means
@@ -68,6 +70,9 @@ class Mutation:
     """``path::name`` from the repository root; each must fail with the mutation."""
     why: str
     """The promise the mutation breaks."""
+    slow: bool = False
+    """A named test is marked slow (it starts whole runs): `make mutations` runs the
+    mutation, `make test` does not, so CI's list takes minutes, not most of an hour."""
 
 
 def load_mutations(path: Path = MUTATIONS_FILE) -> list[Mutation]:
@@ -80,9 +85,11 @@ def load_mutations(path: Path = MUTATIONS_FILE) -> list[Mutation]:
     for index, entry in enumerate(entries):
         name = entry.get("id", "no id") if isinstance(entry, dict) else repr(entry)
         where = f"{path.name}: mutation {index} ({name})"
-        if not isinstance(entry, dict) or set(entry) != set(FIELDS):
+        if not isinstance(entry, dict) or not set(FIELDS) <= set(entry) <= {*FIELDS, *OPTIONAL_FIELDS}:
             given = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-            raise ValueError(f"{where}: needs exactly the keys {', '.join(FIELDS)}; has {given}")
+            raise ValueError(f"{where}: needs exactly the keys {', '.join(FIELDS)} (and optionally {', '.join(OPTIONAL_FIELDS)}); has {given}")
+        if not isinstance(entry.get("slow", False), bool):
+            raise ValueError(f"{where}: slow must be true or false")
         tests = entry["tests"]
         if not (isinstance(tests, list) and tests and all(isinstance(test, str) and "::" in test for test in tests)):
             raise ValueError(f"{where}: tests must be a non-empty list of path::name")
@@ -109,6 +116,22 @@ def misplaced(mutation: Mutation, root: Path) -> str | None:
         if not (root / test.partition("::")[0]).is_file():
             return f"{mutation.id}: no test file {test.partition('::')[0]}"
     return None
+
+
+def marked_slow(root: Path, test: str) -> bool:
+    """Whether the ``path::name`` test is marked slow, read from its source: its module's
+    ``pytestmark``, or a decorator of its function or class that names ``slow``."""
+    path, _, name = test.partition("::")
+    tree = ast.parse((root / path).read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in targets) and "slow" in ast.unparse(node.value):
+            return True
+    names = set(name.split("[")[0].split("::"))
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names and any("slow" in ast.unparse(decorator) for decorator in node.decorator_list)
+        for node in ast.walk(tree)
+    )
 
 
 # --- the throwaway copy ------------------------------------------------------------------------------
@@ -305,18 +328,22 @@ def test_the_list_is_well_formed_and_each_mutation_applies() -> None:
     mutations = load_mutations()
     assert len(mutations) >= 10
     assert [problem for mutation in mutations if (problem := misplaced(mutation, ROOT))] == []
+    wrongly_flagged = [mutation.id for mutation in mutations if mutation.slow != any(marked_slow(ROOT, test) for test in mutation.tests)]
+    assert wrongly_flagged == [], "slow: true exactly when a named test is marked slow"
 
 
 @pytest.mark.slow
 def test_every_mutation_is_caught(passed_in_this_run: Callable[[Collection[str], Path], set[str]]) -> None:
-    mutations = load_mutations()
+    """Every mutation but the slow ones (`Mutation.slow`; ``make mutations`` runs those too)."""
+    mutations = [mutation for mutation in load_mutations() if not mutation.slow]
     named = {test for mutation in mutations for test in mutation.tests}
     beside_the_suites = bool(os.environ.get(SUITES_ENDED_ENV))
     report = run_mutations(
         mutations, verbose=True, passed=lambda: passed_in_this_run(named, ROOT),
         held=default_copies() - 1 if beside_the_suites else 0, release=wait_for_the_suites,
     )  # fmt: skip
-    print(f"{len(mutations)} mutations in {report.seconds:.0f} s; {len(report.baseline)} of {len(named)} named tests run for a baseline")
+    print(f"{len(mutations)} mutations (the slow ones left to make mutations) in {report.seconds:.0f} s; "
+          f"{len(report.baseline)} of {len(named)} named tests run for a baseline")
     assert not report.problems(), "\n".join(report.problems())
 
 
