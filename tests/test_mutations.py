@@ -22,13 +22,14 @@ import concurrent.futures
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,6 +46,9 @@ MUTATIONS_FILE = ROOT / "tests" / "mutations.yaml"
 FIELDS = ("id", "file", "original", "replacement", "tests", "why")
 OPTIONAL_FIELDS = ("slow",)
 TEST_TIMEOUT_S = 600
+TIMED_OUT = -1
+"""`run_test`'s status for a test still running after ``TEST_TIMEOUT_S`` (it and every
+process it started are killed): a hang is not a failure that catches a mutation."""
 FAILED = 1
 """pytest's exit status when tests ran and some failed (any other non-zero status means
 they could not run: a collection error, a usage error, no such test)."""
@@ -178,11 +182,18 @@ def run_test(copy: Path, test: str) -> int:
     path, _, name = test.partition("::")
     test_file = copy / path
     folder = next(parent for parent in test_file.parents if (parent / "pyproject.toml").is_file())
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *UNUSED_PLUGINS, f"{test_file.relative_to(folder)}::{name}"],
-        cwd=folder, env=copy_environment(copy), capture_output=True, timeout=TEST_TIMEOUT_S, check=False,
+        cwd=folder, env=copy_environment(copy), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    return done.returncode
+    try:
+        return process.wait(timeout=TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return TIMED_OUT
+    finally:  # what a mutated test left running (a service, ranks) must not slow the rest of the list
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 # --- running the list ----------------------------------------------------------------------------
@@ -206,6 +217,8 @@ class Verdict:
         for test, status in self.statuses.items():
             if status == 0:
                 problems.append(f"{self.mutation.id}: survived {test} ({self.mutation.why})")
+            elif status == TIMED_OUT:
+                problems.append(f"{self.mutation.id}: {test} did not end within {TEST_TIMEOUT_S} s with the mutation; it must fail, not hang")
             elif status != FAILED:
                 problems.append(f"{self.mutation.id}: {test} could not run with the mutation (pytest exit {status}); "
                                 "the replacement must break the promise, not the import")  # fmt: skip
