@@ -95,6 +95,26 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
     def _auth_headers(self) -> dict[str, str]:
         return {"X-API-Key": self.config.api_key} if self.config.api_key else {}
 
+    def _service_tokenizer(self) -> Any:
+        """The tokenizer ``get_info`` names, from this machine's Hugging Face cache when it
+        is there, else as the SDK loads it.
+
+        NexRL's local service puts its model's tokenizer into the cache under that name
+        when it starts (`nexrl_service.hub.seed_cache`), a name the Hub itself does not
+        have. The SDK's own load asks the Hub first: offline, each of its lookups retries
+        for about 20 s before falling back to the cache (2.5 minutes before a run's first
+        sample), and online the Hub does not know the name."""
+        from transformers import AutoTokenizer
+
+        training = self._training_client()
+        name = training.get_info().model_data.tokenizer_id
+        if name:
+            try:
+                return AutoTokenizer.from_pretrained(name, local_files_only=True)
+            except (OSError, ValueError):  # not cached here (a hosted model), or it needs the SDK's own options
+                pass
+        return training.get_tokenizer()
+
     def _tokenizer_loaded(self, tokenizer: Any) -> None:
         name = self.config.renderer_name or _recommended_renderer(self.config.model.name)
         if name:

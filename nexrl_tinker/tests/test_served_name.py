@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,40 @@ def test_a_model_name_that_is_not_org_slash_name_is_refused_before_start(name: s
     assert result.exit_code == 2, result.output
     assert f"--model-name {name!r} is not a Hugging Face-style name Org/Name" in result.output
     assert "myorg/" in result.output
+
+
+HOLDER = r"""
+import json, sys, time
+import transformers  # imported before the clock starts: 4-15 s on a loaded machine
+from nexrl_remote_api.testing import TINY
+from nexrl_tinker.holder import TinkerServiceHolder
+from nexrl_tinker.holder_config import TinkerHolderConfig
+
+base_url, api_key, text = sys.argv[1:]
+holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url=base_url, api_key=api_key))
+holder._training_client()  # the model's creation on the service is not what is timed
+began = time.monotonic()
+tokens = list(holder._service_tokenizer().encode(text, add_special_tokens=False))
+print(json.dumps({"seconds": time.monotonic() - began, "tokens": tokens}))
+holder.close()
+"""
+
+
+def test_the_holder_loads_the_served_tokenizer_from_this_machines_cache_without_asking_a_hub(base_url: str) -> None:
+    """``nexrl train`` on the local service: the holder takes the tokenizer the service
+    seeded into this machine's cache, asking no Hub. The SDK's own load asks the Hub for
+    the name first; here every Hub request is refused at once (``HF_ENDPOINT`` is a closed
+    port, offline mode off), which its retries turn into 20 s or more."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    try:
+        done = subprocess.run([sys.executable, "-c", HOLDER, base_url, TEST_API_KEY, TEXT], env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("loading the tokenizer did not end within 120 s: it asked a Hub")
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded["tokens"] == _model_tokens()
+    assert loaded["seconds"] < 10, f"loading the tokenizer took {loaded['seconds']:.1f} s: it asked a Hub\n{done.stderr[-2000:]}"

@@ -150,9 +150,14 @@ class SdkServiceHolder(TemplateChatModel, Generic[ConfigT]):
 
                     self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
                 else:
-                    self._tokenizer = self._training_client().get_tokenizer()
+                    self._tokenizer = self._service_tokenizer()
                 self._tokenizer_loaded(self._tokenizer)
             return self._tokenizer
+
+    def _service_tokenizer(self) -> Any:
+        """The tokenizer the service names, as the SDK loads it (a subclass may find it first
+        where no network is needed)."""
+        return self._training_client().get_tokenizer()
 
     def _tokenizer_loaded(self, tokenizer: Any) -> None:
         """Called once, under the lock, with the tokenizer just loaded: what else needs
