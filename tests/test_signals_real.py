@@ -111,6 +111,7 @@ def test_sigterm_ends_a_service_holding_a_worker_group(tmp_path: Path) -> None:
     service, the group's ranks and their watchdogs within the limit."""
     import tinker
 
+    from nexrl_engine.loading import load_tokenizer, resolve_model_dir
     from nexrl_testing.served_runs import serving
     from nexrl_tinker.testing import sft_data
 
@@ -120,7 +121,9 @@ def test_sigterm_ends_a_service_holding_a_worker_group(tmp_path: Path) -> None:
         with serving("tinker", tmp_path / "data", "--workers", "1") as url:
             client = tinker.ServiceClient(base_url=url, api_key="tml-signal-test")
             training = client.create_lora_training_client(base_model="nexrl-tiny", rank=4).result(timeout=120)
-            training.forward_backward(sft_data(training.get_tokenizer()), "cross_entropy").result(timeout=120)
+            # the model's own tokenizer: the SDK's get_tokenizer() asks the Hub first, which retries for minutes offline
+            tokenizer = load_tokenizer(resolve_model_dir("nexrl-tiny"))
+            training.forward_backward(sft_data(tokenizer), "cross_entropy").result(timeout=120)
             (service,) = [pid for pid in processes_with(marker) if b" serve " in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")]
             assert len(processes_with(marker)) >= 3, "the service, a rank and its watchdog"
             sent = time.monotonic()
