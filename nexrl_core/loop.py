@@ -40,6 +40,7 @@ from typing import Any
 
 import attrs
 
+from nexrl_core import interrupts
 from nexrl_core.backend import (
     CONTEXT_KEY,
     TEACHER_BACKEND,
@@ -375,6 +376,7 @@ class TrainingLoop:
                 self._write(row)
                 self.display.step_done(row, None)
         for step in range(self.step + 1, schedule.steps + 1):
+            interrupts.raise_if_asked()
             started = time.monotonic()
             self._submit_until(step + staleness)
             batch = self.pending.pop(step).result()
@@ -407,6 +409,7 @@ class TrainingLoop:
             row = clean_row(step, metrics)
             self._write(row)
             self.display.step_done(row, step_seconds)
+            interrupts.raise_if_asked()  # a stop asked for during the step starts no checkpoint
             if self._checkpoint_due(step):
                 self.checkpoint(step)
             self.saving.harvest()

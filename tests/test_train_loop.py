@@ -137,6 +137,8 @@ class SkillHolder:
             raise KeyboardInterrupt
         if INTERRUPT.get("sigterm_at_train_call") == len(self.train_calls):
             os.kill(os.getpid(), signal.SIGTERM)
+        if INTERRUPT.get("sigterm_in_a_finalizer_at_train_call") == len(self.train_calls):
+            SignalledWhileFinalized()
         p = sigmoid(self.skill)
         gradient, loss = 0.0, 0.0
         for datum in datums:
@@ -184,6 +186,15 @@ class SkillHolder:
 
     def close(self) -> None:
         self.closed = True
+
+
+class SignalledWhileFinalized:
+    """Sends this process SIGTERM from its finalizer: the handler's KeyboardInterrupt is
+    raised there, and Python drops it ("Exception ignored in ..."), as it does for a
+    signal that lands while any finalizer runs."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class FakeService:
@@ -298,7 +309,7 @@ def fake_backend() -> Iterator[None]:
     reset_registry(registry_with(*FAKE_SPECS))
     HOLDERS.clear()
     SERVICES.clear()
-    INTERRUPT.update(at_train_call=None, at_position=None, delay=0.0, sigterm_at_train_call=None)
+    INTERRUPT.update(at_train_call=None, at_position=None, delay=0.0, sigterm_at_train_call=None, sigterm_in_a_finalizer_at_train_call=None)
     EXPORT["error"] = None
     FAIL_ON["positions"] = set()
     SINK_CALLS.clear()
@@ -791,6 +802,20 @@ def test_cli_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     assert result.exit_code == 130, result.output
     assert "the last checkpoint (step 1) is intact" in result.output
     assert signal.getsignal(signal.SIGTERM) == before
+    assert SERVICES[-1].stopped
+
+
+def test_a_sigterm_whose_interrupt_python_drops_still_ends_the_run_before_the_next_checkpoint(tmp_path: Path) -> None:
+    INTERRUPT["sigterm_in_a_finalizer_at_train_call"] = 2
+    args = [
+        "train", "task.name=fake_addition", "model.name=skill", "backend.options.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}", f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        "schedule.checkpoint_every=1", "schedule.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130, result.output
+    assert "the last checkpoint (step 1) is intact" in result.output
+    assert len(HOLDERS[-1].train_calls) == 2
     assert SERVICES[-1].stopped
 
 

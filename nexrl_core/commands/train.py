@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from nexrl_core import interrupts
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, split_file_and_overrides
 from nexrl_core.config import ConfigError, load_config
 from nexrl_core.serving import ServiceStartError
@@ -41,15 +42,19 @@ def configure_logging() -> None:
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (``kill``, a job scheduler) like Ctrl-C, so the run shuts down cleanly;
+    """Treat SIGTERM (``kill``, a job scheduler) like Ctrl-C, so the run shuts down cleanly,
+    and keep either asked for (`nexrl_core.interrupts`) should the exception be lost;
     SIGUSR1 dumps every thread's stack, so a run that hangs can say where."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        interrupts.ask()
         raise KeyboardInterrupt
 
+    interrupts.forget()
+    previous_int = signal.signal(signal.SIGINT, interrupt) if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous = signal.signal(signal.SIGTERM, interrupt)
     # ``kill -USR1`` prints every thread's stack to the process's own stderr (a stream
     # standing in for it, as click's test runner gives, has no file descriptor to write to).
@@ -58,7 +63,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         faulthandler.unregister(signal.SIGUSR1)
+        interrupts.forget()
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 @click.command()
