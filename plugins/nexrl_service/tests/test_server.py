@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_engine.loading import SHIPPED_HUB_NAMES
 from nexrl_service.server import LocalService
 from nexrl_service.state import ServiceState
 
@@ -39,7 +40,8 @@ def test_port_zero_serves_and_stop_leaves_no_threads(tmp_path: Path) -> None:
     url = service.start()
     assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
     answer = httpx.get(f"{url}/api/v1/healthz").json()
-    assert answer == {"status": "ok", "model": "nexrl-tiny", "epoch": service.state.book.epoch}
+    served = SHIPPED_HUB_NAMES["nexrl-tiny"].model_name  # the shipped model, by the Hub-style name it is served as
+    assert answer == {"status": "ok", "model": served, "epoch": service.state.book.epoch}
     with pytest.raises(RuntimeError, match="already running"):
         service.start()
     service.stop()
