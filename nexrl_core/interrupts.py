@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["ask", "asked", "forget", "raise_if_asked"]
+__all__ = ["ask", "forget", "raise_if_asked"]
 
 _asked = threading.Event()
 
@@ -20,10 +20,6 @@ _asked = threading.Event()
 def ask() -> None:
     """Record that the run was asked to stop (a signal handler calls this, then raises)."""
     _asked.set()
-
-
-def asked() -> bool:
-    return _asked.is_set()
 
 
 def forget() -> None:
