@@ -720,6 +720,14 @@ def test_an_option_the_holder_refuses_stops_the_run_before_step_1(tmp_path: Path
         HolderBackend(holder, trainer, name="x", work_dir=tmp_path)  # type: ignore[arg-type]
 
 
+def skill_run_args(tmp_path: Path, *overrides: str) -> list[str]:
+    """``nexrl train`` of the fake addition task on the skill holder, into ``tmp_path``, plus ``overrides``."""
+    return [
+        "train", "task.name=fake_addition", "model.name=skill", "backend.options.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}", f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}", *overrides,
+    ]  # fmt: skip
+
+
 def test_cli_train_runs_a_recipe_and_says_where_results_are(tmp_path: Path) -> None:
     path = tmp_path / "recipe.yaml"
     path.write_text(
@@ -766,18 +774,7 @@ def test_cli_train_without_a_recipe_runs_the_quickstart(tmp_path: Path, monkeypa
 
 def test_cli_ctrl_c_exits_130_with_the_resume_command(tmp_path: Path) -> None:
     INTERRUPT["at_train_call"] = 3
-    args = [
-        "train",
-        "task.name=fake_addition",
-        "model.name=skill",
-        "backend.options.service_holder=skill",
-        f"output.dir={tmp_path / 'out'}",
-        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
-        "schedule.checkpoint_every=2",
-        "schedule.steps=4",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=4",
-    ]
+    args = skill_run_args(tmp_path, "schedule.checkpoint_every=2", "schedule.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4")
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 130
     assert "the last checkpoint (step 2) is intact; continue with: nexrl train" in result.output
@@ -787,17 +784,7 @@ def test_cli_ctrl_c_exits_130_with_the_resume_command(tmp_path: Path) -> None:
 def test_cli_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     INTERRUPT["sigterm_at_train_call"] = 2
     before = signal.getsignal(signal.SIGTERM)
-    args = [
-        "train",
-        "task.name=fake_addition",
-        "model.name=skill",
-        "backend.options.service_holder=skill",
-        f"output.dir={tmp_path / 'out'}",
-        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
-        "schedule.checkpoint_every=1",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=4",
-    ]
+    args = skill_run_args(tmp_path, "schedule.checkpoint_every=1", "rollout.prompts_per_step=4", "rollout.group_size=4")
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 130, result.output
     assert "the last checkpoint (step 1) is intact" in result.output
@@ -807,11 +794,9 @@ def test_cli_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
 
 def test_a_sigterm_whose_interrupt_python_drops_still_ends_the_run_before_the_next_checkpoint(tmp_path: Path) -> None:
     INTERRUPT["sigterm_in_a_finalizer_at_train_call"] = 2
-    args = [
-        "train", "task.name=fake_addition", "model.name=skill", "backend.options.service_holder=skill",
-        f"output.dir={tmp_path / 'out'}", f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
-        "schedule.checkpoint_every=1", "schedule.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
-    ]  # fmt: skip
+    args = skill_run_args(
+        tmp_path, "schedule.checkpoint_every=1", "schedule.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
+    )
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 130, result.output
     assert "the last checkpoint (step 1) is intact" in result.output
@@ -1022,19 +1007,10 @@ def test_ctrl_c_waits_for_a_background_checkpoint_then_resume_continues_from_it(
 @pytest.mark.usefixtures("background_saves")
 def test_cli_reports_a_failed_background_checkpoint_with_its_step(tmp_path: Path) -> None:
     BACKGROUND["fail_step"] = 2
-    args = [
-        "train",
-        "task.name=fake_addition",
-        "model.name=skill",
-        "backend.name=background_saves",
-        "backend.options.service_holder=skill",
-        f"output.dir={tmp_path / 'out'}",
-        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
-        "schedule.checkpoint_every=2",
-        "schedule.steps=4",
-        "rollout.prompts_per_step=4",
-        "rollout.group_size=4",
-    ]
+    args = skill_run_args(
+        tmp_path, "backend.name=background_saves", "schedule.checkpoint_every=2", "schedule.steps=4",
+        "rollout.prompts_per_step=4", "rollout.group_size=4",
+    )
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1, result.output
     assert "Error: the checkpoint of step 2 was not written: OSError: disk full" in result.output
@@ -1092,11 +1068,9 @@ def test_overwrite_removes_the_previous_final_model(tmp_path: Path) -> None:
 
 
 def test_cli_train_prints_the_final_model_or_why_not(tmp_path: Path) -> None:
-    args = [
-        "train", "task.name=fake_addition", "model.name=skill", "backend.options.service_holder=skill",
-        f"output.dir={tmp_path / 'out'}", f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
-        "schedule.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "task.val_size=2",
-    ]  # fmt: skip
+    args = skill_run_args(
+        tmp_path, "schedule.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "task.val_size=2",
+    )
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert f"final model:  {tmp_path / 'out' / 'final_model'}  (a Hugging Face directory" in result.output
