@@ -1007,10 +1007,19 @@ def test_ctrl_c_waits_for_a_background_checkpoint_then_resume_continues_from_it(
 @pytest.mark.usefixtures("background_saves")
 def test_cli_reports_a_failed_background_checkpoint_with_its_step(tmp_path: Path) -> None:
     BACKGROUND["fail_step"] = 2
-    args = skill_run_args(
-        tmp_path, "backend.name=background_saves", "schedule.checkpoint_every=2", "schedule.steps=4",
-        "rollout.prompts_per_step=4", "rollout.group_size=4",
-    )
+    args = [  # the backend is named before its options: naming it afterwards would start its options afresh
+        "train",
+        "task.name=fake_addition",
+        "model.name=skill",
+        "backend.name=background_saves",
+        "backend.options.service_holder=skill",
+        f"output.dir={tmp_path / 'out'}",
+        f"backend.options.holder={{checkpoint_dir: '{tmp_path / 'ck'}'}}",
+        "schedule.checkpoint_every=2",
+        "schedule.steps=4",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1, result.output
     assert "Error: the checkpoint of step 2 was not written: OSError: disk full" in result.output
