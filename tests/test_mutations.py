@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,11 +43,12 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS_FILE = ROOT / "tests" / "mutations.yaml"
+LAUNCHER = ROOT / "tests" / "preloaded_pytest.py"
 FIELDS = ("id", "file", "original", "replacement", "tests", "why")
 OPTIONAL_FIELDS = ("slow",)
 TEST_TIMEOUT_S = 600
 TIMED_OUT = -1
-"""`run_test`'s status for a test still running after ``TEST_TIMEOUT_S`` (it and every
+"""`run_test`'s status (as ``preloaded_pytest.TIMED_OUT``) for a test still running after ``TEST_TIMEOUT_S`` (it and every
 process it started are killed): a hang is not a failure that catches a mutation."""
 FAILED = 1
 """pytest's exit status when tests ran and some failed (any other non-zero status means
@@ -177,23 +178,49 @@ def copy_environment(copy: Path) -> dict[str, str]:
     return env
 
 
-def run_test(copy: Path, test: str) -> int:
-    """pytest's exit status for one ``path::name`` of the copy, run from its distribution."""
+@attrs.define
+class PreloadedPytest:
+    """A copy's pytest launcher (`tests/preloaded_pytest.py`): each named test runs in a
+    child it forks with the heavy libraries already imported, in the copy's environment."""
+
+    process: subprocess.Popen[str]
+
+    def run(self, folder: Path, args: Sequence[str], timeout_s: float) -> int:
+        """pytest's exit status for ``args`` run from ``folder``, or `TIMED_OUT`."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"cwd": str(folder), "args": list(args), "timeout_s": timeout_s}) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the pytest launcher {LAUNCHER} ended (exit status {self.process.wait()}); its error is above")
+        return int(json.loads(answer)["status"])
+
+
+@contextmanager
+def preloaded_pytest(copy: Path) -> Iterator[PreloadedPytest]:
+    process = subprocess.Popen(
+        [sys.executable, str(LAUNCHER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=copy, env=copy_environment(copy)
+    )
+    try:
+        yield PreloadedPytest(process)
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_test(launcher: PreloadedPytest, copy: Path, test: str) -> int:
+    """pytest's exit status for one ``path::name`` of the copy, run from its distribution;
+    a run past ``TEST_TIMEOUT_S`` is killed with every process of its session."""
     path, _, name = test.partition("::")
     test_file = copy / path
     folder = next(parent for parent in test_file.parents if (parent / "pyproject.toml").is_file())
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *UNUSED_PLUGINS, f"{test_file.relative_to(folder)}::{name}"],
-        cwd=folder, env=copy_environment(copy), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        return process.wait(timeout=TEST_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return TIMED_OUT
-    finally:  # what a mutated test left running (a service, ranks) must not slow the rest of the list
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    args = ["-q", "-x", "-p", "no:cacheprovider", *UNUSED_PLUGINS, f"{test_file.relative_to(folder)}::{name}"]
+    return launcher.run(folder, args, TEST_TIMEOUT_S)
 
 
 # --- running the list ----------------------------------------------------------------------------
@@ -290,31 +317,33 @@ def run_mutations(
     workers = max(1, min(workers or default_copies(), len(mutations)))
     held = min(held, workers - 1)
     with ExitStack() as stack:
-        made = [stack.enter_context(throwaway_copy(root)) for _ in range(workers)]
-        copies: queue.Queue[Path] = queue.Queue()
-        for copy in made[held:]:
-            copies.put(copy)
+        folders = [stack.enter_context(throwaway_copy(root)) for _ in range(workers)]
+        made = [(copy, stack.enter_context(preloaded_pytest(copy))) for copy in folders]
+        copies: queue.Queue[tuple[Path, PreloadedPytest]] = queue.Queue()
+        for slot in made[held:]:
+            copies.put(slot)
 
         def release_the_held() -> None:
             release()
-            for copy in made[:held]:
-                copies.put(copy)
+            for slot in made[:held]:
+                copies.put(slot)
 
         if held:
             threading.Thread(target=release_the_held, name="held-copies", daemon=True).start()
 
-        def on_a_copy(job: Callable[[Path], T]) -> T:
-            copy = copies.get()
+        def on_a_copy(job: Callable[[tuple[Path, PreloadedPytest]], T]) -> T:
+            slot = copies.get()
             try:
-                return job(copy)
+                return job(slot)
             finally:
-                copies.put(copy)
+                copies.put(slot)
 
         def verdict(serial: int, mutation: Mutation) -> Verdict:
-            def job(copy: Path) -> Verdict:
+            def job(slot: tuple[Path, PreloadedPytest]) -> Verdict:
+                copy, launcher = slot
                 began = time.monotonic()
                 with mutated(copy, mutation, serial):
-                    statuses = {test: run_test(copy, test) for test in mutation.tests}
+                    statuses = {test: run_test(launcher, copy, test) for test in mutation.tests}
                 return Verdict(mutation, statuses, time.monotonic() - began)
 
             done = on_a_copy(job)
@@ -325,7 +354,7 @@ def run_mutations(
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             verdicts = list(pool.map(verdict, range(1, len(mutations) + 1), mutations))
             named = sorted({test for mutation in mutations for test in mutation.tests} - set(passed()))
-            baseline = dict(zip(named, pool.map(lambda test: on_a_copy(lambda copy: run_test(copy, test)), named)))
+            baseline = dict(zip(named, pool.map(lambda test: on_a_copy(lambda slot: run_test(slot[1], slot[0], test)), named)))
     return Report(baseline, verdicts, time.monotonic() - started)
 
 
