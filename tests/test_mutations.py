@@ -4,7 +4,9 @@ purpose, in a throwaway copy of the repository, and the tests it names must fail
 The copy holds the files git tracks (and untracked ones it does not ignore); its tests
 run with ``PYTHONPATH`` listing the copy's distribution folders, so they import the
 copy's code, not the installed one. Each named test runs on its own, from its own
-distribution's folder, as ``make test`` runs it: once on the unmutated copy (it must
+distribution's folder, as ``make test`` runs it (in a pytest forked from the copy's
+`tests/preloaded_pytest.py`, which imported torch and the other heavy third-party
+libraries once for all of them): once on the unmutated copy (it must
 pass) and once per mutation that names it (it must fail). One copy per CPU, and one more, take
 these runs as they come, a mutation restored on its copy before that copy's next run; a
 test that passed in this run of ``make test`` is its own baseline. ``make test`` runs the
