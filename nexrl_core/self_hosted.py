@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from nexrl_core.config.checks import Check
-from nexrl_core.holder_trainer import step_with_scheduled_rate
+from nexrl_core.config.lr_schedule import LearningRateSchedule
+from nexrl_core.holder_trainer import RemoteApiTrainerConfig, step_with_scheduled_rate
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.metrics import readable_train_metrics
 from nexrl_core.types import Trajectory, sort_trajectories
@@ -74,11 +75,26 @@ class UpdateSettings:
 
 @attrs.frozen(kw_only=True)
 class SelfHostedTrainerConfig:
-    """What every self-hosted trainer sends with an update."""
+    """What every self-hosted trainer sends with an update. A trainer's own config
+    subclasses it and gets the recipe's loss, optimizer and learning-rate schedule from
+    `from_recipe`."""
 
     train_step: TrainStepConfig = attrs.field(factory=TrainStepConfig)
     """The loss with its options and the AdamW settings."""
     update: UpdateSettings = attrs.field(factory=UpdateSettings)
+    lr_schedule: LearningRateSchedule = attrs.field(factory=LearningRateSchedule)
+    """Each step's learning rate (``algorithm.lr_schedule``, ``algorithm.warmup_steps``)."""
+
+    @classmethod
+    def from_recipe(cls, config: Any) -> SelfHostedTrainerConfig:
+        """The recipe's loss with every option, its AdamW settings and its schedule, read
+        as the remote-API trainer reads them (`RemoteApiTrainerConfig.from_recipe`); the
+        backend sets ``update``.
+
+        :raises ConfigError: for bad loss or estimator options.
+        """
+        read = RemoteApiTrainerConfig.from_recipe(config)
+        return cls(train_step=read.train_step, lr_schedule=read.lr_schedule)
 
 
 def batch_data_metrics(batch: Batch) -> dict[str, float]:
@@ -114,7 +130,9 @@ def batch_data_metrics(batch: Batch) -> dict[str, float]:
 class SelfHostedTrainer:
     """Trains a worker group through a `Transport`; subclasses implement `_prepare_batch`.
 
-    ``config`` is a `SelfHostedTrainerConfig` or any attrs record with its two fields.
+    ``config`` is a `SelfHostedTrainerConfig` or any attrs record with its fields; one
+    without ``lr_schedule`` trains at a constant rate, and the self-hosted backend refuses
+    a schedule for such a trainer by its key.
     A backend calls `bind` once its workers are up, then `train` each step.
     """
 

@@ -34,6 +34,7 @@ from typing import Any
 from nexrl_core.backend import BackendSetup, BackendStartError
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
+from nexrl_core.config.lr_schedule import LearningRateSchedule, LRSchedule
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.model_export import ModelExportError
 from nexrl_core.placement import LOCAL_PLACEMENT, PlacementError, Placer, is_loopback, open_placer
@@ -231,6 +232,7 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
     """Every refusal before anything starts; returns the configured trainer."""
     check_model_name(setup.recipe)
     check_device(options.sampler.device, "backend.options.sampler.device")
+    schedule = LearningRateSchedule.from_recipe(setup.recipe)
     trainer = build_trainer(
         setup.recipe,
         options.trainer,
@@ -239,6 +241,10 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
         settings={
             "update": ("backend.options.update", options.update if options.update != UpdateSettings() else None),
             "recompute_old_logprobs": ("backend.options.recompute_old_logprobs", options.recompute_old_logprobs),
+            "lr_schedule": (
+                "algorithm.lr_schedule" if schedule.kind is not LRSchedule.CONSTANT else "algorithm.warmup_steps",
+                None if schedule.is_constant else schedule,
+            ),
         },
     )
     problems = refused_options(trainer.train_step)
