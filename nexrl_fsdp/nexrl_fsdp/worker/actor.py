@@ -45,7 +45,7 @@ from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_engine.checkpointing import enable_checkpointing, is_checkpointing, training_pass
-from nexrl_engine.engine import _MetricSum
+from nexrl_engine.engine import MetricSum
 from nexrl_engine.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype
 from nexrl_engine.lora import adapters_disabled, apply_training_mode, merged_copy, save_adapter
 from nexrl_engine.loss_fns import (
@@ -283,7 +283,7 @@ class FsdpActor:
         if options.mini_batches > rows:
             raise BatchError(f"mini_batches={options.mini_batches} is more than the {rows} rows each rank holds")
         bounds = [rows * part // options.mini_batches for part in range(options.mini_batches + 1)]
-        metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
+        metrics = MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
         steps: list[dict[str, float]] = []
         passes_run = 0
         self.model.train(False)
@@ -339,7 +339,7 @@ class FsdpActor:
         dist.all_reduce(columns, op=dist.ReduceOp.MAX)
         return StepTotals(tokens=float(sums[0]), sequences=float(sums[1]), columns=int(columns[0]))
 
-    def _reduced(self, metrics: _MetricSum, steps: list[dict[str, float]], options: ActorOptions) -> dict[str, float]:
+    def _reduced(self, metrics: MetricSum, steps: list[dict[str, float]], options: ActorOptions) -> dict[str, float]:
         """Sums and token-weighted means over every rank's micro-batches (the engine's
         ``name:reduction`` keys), plus the optimizer's numbers."""
         names = sorted(metrics.values)

@@ -8,7 +8,7 @@ in-process engine and a group of any size). These are those calls on an `FsdpAct
 
 The math is the engine's: `loss_fns.check_datums`, `split_microbatches`, `collate`,
 `shared_prefix.chunk_logprobs`, the registered loss with the whole request's `StepTotals`, and the
-engine's `_MetricSum`. The datums are split over the ranks in contiguous parts of about
+engine's `MetricSum`. The datums are split over the ranks in contiguous parts of about
 equal token counts; every rank runs as many micro-batches as the busiest one (FSDP's
 collectives need every rank in every pass), the others a one-token datum of weight 0,
 which adds nothing. FSDP averages gradients over ranks, so each loss is multiplied by
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine import checkpoint as ckpt
-from nexrl_engine.engine import _MetricSum
+from nexrl_engine.engine import MetricSum
 from nexrl_engine.loading import SHIPPED_MODELS
 from nexrl_engine.loss_fns import (
     ADDITIVE_METRICS,
@@ -175,7 +175,7 @@ class DatumOps:
         mine = [datums[index] for index in shares[self.rank]]
         keys = {key for datum in datums for key in datum.values}
         passes = aligned_passes(mine, max_tokens=forward.max_tokens_per_microbatch, max_rows=None, pad_id=actor.pad_id, keys=keys)
-        metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
+        metrics = MetricSum(ADDITIVE_METRICS, additive_reduction(loss))
         logprobs: list[torch.Tensor] = []
         tokens = 0.0
         actor.model.train(False)
@@ -201,7 +201,7 @@ class DatumOps:
         gathered = self._gather_flat(flat.to(torch.float32), sizes)
         return {"metrics": reduced}, ({"logprobs": gathered} if self.rank == 0 else {})
 
-    def _reduced(self, metrics: _MetricSum) -> dict[str, float]:
+    def _reduced(self, metrics: MetricSum) -> dict[str, float]:
         """Rank 0's metric names with every rank's micro-batches combined: sums and
         token-weighted means added up, minima and maxima taken over ranks."""
         names = _broadcast_json(sorted(metrics.values), self.rank)
@@ -303,7 +303,7 @@ class DatumOps:
         return {"path": str(path), "step": optimizer.steps}
 
 
-def _own_value(metrics: _MetricSum, name: str) -> float:
+def _own_value(metrics: MetricSum, name: str) -> float:
     """This rank's value of ``name``; a rank without it adds nothing to the combination."""
     if name in metrics.values:
         return metrics.values[name]

@@ -72,7 +72,7 @@ from nexrl_engine.types import (
     SamplingParams,
 )
 
-__all__ = ["Engine", "adam_settings"]
+__all__ = ["Engine", "MetricSum", "adam_settings"]
 
 _DEFAULT_MAX_POSITIONS = 4096
 _MAX_RECYCLED_COPIES = 8
@@ -124,7 +124,7 @@ def _adam_from(values: dict[str, Any]) -> AdamWSettings:
     return AdamWSettings(**values)
 
 
-class _MetricSum:
+class MetricSum:
     """Combines the metrics of micro-batches into Tinker ``name:reduction`` keys.
 
     ``additive`` metrics (the loss and its entropy term) are each micro-batch's share of
@@ -477,7 +477,7 @@ class Engine:
     ) -> ForwardResult:
         fn = self._loss_fn(loss_name, loss_fn_config)
         checked = check_datums(datums, fn, self.vocab_size)
-        metrics = _MetricSum(ADDITIVE_METRICS, additive_reduction(fn))
+        metrics = MetricSum(ADDITIVE_METRICS, additive_reduction(fn))
         totals = step_totals(checked)
         outputs: list[DatumOutput | None] = [None] * len(checked)
         num_tokens = 0.0
