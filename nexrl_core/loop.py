@@ -513,10 +513,11 @@ def run_training(
     :raises CheckpointError: naming the step, when a checkpoint's save failed.
     :raises TrainingInterrupted: on Ctrl-C, after a clean shutdown.
     """
-    from nexrl_core.config.components import resolve_all_options
+    from nexrl_core.config.components import check_recipe_with_components, resolve_all_options
 
     out_dir = Path(config.output.dir)
     options = resolve_all_options(config)
+    check_recipe_with_components(config, options)
     chosen_sinks = resolve_sinks(config)
     state = prepare_output(out_dir, resume, overwrite)
     if state is not None:

@@ -50,13 +50,15 @@ class ComponentSpec:
 
     def resolve_factory(self) -> Callable[..., Any]:
         """Import the factory if it is a string reference and return the callable."""
-        if callable(self.factory):
-            return self.factory
-        module_name, _, attr_path = self.factory.partition(":")
+        return self._resolve("factory", self.factory)
+
+    def _resolve(self, field: str, reference: Factory) -> Callable[..., Any]:
+        """``reference`` itself when callable, else the ``package.module:attribute`` it names, imported."""
+        if callable(reference):
+            return reference
+        module_name, _, attr_path = reference.partition(":")
         if not attr_path:
-            raise ValueError(
-                f"{self.kind} {self.name!r}: factory {self.factory!r} must look like 'package.module:attribute'"
-            )
+            raise ValueError(f"{self.kind} {self.name!r}: {field} {reference!r} must look like 'package.module:attribute'")
         target: Any = importlib.import_module(module_name)
         for part in attr_path.split("."):
             target = getattr(target, part)
@@ -88,6 +90,24 @@ class _SetupSpec(ComponentSpec):
         a ``config_class`` instance)."""
         self._check_config(setup.options)
         return self.resolve_factory()(setup)
+
+
+@attrs.frozen(kw_only=True)
+class _CheckedSetupSpec(_SetupSpec):
+    """A run's backend or rollout source, which may check the recipe before anything opens."""
+
+    recipe_check: Factory | None = None
+    """Called as ``recipe_check(recipe, options)`` (its options as ``config_class``) before
+    any component of a run opens; returns the problems it sees in the recipe without
+    starting anything, as ``key: what to do`` lines. A run it finds fault with is refused
+    in a second, not after the backend has started its services. A callable or a
+    ``package.module:function`` reference; None: nothing to check before opening."""
+
+    def recipe_problems(self, recipe: Any, options: Any) -> list[str]:
+        """`recipe_check`'s problems with ``recipe`` (none without a check)."""
+        if self.recipe_check is None:
+            return []
+        return list(self._resolve("recipe_check", self.recipe_check)(recipe, options))
 
 
 @attrs.frozen(kw_only=True)
@@ -175,7 +195,7 @@ class TaskSpec(ComponentSpec):
 
 
 @attrs.frozen(kw_only=True)
-class BackendSpec(_SetupSpec):
+class BackendSpec(_CheckedSetupSpec):
     """Registers a backend (see `nexrl_core.backend.Backend`); the factory takes a
     `nexrl_core.backend.BackendSetup`."""
 
@@ -183,7 +203,7 @@ class BackendSpec(_SetupSpec):
 
 
 @attrs.frozen(kw_only=True)
-class RolloutSourceSpec(_SetupSpec):
+class RolloutSourceSpec(_CheckedSetupSpec):
     """Registers a rollout source (see `nexrl_core.backend.RolloutSource`); the factory
     takes a `nexrl_core.backend.RolloutSetup`."""
 

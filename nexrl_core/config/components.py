@@ -8,7 +8,7 @@ nexrl_core.config` free of plugin discovery.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -39,6 +39,24 @@ def resolve_options(kind: str, choice: ComponentChoice, path: str) -> Any:
     except UnknownComponentError as error:
         raise ConfigError([f"{path}.name: {error}"]) from None
     return structure_config(choice.options, spec.config_class, path=f"{path}.options")
+
+
+def check_recipe_with_components(config: Any, resolved: Mapping[str, Any]) -> None:
+    """Ask each chosen component that checks recipes (``recipe_check`` of a `nexrl_core.specs.BackendSpec` or `nexrl_core.specs.RolloutSourceSpec`)
+    about ``config``, with its options from ``resolved`` (`resolve_all_options`).
+
+    :raises ConfigError: listing every component's problems at once.
+    """
+    from nexrl_core.registry import find_spec
+
+    problems = []
+    for path, kind, choice in component_choices(config):
+        if path in resolved and choice.name is not None:
+            recipe_problems = getattr(find_spec(kind, choice.name), "recipe_problems", None)
+            if recipe_problems is not None:
+                problems += recipe_problems(config, resolved[path])
+    if problems:
+        raise ConfigError(problems)
 
 
 def component_choices(config: Any, path: str = "") -> Iterator[tuple[str, str, ComponentChoice]]:

@@ -6,6 +6,9 @@ Imports nothing heavy: the server, the store and FastAPI load only when a recipe
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import attrs
 
 from nexrl_core.hookspecs import hookimpl
@@ -64,6 +67,23 @@ class EpisodesOptions:
             )
 
 
+def recipe_problems(recipe: Any, options: EpisodesOptions) -> list[str]:
+    """What the episodes source refuses in a recipe, seen before anything starts: a
+    ``rollout.concurrency`` it would ignore (clients decide how many episodes run at
+    once), and local workers whose script file does not exist."""
+    problems = []
+    if recipe.rollout.concurrency is not None:
+        problems.append(
+            f"rollout.concurrency: {recipe.rollout.concurrency} has no effect with rollout.source.name=episodes, where "
+            "clients decide how many episodes run at once; remove it (null), and set "
+            "rollout.source.options.local_workers.{processes,concurrency} or each worker's --concurrency"
+        )
+    script = options.local_workers.script
+    if options.local_workers.processes and script and script.endswith(".py") and not Path(script).is_file():
+        problems.append(f"rollout.source.options.local_workers.script: {script!r} does not exist (paths are relative to the current directory)")
+    return problems
+
+
 def open_episode_source(setup: object) -> object:
     """Start the episode server for one run (see `nexrl_episodes.source.EpisodeSource`)."""
     from nexrl_episodes.source import EpisodeSource
@@ -79,6 +99,7 @@ def nexrl_rollout_sources() -> list[RolloutSourceSpec]:
             name="episodes",
             factory=open_episode_source,
             config_class=EpisodesOptions,
+            recipe_check=recipe_problems,
             description="Episode server: scripts on any machine claim runs over HTTP and sample through an OpenAI endpoint",
         )
     ]

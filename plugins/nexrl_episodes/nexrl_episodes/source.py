@@ -29,7 +29,7 @@ from nexrl_core.config.schema import TrainConfig
 from nexrl_core.rollout import PendingBatch, RunRequest, SamplingDefaults
 from nexrl_core.rollout_limits import TurnLimits
 from nexrl_episodes.book import EpisodeBook
-from nexrl_episodes.plugin import EpisodesOptions
+from nexrl_episodes.plugin import EpisodesOptions, recipe_problems
 from nexrl_episodes.server import EpisodeServer
 from nexrl_episodes.store import EpisodeStore, default_url
 
@@ -70,19 +70,9 @@ class EpisodeSource:
     def open(cls, setup: RolloutSetup) -> EpisodeSource:
         options: EpisodesOptions = setup.options
         recipe = setup.recipe
-        if recipe.rollout.concurrency is not None:
-            raise ConfigError(
-                [
-                    f"rollout.concurrency: {recipe.rollout.concurrency} has no effect with rollout.source.name=episodes, where "
-                    "clients decide how many episodes run at once; remove it (null), and set "
-                    "rollout.source.options.local_workers.{processes,concurrency} or each worker's --concurrency"
-                ]
-            )
-        script = options.local_workers.script
-        if options.local_workers.processes and script and script.endswith(".py") and not Path(script).is_file():
-            raise ConfigError(
-                [f"rollout.source.options.local_workers.script: {script!r} does not exist (paths are relative to the current directory)"]
-            )
+        problems = recipe_problems(recipe, options)  # nexrl train asked already; a direct open has not
+        if problems:
+            raise ConfigError(problems)
         try:
             store = EpisodeStore(options.db_url or default_url(setup.work_dir))
         except ValueError as error:
