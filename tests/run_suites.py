@@ -113,7 +113,7 @@ pyproject.toml); not on a GPU run, whose machine need not have them."""
 
 
 def command(suite: Suite) -> list[str]:
-    return [PYTHON, "-c", RUN_PYTEST, "--durations=25", *suite.args]
+    return [PYTHON, "-c", RUN_PYTEST, "--durations=60", *suite.args]
 
 
 def run_linters() -> dict[str, tuple[int, float]]:
