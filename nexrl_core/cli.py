@@ -106,6 +106,14 @@ def _placement_options(pairs: Sequence[str]) -> dict[str, Any]:
     "[default: the shipped model's own name; the --model path for a directory].",
 )
 @click.option(
+    "--sampling-model",
+    "sampling_models",
+    multiple=True,
+    metavar="MODEL",
+    help="A model served beside --model for sampling and scoring only, never trained (a distillation teacher): a "
+    "shipped name or a local HF directory with the same vocabulary; repeatable. Clients name it as a base model.",
+)
+@click.option(
     "--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16"]), help="Precision the service trains and samples in."
 )
 @click.option(
@@ -169,6 +177,7 @@ def serve(
     db: str | None,
     model: str,
     model_name: str | None,
+    sampling_models: tuple[str, ...],
     dtype: str,
     device: str,
     api_key: str | None,
@@ -191,6 +200,7 @@ def serve(
         db=db,
         model=model,
         model_name=model_name,
+        sampling_models=sampling_models,
         dtype=dtype,
         device=device,
         api_key=api_key,

@@ -69,7 +69,13 @@ class HolderBackend:
         self.work_dir = work_dir
         self._on_close = list(on_close)
         self._watch = watch
-        refused = holder.refused_options(trainer.train_step)
+        refused = dict(holder.refused_options(trainer.train_step))
+        teacher = getattr(getattr(trainer, "config", None), "teacher", None)
+        if teacher is not None and teacher.model is not None and not callable(getattr(holder, "teacher_logprobs", None)):
+            refused["teacher.model"] = (
+                f"its {type(holder).__name__} scores tokens under no second model (it has no teacher_logprobs); "
+                "remove teacher, or choose a holder or backend that holds a teacher (nexrl plugins lists them)"
+            )
         if refused:
             raise ConfigError(
                 [f"{recipe_path(key)}: backend {name!r} cannot honour it: {reason}" for key, reason in refused.items()]

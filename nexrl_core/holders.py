@@ -17,6 +17,7 @@ from nexrl_core.backend import CONTEXT_KEY
 from nexrl_core.capabilities import NexrlCapabilities
 from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.config.checks import optional_non_empty
 from nexrl_core.config.lora import DEFAULT_ALPHA
 from nexrl_core.config.schema import DType, ModelConfig
 from nexrl_core.types import RemoteDatum
@@ -27,8 +28,8 @@ class HolderTarget:
     """What every service holder's config starts with: the model to train and where.
 
     A holder's config class subclasses it and adds its own options; the backend that
-    builds the holder fills these four from the recipe (``model``, ``seed``) and from
-    how it reached the service (``base_url``, ``api_key``).
+    builds the holder fills these from the recipe (``model``, ``seed``, ``teacher``) and
+    from how it reached the service (``base_url``, ``api_key``).
     """
 
     model: ModelConfig
@@ -39,6 +40,9 @@ class HolderTarget:
     """Service URL; None lets the holder use its SDK's default."""
     api_key: str | None = None
     """Service API key; None lets the holder's SDK read its own environment variable."""
+    teacher: str | None = attrs.field(default=None, validator=optional_non_empty)
+    """The recipe's ``teacher.model``, for a holder that scores tokens under it
+    (`TeacherHolder`); None: no teacher."""
 
 
 LossOptionValue = Union[float, int, str, bool]

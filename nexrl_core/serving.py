@@ -62,6 +62,11 @@ class ServeOptions:
     """What clients call the model (``base_model``, ``model_name``): a Hugging Face-style
     ``Org/Name``, which tinker-cookbook's lookups and tokenizer downloads take; None: the
     shipped model's own such name, or the ``model`` path for a directory."""
+    sampling_models: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Models served beside ``model`` for sampling and scoring only, never trained (a
+    distillation teacher): each a shipped name or a local Hugging Face directory with the
+    base model's vocabulary. Clients name one as a ``base_model`` (the value given here,
+    or its directory)."""
     dtype: str = attrs.field(default="fp32", validator=attrs.validators.in_(("fp32", "bf16")))
     """Precision the service trains and samples in (a recipe's ``model.dtype`` values);
     the service reports it, and a run whose ``model.dtype`` differs is refused."""

@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from nexrl_core.config import ConfigError, load_config
+from nexrl_core.config.schema import TeacherConfig
 from nexrl_core.holder_backend import HolderBackend, recipe_path
 from nexrl_core.holder_trainer import RemoteApiTrainerConfig, loss_option_values
 from nexrl_core.holders import HolderTarget, TrainStepConfig
@@ -147,3 +148,27 @@ def test_build_trainer_configures_the_trainer_from_the_recipe_and_refuses_a_sett
     assert trainer.train_step.optimizer.learning_rate == 0.003
     with pytest.raises(ConfigError, match=r"backend.options.x: trainer 'remote_api_grpo' has no setting 'x'"):
         build_trainer(recipe, "remote_api_grpo", "backend.options.trainer", settings={"x": ("backend.options.x", 1)})
+
+
+class DistillingTrainer(StatefulTrainer):
+    """A trainer whose recipe names a teacher (`RemoteApiTrainerConfig.teacher`)."""
+
+    def __init__(self, teacher: str) -> None:
+        super().__init__()
+        self.config = RemoteApiTrainerConfig(teacher=TeacherConfig(model=teacher))
+
+
+class TeacherCounterHolder(CounterHolder):
+    def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return [[0.0] * len(tokens) for tokens in sequences]
+
+
+def test_a_teacher_is_refused_for_a_holder_that_scores_with_none(tmp_path: Path) -> None:
+    from nexrl_core.config import ModelConfig
+
+    config = CounterConfig(model=ModelConfig(name="m"), teacher="t")
+    with pytest.raises(ConfigError) as caught:
+        HolderBackend(CounterHolder(config), DistillingTrainer("t"), name="counter", work_dir=tmp_path)  # type: ignore[arg-type]
+    (problem,) = caught.value.problems
+    assert problem.startswith("teacher.model: backend 'counter' cannot honour it: its CounterHolder scores tokens under no second model")
+    HolderBackend(TeacherCounterHolder(config), DistillingTrainer("t"), name="counter", work_dir=tmp_path)  # type: ignore[arg-type]

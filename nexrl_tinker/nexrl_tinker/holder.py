@@ -52,6 +52,7 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
 
     def __init__(self, config: TinkerHolderConfig, sampling_path: str | None = None) -> None:
         self._renderer: Any = None
+        self._teacher: Any = None
         super().__init__(config, sampling_path)
 
     # --- connection ----------------------------------------------------------------------------
@@ -200,11 +201,29 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Logprobs under the base model, from a sampling client of the base weights
         (``compute_logprobs``), as tinker-cookbook computes its KL reference."""
-        import tinker
+        return _scored(self._reference_client(), sequences)
 
-        reference = self._reference_client()
-        futures = [reference.compute_logprobs(tinker.types.ModelInput.from_ints(tokens=list(tokens))) for tokens in sequences]
-        return [[0.0 if value is None else float(value) for value in future.result()] for future in futures]
+    def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Logprobs under the recipe's teacher (`nexrl_core.holders.TeacherHolder`), from a
+        sampling client of its base model (``compute_logprobs``), as tinker-cookbook's
+        on-policy distillation scores the student's tokens. Hosted Tinker samples any
+        model it lists; NexRL's service the ones it was started with ``--sampling-model``."""
+        if self.config.teacher is None:
+            raise RuntimeError("this holder was built without a teacher (teacher.model)")
+        teacher = self.config.teacher
+        with self._lock:
+            if self._teacher is None:
+                self._teacher = self._retry(
+                    "create the teacher's sampling client",
+                    lambda: self._service_client().create_sampling_client(base_model=teacher).result(),
+                )
+            client = self._teacher
+        return _scored(client, sequences)
+
+    def close(self) -> None:
+        with self._lock:
+            self._teacher = None
+        super().close()
 
     def update_sampling_weights(self, weight_path: str | None = None) -> str:
         with self._lock:
@@ -349,3 +368,12 @@ def _cookbook_renderer(name: str, tokenizer: Any) -> Any:
             f"renderer_name {name!r} needs tinker-cookbook: pip install --no-deps tinker-cookbook (see the README)"
         ) from exc
     return renderers.get_renderer(name, tokenizer)
+
+
+def _scored(client: Any, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    """Each sequence's ``log p(token[i] | tokens[:i])`` under ``client``'s weights, 0.0 at
+    position 0 (``SamplingClient.compute_logprobs``, every sequence in flight at once)."""
+    import tinker
+
+    futures = [client.compute_logprobs(tinker.types.ModelInput.from_ints(tokens=list(tokens))) for tokens in sequences]
+    return [[0.0 if value is None else float(value) for value in future.result()] for future in futures]

@@ -205,15 +205,11 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.get("/api/v1/get_server_capabilities")
     def capabilities(_owner: str = Depends(owner)) -> dict[str, Any]:
-        base = state.base
+        served = [(state.base, True), *((model, False) for model in state.sampling_models)]
         return {
             "supported_models": [
-                {
-                    "model_name": base.name,
-                    "max_context_length": base.max_context_length,
-                    "trainable": True,
-                    "sampleable": True,
-                }
+                {"model_name": model.name, "max_context_length": model.max_context_length, "trainable": trainable, "sampleable": True}
+                for model, trainable in served
             ]
         }
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_service.engines import WeightsRef
 from nexrl_service.errors import BadRequest
 from nexrl_service.futures import Outcome, new_request_id
 from nexrl_service.sampling import MAX_LOGPROB_CELLS, SampleTask, SamplingOps
@@ -78,14 +77,14 @@ class SamplingService:
         existing = self.state.store.sampler_by_seq(session.session_id, body.sampling_session_seq_id)
         if existing is not None:
             return {"type": "create_sampling_session", "sampling_session_id": existing.sampler_id}
-        weights = None
+        weights, base_weights = None, None
         if body.model_path:
             weights = self.ops.checkpoint_weights(owner, parse_tinker_path(body.model_path).path)
             base_model = weights.base_model
             if body.base_model is not None and self.state.check_base_model(body.base_model) != base_model:
                 raise BadRequest(f"{body.model_path!r} was trained from {base_model!r}, not {body.base_model!r}")
         elif body.base_model:
-            base_model = self.state.check_base_model(body.base_model)
+            base_model, base_weights = self.state.sampling_base(body.base_model)
         else:
             raise BadRequest("create_sampling_session needs model_path or base_model")
         sampler = self.ops.create_sampler(
@@ -96,12 +95,13 @@ class SamplingService:
             base_model=base_model,
             weights=weights,
             model_path=body.model_path or None,
+            base_weights=base_weights,
         )
         return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
 
     def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
         sampler = self.state.own_sampler(owner, sampler_id)
-        return {"sampler_id": sampler.sampler_id, "base_model": self.state.base.name, "model_path": sampler.model_path}
+        return {"sampler_id": sampler.sampler_id, "base_model": self.state.served_name(sampler.base_model), "model_path": sampler.model_path}
 
     # --- asample --------------------------------------------------------------------------------
 
@@ -171,8 +171,8 @@ class SamplingService:
             ref = self.ops.checkpoint_weights(owner, parse_tinker_path(body.model_path).path).ref
             lane, seq = f"path:{body.model_path}", None
         elif body.base_model:
-            self.state.check_base_model(body.base_model)
-            ref, lane, seq = WeightsRef("base"), "base", None
+            source, ref = self.state.sampling_base(body.base_model)
+            lane, seq = ("base" if ref.kind == "base" else f"base:{source}"), None
         else:
             raise BadRequest("asample needs sampling_session_id, model_path or base_model")
         task = self._task(body)

@@ -24,6 +24,7 @@ class TinkerService(LocalService):
     name = "tinker"
     title = "TinkerCloud"
     background_answers = {TELEMETRY_PATH: TELEMETRY_ANSWER}
+    serves_sampling_models = True
 
     def create_app(self, state: Any) -> Any:
         from nexrl_tinker.server.app import create_app

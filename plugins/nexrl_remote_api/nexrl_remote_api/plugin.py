@@ -6,6 +6,7 @@ string and loaded when a recipe picks it.
 
 from __future__ import annotations
 
+from nexrl_core.backend import TEACHER_BACKEND
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.specs import BackendSpec
 from nexrl_remote_api.remote_backend import RemoteApiBackendConfig
@@ -20,5 +21,7 @@ def nexrl_backends() -> list[BackendSpec]:
             factory="nexrl_remote_api.remote_backend:open_remote_api",
             config_class=RemoteApiBackendConfig,
             description="A service holder (Tinker, Weaver, ...) on a hosted API or a local service started for the run",
+            # a teacher, where the holder scores with one (HolderBackend refuses it for a holder that does not)
+            capabilities=frozenset({TEACHER_BACKEND}),
         )
     ]

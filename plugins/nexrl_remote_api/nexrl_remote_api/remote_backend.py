@@ -73,6 +73,27 @@ class RemoteApiBackendConfig:
     come from the recipe and from this backend, not from here)."""
 
 
+RECIPE_KEYS_OF_SERVICE_OPTIONS = {"device": "backend.options.device", "sampling_models": "teacher.model"}
+"""The recipe key that set each `ServeOptions` field a refusal of the embedded service names."""
+
+
+def _recipe_error(error: ServiceStartError) -> ConfigError | None:
+    """The embedded service's refusal of an option the recipe set, naming the recipe's key."""
+    key = RECIPE_KEYS_OF_SERVICE_OPTIONS.get(error.option or "")
+    return None if key is None else ConfigError([f"{key}: {error.reason}"])
+
+
+def _embedded_service(spec: Any, options: ServeOptions) -> Any:
+    """The embedded service ``spec`` builds from ``options`` (`_recipe_error` for a refusal)."""
+    try:
+        return spec.build(options)
+    except ServiceStartError as error:
+        refused = _recipe_error(error)
+        if refused is None:
+            raise
+        raise refused from None
+
+
 def _registered(kind: str, name: str | None, key: str) -> Any:
     from nexrl_core.registry import UnknownComponentError, find_spec, get_registry
 
@@ -112,7 +133,10 @@ def holder_config(config_class: type, setup: BackendSetup, base_url: str | None,
         raise ConfigError(
             [f"backend.options.holder.{key}: set by the recipe (model.*, seed) and this backend, not here" for key in taken]
         )
-    target = {"model": attrs.asdict(setup.recipe.model), "seed": setup.recipe.seed, "base_url": base_url, "api_key": api_key}
+    target = {
+        "model": attrs.asdict(setup.recipe.model), "seed": setup.recipe.seed, "teacher": setup.recipe.teacher.model,
+        "base_url": base_url, "api_key": api_key,
+    }  # fmt: skip
     return structure_config({**setup.options.holder, **target}, config_class, path="backend.options.holder")
 
 
@@ -165,10 +189,13 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
             api_key = _embedded_api_key(data_dir, holder_spec.config_class)
             # Null leaves the field out, so the service's own default (`ServeOptions`) applies.
             packing = {} if options.max_tokens_per_microbatch is None else {"max_tokens_per_microbatch": options.max_tokens_per_microbatch}
-            service = service_spec.build(
+            teacher = setup.recipe.teacher.model
+            service = _embedded_service(
+                service_spec,
                 ServeOptions(
                     port=0,
                     model=setup.recipe.model.name,
+                    sampling_models=() if teacher is None else (teacher,),
                     dtype=setup.recipe.model.dtype.value,
                     data_dir=str(data_dir),
                     api_key=api_key,
@@ -178,15 +205,16 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
                     device=options.device,
                     separate_process=True,
                     **packing,
-                )
+                ),
             )
             logger.info("starting the embedded service on %s (data in %s)", options.device, data_dir)
             try:
                 base_url = service.start()
             except ServiceStartError as error:
-                if error.option != "device":
+                refused = _recipe_error(error)
+                if refused is None:
                     raise
-                raise ConfigError([f"backend.options.device: {error.reason}"]) from None
+                raise refused from None
             logger.info("the embedded service is up at %s", base_url)
         holder = holder_spec.build(holder_config(holder_spec.config_class, setup, base_url, api_key))
         return HolderBackend(

@@ -94,6 +94,24 @@ class BaseModelInfo:
             max_context_length=config.get("max_position_embeddings"),
         )
 
+    def sampling_model(self, model: str) -> BaseModelInfo:
+        """``model`` served beside this one for sampling and scoring only
+        (`nexrl_core.serving.ServeOptions.sampling_models`).
+
+        :raises ValueError: naming ``model``, for one that is not there or whose vocabulary
+            is not this one's (its log-probs of this model's token ids would mean nothing).
+        """
+        try:
+            other = BaseModelInfo.load(model)
+        except (ValueError, OSError, KeyError) as exc:
+            raise ValueError(f"{model!r}: {exc}") from None
+        if other.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"{model!r} has a vocabulary of {other.vocab_size} tokens and the served model {self.name!r} one of "
+                f"{self.vocab_size}: a model sampled or scored beside it must share its tokenizer"
+            )
+        return other
+
     @property
     def aliases(self) -> frozenset[str]:
         """Every name a request may give for this model: the served name, the ``--model``

@@ -116,10 +116,12 @@ class SamplingOps:
         base_model: str,
         weights: CheckpointWeights | None = None,
         model_path: str | None = None,
+        base_weights: WeightsRef | None = None,
     ) -> SamplerRow:
-        """Bind sampling session ``sampler_id`` to a checkpoint's weights, or to the base
-        model when ``weights`` is None."""
-        ref = weights.ref if weights is not None else WeightsRef("base")
+        """Bind sampling session ``sampler_id`` to a checkpoint's weights, or when
+        ``weights`` is None to ``base_weights`` (`ServiceState.sampling_base`; default:
+        the served model's)."""
+        ref = weights.ref if weights is not None else base_weights or WeightsRef("base")
         row = SamplerRow(
             sampler_id=sampler_id,
             session_id=session_id,

@@ -69,6 +69,10 @@ class LocalService:
     """How logs and the console name it."""
     health_path = "/api/v1/healthz"
     """A route of the protocol's app that answers 200 once it serves (waited on for a child)."""
+    serves_sampling_models = False
+    """Whether the protocol's routes sample from ``--sampling-model`` models
+    (`nexrl_core.serving.ServeOptions.sampling_models`); a service whose routes do not
+    refuses them when it is built."""
 
     def __init__(
         self,
@@ -85,6 +89,9 @@ class LocalService:
         else:
             self.settings = options
             default_separate = False
+        if self.settings.sampling_models and not self.serves_sampling_models:
+            reason = f"the {self.title} samples and scores with no model but the one it trains, so it holds no teacher"
+            raise ServiceStartError(f"--sampling-model: {reason}; leave it out", option="sampling_models", reason=reason)
         self.separate_process = default_separate if separate_process is None else separate_process
         """`start()` serves from a child process instead of a thread."""
         self.state: Any = None
@@ -166,6 +173,14 @@ class LocalService:
             check_chat_model_dir(resolve_model_dir(self.settings.model))
         except ValueError as exc:
             raise ServiceStartError(str(exc)) from None
+        from nexrl_service.engines import BaseModelInfo
+
+        base = BaseModelInfo.load(self.settings.model)
+        for model in self.settings.sampling_models:
+            try:
+                base.sampling_model(model)
+            except ValueError as exc:
+                raise ServiceStartError(f"--sampling-model {exc}", option="sampling_models", reason=str(exc)) from None
 
     def _check_device(self) -> None:
         """The device the engines are to live on is one this machine has.

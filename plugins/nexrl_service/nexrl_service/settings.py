@@ -46,6 +46,8 @@ class ServerSettings:
     """The one base model served: a shipped name or a local HF directory."""
     model_name: str | None = None
     """What clients call it (`nexrl_core.serving.ServeOptions.model_name`)."""
+    sampling_models: tuple[str, ...] = ()
+    """Served for sampling and scoring only (`nexrl_core.serving.ServeOptions.sampling_models`)."""
     dtype: str = "fp32"
     """Precision of every engine the service builds (``fp32`` or ``bf16``)."""
     device: str = "cpu"
@@ -124,6 +126,7 @@ class ServerSettings:
             "db_url": options.db or "",
             "model": options.model,
             "model_name": options.model_name,
+            "sampling_models": tuple(options.sampling_models),
             "dtype": options.dtype,
             "device": options.device,
             "max_tokens_per_microbatch": options.max_tokens_per_microbatch,

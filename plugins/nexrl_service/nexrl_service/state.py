@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 from nexrl_core.serving import ServiceStartError
 from nexrl_service.downloads import SignedDownloads
-from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
+from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits, WeightsRef
 from nexrl_service.errors import BadRequest, Forbidden, Gone, NotFound
 from nexrl_service.files import CheckpointFiles
 from nexrl_service.futures import FutureBook
@@ -104,6 +105,17 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
     return GroupLimits(engines=engines, settings=group, max_groups=settings.max_worker_groups, gpus=gpus)
 
 
+def _sampling_models(base: BaseModelInfo, models: Sequence[str]) -> tuple[BaseModelInfo, ...]:
+    """``--sampling-model``'s models beside ``base`` (`BaseModelInfo.sampling_model`).
+
+    :raises ServiceStartError: naming the flag and the model at fault.
+    """
+    try:
+        return tuple(base.sampling_model(model) for model in models)
+    except ValueError as exc:
+        raise ServiceStartError(f"--sampling-model {exc}", option="sampling_models", reason=str(exc)) from None
+
+
 class ServiceState:
     """Store, futures, scheduler, engines, files and janitor of one running service."""
 
@@ -111,6 +123,8 @@ class ServiceState:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.base = BaseModelInfo.load(settings.model, settings.model_name)
+        self.sampling_models = _sampling_models(self.base, settings.sampling_models)
+        """Served for sampling and scoring only (``--sampling-model``)."""
         self.store = Store(settings.database_url)
         self.book = FutureBook(self.store)
         self.scheduler = Scheduler(
@@ -228,11 +242,29 @@ class ServiceState:
             raise Gone(f"checkpoint {path!r} has no files any more (deleted on disk)")
         return checkpoint
 
+    def sampling_base(self, base_model: str) -> tuple[str, WeightsRef]:
+        """What the store records and the weights a sampler of ``base_model`` serves: the
+        served model (`check_base_model`) or one of the ``--sampling-model`` models
+        (`BaseModelInfo.aliases`), else `BadRequest` naming all of them."""
+        for model in self.sampling_models:
+            if base_model in model.aliases:
+                return model.source, WeightsRef("hf", str(model.directory))
+        if base_model in self.base.aliases:
+            return self.base.source, WeightsRef("base")
+        served = ", ".join(repr(name) for name in (self.base.name, *(model.name for model in self.sampling_models)))
+        raise BadRequest(f"unknown base model {base_model!r}; this server samples {served}")
+
+    def served_name(self, source: str) -> str:
+        """The name clients know the model a store row records as ``source`` by."""
+        return next((model.name for model in self.sampling_models if model.source == source), self.base.name)
+
     def check_base_model(self, base_model: str) -> str:
         """What the store records for the served base model (its ``--model`` value) if
         ``base_model`` names it (`BaseModelInfo.aliases`), else `BadRequest`. Rows keep that
         value, not the served name, so a service restarted under another ``--model-name``
         still owns what it made; answers report `BaseModelInfo.name`."""
         if base_model not in self.base.aliases:
+            if any(base_model in model.aliases for model in self.sampling_models):
+                raise BadRequest(f"{base_model!r} is served for sampling and scoring only (--sampling-model); the trained model is {self.base.name!r}")
             raise BadRequest(f"unknown base model {base_model!r}; this server serves {self.base.name!r}")
         return self.base.source

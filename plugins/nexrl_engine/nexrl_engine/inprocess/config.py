@@ -49,8 +49,6 @@ class EngineHolderConfig(HolderTarget):
     (`HolderTarget`; ``base_url`` and ``api_key`` are unused), its teacher, and how."""
 
     engine: EngineOptions = attrs.field(factory=EngineOptions)
-    teacher: str | None = attrs.field(default=None, validator=attrs.validators.optional(non_empty))
-    """The recipe's ``teacher.model``: a frozen model the holder scores tokens under; None: no teacher."""
 
     def engine_config(self) -> EngineConfig:
         """The engine's own config; ``model.dtype`` (``fp32``/``bf16``) becomes the parameter
