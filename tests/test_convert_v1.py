@@ -239,9 +239,9 @@ def test_flat_shape_lists() -> None:
 def test_nested_shape_lists() -> None:
     conversion = convert_v1_recipe(SHAPES["v1.4"])
     assert lines(conversion)["unsupported"] == [
-        "service.train_service.teacher: a second model (role teacher) beside the actor, as on-policy distillation uses; NexRL's self-hosted "
-        "and remote_api backends hold no teacher yet; instead: train the actor alone, or distil on backend inprocess with teacher.model (the "
-        "teacher's model directory) and algorithm.advantage.name on_policy_distillation",
+        "service.train_service.teacher: a second model (role teacher) beside the actor, as on-policy distillation uses, which the converter "
+        "does not carry yet; instead: train the actor alone, or distil with teacher.model and algorithm.advantage.name on_policy_distillation "
+        "on backend inprocess (the teacher's model directory) or remote_api with service_holder tinker (a model the service samples)",
         "rollout_worker.agent_cls = single_turn_math: v1's built-in agent single_turn_math; instead: write it as an agent function "
         "(examples/math/math_agent.py does single_turn_math's job: copy it beside the recipe) and pass --agent math_agent:solve (task.agent)",
     ]

@@ -175,8 +175,9 @@ def _shape(raw: dict[str, Any], recipe: Path) -> Shaped:
         Note(
             f"service.train_service.{name}",
             f"a second model (role {entry.get('role', '?') if isinstance(entry, dict) else '?'}) beside the actor, as on-policy "
-            "distillation uses; NexRL's self-hosted and remote_api backends hold no teacher yet; instead: train the actor alone, or "
-            "distil on backend inprocess with teacher.model (the teacher's model directory) and algorithm.advantage.name on_policy_distillation",
+            "distillation uses, which the converter does not carry yet; instead: train the actor alone, or distil with teacher.model "
+            "and algorithm.advantage.name on_policy_distillation on backend inprocess (the teacher's model directory) or remote_api "
+            "with service_holder tinker (a model the service samples)",
         )
         for name, entry in service.items()
         if name != actor

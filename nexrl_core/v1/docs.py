@@ -66,8 +66,8 @@ the one way they are brought to:
 - v1's: `service.train_service.*`, resources under `resource.*`;
 - v1.4's: `service.train_service.<name>.*` per model, with `role`, `backend`, `resource`
   and `actor` or `config`; the `role: actor` service is converted, any other (a
-  distillation teacher) is reported as not supported on the backends v1 ran on, naming
-  the inprocess backend's `teacher.model` and `on_policy_distillation` instead.
+  distillation teacher) is reported as not supported (the converter does not carry a
+  teacher yet), naming `teacher.model` and `on_policy_distillation` instead.
 
 A key ending in `.*` stands for every key under it.
 """

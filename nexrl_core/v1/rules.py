@@ -55,8 +55,9 @@ def backend(converter: Converter) -> None:
     elif str(v1_trainer).endswith("_opd"):
         converter.refuse(
             "trainer.type",
-            f"v1's {v1_trainer} trainer distils from a teacher, which NexRL holds on none of {profile.about}'s backends yet",
-            f"distil on backend inprocess: {trainer} with teacher.model and algorithm.advantage.name on_policy_distillation",
+            f"v1's {v1_trainer} trainer distils from a teacher, whose keys the converter does not carry yet",
+            f"distil with {trainer}, teacher.model and algorithm.advantage.name on_policy_distillation, on backend inprocess "
+            "or remote_api with service_holder tinker",
         )
     else:
         converter.refuse(
