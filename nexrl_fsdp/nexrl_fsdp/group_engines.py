@@ -4,8 +4,11 @@ trains each model on FSDP ranks without importing this package."""
 
 from __future__ import annotations
 
+import os
+
 from nexrl_core.specs import NoOptions
 from nexrl_core.worker_groups import GroupEngineSetup
+from nexrl_fsdp.worker.devices import ENV_WORKER_DEVICE
 from nexrl_fsdp.worker_groups import WorkerGroupEngine
 
 __all__ = ["FsdpGroupEngines"]
@@ -18,14 +21,13 @@ class FsdpGroupEngines:
         """:param options: none; the spec's factory is called with its config class."""
 
     def local_gpus(self) -> int:
-        """Every CUDA device torch sees when the ranks compute on GPUs, as each rank decides
-        (`nexrl_fsdp.worker.devices.ranks_use_cuda`: ``NEXRL_WORKER_DEVICE=cpu`` keeps them
-        on the CPU); else none."""
+        """Every CUDA device torch sees, unless the ranks are told to stay on the CPU
+        (``NEXRL_WORKER_DEVICE=cpu``, which `nexrl_fsdp.worker.devices` honours on each rank)."""
         import torch
 
-        from nexrl_fsdp.worker.devices import ranks_use_cuda
-
-        return torch.cuda.device_count() if ranks_use_cuda() and torch.cuda.is_available() else 0
+        if os.environ.get(ENV_WORKER_DEVICE, "").strip().lower() == "cpu" or not torch.cuda.is_available():
+            return 0
+        return torch.cuda.device_count()
 
     def start(self, setup: GroupEngineSetup) -> WorkerGroupEngine:
         return WorkerGroupEngine(

@@ -10,8 +10,6 @@ import sys
 import pytest
 import torch
 
-from nexrl_core.specs import NoOptions
-from nexrl_fsdp.group_engines import FsdpGroupEngines
 from nexrl_fsdp.worker.devices import ENV_WORKER_DEVICE, carried_device_types, process_group_backend, rank_device
 
 
@@ -32,18 +30,6 @@ def test_the_rank_device_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv(ENV_WORKER_DEVICE, "cuda")
         with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
             rank_device(0)
-
-
-def test_the_service_counts_the_gpus_its_ranks_would_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`FsdpGroupEngines.local_gpus` reads the ranks' setting as each rank does."""
-    engines = FsdpGroupEngines(NoOptions())
-    monkeypatch.setenv(ENV_WORKER_DEVICE, "cpu")
-    assert engines.local_gpus() == 0, "ranks kept on the CPU take no GPU, whatever the machine has"
-    monkeypatch.setenv(ENV_WORKER_DEVICE, "tpu")
-    with pytest.raises(ValueError, match="NEXRL_WORKER_DEVICE='tpu': use cpu or cuda"):
-        engines.local_gpus()
-    monkeypatch.delenv(ENV_WORKER_DEVICE)
-    assert engines.local_gpus() == torch.cuda.device_count()
 
 
 _CHECKED_RUN = """

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-__all__ = ["ENV_WORKER_DEVICE", "carried_device_types", "process_group_backend", "rank_device", "ranks_use_cuda", "wanted_device"]
+__all__ = ["ENV_WORKER_DEVICE", "carried_device_types", "process_group_backend", "rank_device"]
 
 ENV_WORKER_DEVICE = "NEXRL_WORKER_DEVICE"
 """``cpu`` or ``cuda``: the ranks' device; unset: CUDA where available."""
@@ -37,28 +37,13 @@ def carried_device_types(backend: str) -> frozenset[str]:
     return frozenset(pair.split(":", 1)[0].strip() for pair in backend.split(","))
 
 
-def wanted_device() -> str:
-    """``NEXRL_WORKER_DEVICE`` as the ranks read it: ``cpu``, ``cuda``, or ``""`` (unset:
-    CUDA where available).
-
-    :raises ValueError: for any other value, naming the variable.
-    """
-    wanted = os.environ.get(ENV_WORKER_DEVICE, "").strip().lower()
-    if wanted not in ("", "cpu", "cuda"):
-        raise ValueError(f"{ENV_WORKER_DEVICE}={wanted!r}: use cpu or cuda (or leave it unset for CUDA where available)")
-    return wanted
-
-
-def ranks_use_cuda() -> bool:
-    """Whether ranks started here with this environment compute on GPUs (`rank_device`)."""
-    wanted = wanted_device()
-    return wanted == "cuda" or (wanted == "" and torch.cuda.is_available())
-
-
 def rank_device(local_rank: int) -> torch.device:
     """This rank's device: GPU ``local_rank`` under CUDA (refused by name when the machine
     has fewer GPUs than local ranks), else the CPU."""
-    if not ranks_use_cuda():
+    wanted = os.environ.get(ENV_WORKER_DEVICE, "").strip().lower()
+    if wanted not in ("", "cpu", "cuda"):
+        raise ValueError(f"{ENV_WORKER_DEVICE}={wanted!r}: use cpu or cuda (or leave it unset for CUDA where available)")
+    if wanted == "cpu" or (wanted == "" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError(f"{ENV_WORKER_DEVICE}=cuda but torch sees no CUDA device on this machine (torch {torch.__version__})")
