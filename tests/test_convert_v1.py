@@ -241,7 +241,7 @@ def test_nested_shape_lists() -> None:
     assert lines(conversion)["unsupported"] == [
         "service.train_service.teacher: a second model (role teacher) beside the actor, as on-policy distillation uses, which the converter "
         "does not carry yet; instead: train the actor alone, or distil with teacher.model and algorithm.advantage.name on_policy_distillation "
-        "on backend inprocess (the teacher's model directory) or remote_api with service_holder tinker (a model the service samples)",
+        "on backend inprocess (the teacher's model directory) or remote_api (a model the service samples, with a holder that scores under it)",
         "rollout_worker.agent_cls = single_turn_math: v1's built-in agent single_turn_math; instead: write it as an agent function "
         "(examples/math/math_agent.py does single_turn_math's job: copy it beside the recipe) and pass --agent math_agent:solve (task.agent)",
     ]

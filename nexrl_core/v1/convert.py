@@ -177,7 +177,7 @@ def _shape(raw: dict[str, Any], recipe: Path) -> Shaped:
             f"a second model (role {entry.get('role', '?') if isinstance(entry, dict) else '?'}) beside the actor, as on-policy "
             "distillation uses, which the converter does not carry yet; instead: train the actor alone, or distil with teacher.model "
             "and algorithm.advantage.name on_policy_distillation on backend inprocess (the teacher's model directory) or remote_api "
-            "with service_holder tinker (a model the service samples)",
+            "(a model the service samples, with a holder that scores under it)",
         )
         for name, entry in service.items()
         if name != actor

@@ -57,7 +57,7 @@ def backend(converter: Converter) -> None:
             "trainer.type",
             f"v1's {v1_trainer} trainer distils from a teacher, whose keys the converter does not carry yet",
             f"distil with {trainer}, teacher.model and algorithm.advantage.name on_policy_distillation, on backend inprocess "
-            "or remote_api with service_holder tinker",
+            "or remote_api (with a holder that scores under a teacher)",
         )
     else:
         converter.refuse(
