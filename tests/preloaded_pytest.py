@@ -1,5 +1,5 @@
 """A pytest launcher that pays for the heavy imports once: it imports the third-party
-libraries NexRL's tests load (torch, transformers, the SDKs, pytest itself), then runs
+libraries NexRL's tests load (torch, the web and database stacks, the SDKs, pytest), then runs
 each pytest it is asked for in a forked child, so that child starts with them loaded.
 
 Why: the mutation list (`tests/test_mutations.py`) starts one pytest per named test, 170
@@ -26,22 +26,35 @@ import sys
 import time
 
 PRELOADED = (
-    "numpy", "torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "peft", "safetensors",
-    "tokenizers", "fastapi", "uvicorn", "starlette", "httpx", "requests", "sqlalchemy", "zmq", "yaml",
-    "attrs", "cattrs", "pydantic", "tinker", "openai", "pytest", "_pytest.python", "_pytest.capture",
+    "numpy", "torch", "safetensors", "tokenizers", "fastapi", "uvicorn", "starlette", "httpx", "requests",
+    "sqlalchemy", "zmq", "yaml", "attrs", "cattrs", "pydantic", "tinker", "openai", "pytest", "_pytest.python",
+    "_pytest.capture",
 )  # fmt: skip
 """Third-party modules only: what is already loaded in a child is never read from the
 copy under test, so nothing of NexRL's may be here."""
+READ_THE_ENVIRONMENT_WHEN_IMPORTED = ("huggingface_hub", "transformers", "peft")
+"""Modules that must stay out of the launcher: they read settings a test's conftest sets
+(``HF_HUB_OFFLINE``) once, when imported, so a child that found them loaded would run
+with the launcher's settings; under it, every Tinker test that loads a tokenizer waited
+out the Hub's retries."""
 TIMED_OUT = -1
 POLL_S = 0.05
 
 
 def preload() -> None:
+    """Import `PRELOADED`.
+
+    :raises SystemExit: when one of them brought in a module of
+        `READ_THE_ENVIRONMENT_WHEN_IMPORTED`.
+    """
     for name in PRELOADED:
         try:
             importlib.import_module(name)
         except ImportError:  # a distribution not installed here: its tests import it themselves
             pass
+    loaded = [name for name in READ_THE_ENVIRONMENT_WHEN_IMPORTED if name in sys.modules]
+    if loaded:
+        raise SystemExit(f"preloaded_pytest: preloading imported {', '.join(loaded)}, which read the environment when imported")
 
 
 def run_child(cwd: str, args: list[str]) -> None:

@@ -5,7 +5,7 @@ The copy holds the files git tracks (and untracked ones it does not ignore); its
 run with ``PYTHONPATH`` listing the copy's distribution folders, so they import the
 copy's code, not the installed one. Each named test runs on its own, from its own
 distribution's folder, as ``make test`` runs it (in a pytest forked from the copy's
-`tests/preloaded_pytest.py`, which imported torch and the other heavy third-party
+`tests/preloaded_pytest.py`, which imported torch and other heavy third-party
 libraries once for all of them): once on the unmutated copy (it must
 pass) and once per mutation that names it (it must fail). One copy per CPU, and one more, take
 these runs as they come, a mutation restored on its copy before that copy's next run; a
@@ -437,6 +437,36 @@ def test_a_named_test_that_passed_in_this_run_is_its_own_baseline() -> None:
     report = run_mutations([breaking], passed=lambda: {KL_TEST})
     assert report.baseline == {}
     assert [verdict.caught for verdict in report.verdicts] == [True]
+
+
+CONFTEST_SETTING = """
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+"""
+SEES_THE_SETTING = """
+def test_the_hub_is_offline():
+    from huggingface_hub import constants
+
+    assert constants.HF_HUB_OFFLINE
+"""
+
+
+def test_a_forked_pytest_takes_the_settings_its_conftest_makes(tmp_path: Path) -> None:
+    """A conftest that sets ``HF_HUB_OFFLINE`` before anything imports huggingface_hub
+    (nexrl_tinker's does) is obeyed in the launcher's child as in a plain pytest; with
+    the Hub's library preloaded, every tokenizer load waited out the Hub's retries."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "conftest.py").write_text(CONFTEST_SETTING)
+    (tmp_path / "test_setting.py").write_text(SEES_THE_SETTING)
+    environment = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    process = subprocess.Popen([sys.executable, str(LAUNCHER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert PreloadedPytest(process).run(tmp_path, ["-q", "-p", "no:cacheprovider", "test_setting.py"], 120) == 0
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=60)
 
 
 def test_a_mutation_that_does_not_apply_is_refused() -> None:
