@@ -83,17 +83,6 @@ def _recipe_error(error: ServiceStartError) -> ConfigError | None:
     return None if key is None else ConfigError([f"{key}: {error.reason}"])
 
 
-def _embedded_service(spec: Any, options: ServeOptions) -> Any:
-    """The embedded service ``spec`` builds from ``options`` (`_recipe_error` for a refusal)."""
-    try:
-        return spec.build(options)
-    except ServiceStartError as error:
-        refused = _recipe_error(error)
-        if refused is None:
-            raise
-        raise refused from None
-
-
 def _registered(kind: str, name: str | None, key: str) -> Any:
     from nexrl_core.registry import UnknownComponentError, find_spec, get_registry
 
@@ -190,25 +179,23 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
             # Null leaves the field out, so the service's own default (`ServeOptions`) applies.
             packing = {} if options.max_tokens_per_microbatch is None else {"max_tokens_per_microbatch": options.max_tokens_per_microbatch}
             teacher = setup.recipe.teacher.model
-            service = _embedded_service(
-                service_spec,
-                ServeOptions(
-                    port=0,
-                    model=setup.recipe.model.name,
-                    sampling_models=() if teacher is None else (teacher,),
-                    dtype=setup.recipe.model.dtype.value,
-                    data_dir=str(data_dir),
-                    api_key=api_key,
-                    workers=options.workers,
-                    placement=options.placement,
-                    placement_options=dict(options.placement_options),
-                    device=options.device,
-                    separate_process=True,
-                    **packing,
-                ),
+            served = ServeOptions(
+                port=0,
+                model=setup.recipe.model.name,
+                sampling_models=() if teacher is None else (teacher,),
+                dtype=setup.recipe.model.dtype.value,
+                data_dir=str(data_dir),
+                api_key=api_key,
+                workers=options.workers,
+                placement=options.placement,
+                placement_options=dict(options.placement_options),
+                device=options.device,
+                separate_process=True,
+                **packing,
             )
             logger.info("starting the embedded service on %s (data in %s)", options.device, data_dir)
-            try:
+            try:  # a refusal of what the recipe set, when the service is built or when it starts, names the recipe's key
+                service = service_spec.build(served)
                 base_url = service.start()
             except ServiceStartError as error:
                 refused = _recipe_error(error)
