@@ -25,7 +25,15 @@ EXACT = ("reward/", "advantages/", "rollout/runs", "rollout/trajectories", "datu
 """Metrics that must match exactly: what was sampled and how it was scored."""
 
 
-ADAPTIVE_KL = ("algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.0001", "algorithm.kl.horizon=50")
+SMALL = ("rollout.prompts_per_step=4", "rollout.group_size=4")
+"""Sixteen runs a step instead of the quickstart's 128, for the tests whose kill comes at a
+checkpoint or after a step, not at a moment inside one: what they compare (every step's
+numbers after a resume or a stop) does not depend on the size of a step, and each run
+takes about half the time (the self-hosted healing run keeps its size: its kills are
+timed within steps, against a heartbeat deadline of seconds)."""
+
+
+ADAPTIVE_KL = ("algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.0001", "algorithm.kl.horizon=50", *SMALL)
 """A trainer state that moves every step (the coefficient grows towards a far target),
 so a resume that does not restore it starts the coefficient over and shows."""
 
@@ -96,7 +104,7 @@ VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("backend", "extra"), [("remote_api", ()), ("inprocess", ()), ("self-hosted", (VALIDATE,))], ids=["remote_api", "inprocess", "self-hosted"]
+    ("backend", "extra"), [("remote_api", SMALL), ("inprocess", SMALL), ("self-hosted", (VALIDATE,))], ids=["remote_api", "inprocess", "self-hosted"]
 )
 def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(
     tmp_path: Path, backend: str, extra: tuple[str, ...], straight_run: StraightRun
@@ -292,7 +300,7 @@ def test_any_killed_process_of_the_run_is_restarted_and_the_run_matches_an_unint
 def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> None:
     """remote_api cannot restart the service it embeds (its models' state is the
     service's); it names the dead service and the --resume command, without a traceback."""
-    done, marker = run_and_kill(tmp_path / "run", "remote_api", [(embedded_service, after_step(CHECKPOINT + 1))], "backend.options.holder.max_retries=1")
+    done, marker = run_and_kill(tmp_path / "run", "remote_api", [(embedded_service, after_step(CHECKPOINT + 1))], "backend.options.holder.max_retries=1", *SMALL)
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
@@ -303,7 +311,7 @@ def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line(tmp_path: Path) -> None:
-    done, marker = run_and_kill(tmp_path / "run", "self-hosted", [(last_rank, after_step(CHECKPOINT + 1))], *HEALING, "backend.options.max_restarts=0")
+    done, marker = run_and_kill(tmp_path / "run", "self-hosted", [(last_rank, after_step(CHECKPOINT + 1))], *HEALING, "backend.options.max_restarts=0", *SMALL)
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
