@@ -302,6 +302,38 @@ def test_each_distribution_imports_only_what_the_table_allows(name: str) -> None
     assert stray == {}, f"{name} imports distributions the table in tests/test_distribution_imports.py does not allow: {stray}"
 
 
+SERVICE_RUNTIME = "nexrl-service"
+SERVICE_FACE = "nexrl_service.runtime"
+"""The one module of the service runtime a protocol package may import."""
+SERVICE_TEST_KIT = "nexrl_service.testing"
+"""What a protocol package's own test kit (its ``testing`` module) may import besides."""
+PROTOCOL_PACKAGES = sorted(name for name, row in ALLOWED.items() if SERVICE_RUNTIME in row.may_import)
+
+
+def beside_the_service_face(name: str) -> list[str]:
+    """The places ``name``'s packages import the service runtime other than through its face."""
+    return [
+        place
+        for place in foreign_imports(name).get(SERVICE_RUNTIME, [])
+        if (module := place.split()[-1]) != SERVICE_FACE
+        and not (module == SERVICE_TEST_KIT and place.split(":")[0].endswith("/testing.py"))
+    ]
+
+
+@pytest.mark.parametrize("name", PROTOCOL_PACKAGES)
+def test_a_protocol_package_uses_the_service_runtime_only_through_its_face(name: str) -> None:
+    assert beside_the_service_face(name) == [], (
+        f"{name} must import the service runtime from {SERVICE_FACE} only (add what it needs there)"
+    )
+
+
+def test_the_face_holds_the_protocol_packages_and_nothing_else_of_ours_uses_it() -> None:
+    assert PROTOCOL_PACKAGES == ["nexrl-tinker", "nexrl-weaver"]
+    users = {name for name in DISTRIBUTIONS if name != SERVICE_RUNTIME and any(
+        place.split()[-1] == SERVICE_FACE for place in foreign_imports(name).get(SERVICE_RUNTIME, []))}
+    assert users == set(PROTOCOL_PACKAGES)
+
+
 @pytest.mark.parametrize("name", sorted(ALLOWED))
 def test_what_the_table_allows_is_installed_with_the_distribution(name: str) -> None:
     missing = set(ALLOWED[name].may_import) - reachable(name)

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import pyrage
 
-from nexrl_service.errors import BadRequest
+from nexrl_service.runtime import BadRequest
 
 __all__ = ["AGE_SUFFIX", "MAX_RECIPIENTS", "AgeRecipients"]
 

@@ -23,12 +23,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_core.openapi import json_body
-from nexrl_service.auth import Authenticator
-from nexrl_service.downloads import add_download_route
-from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound, TooManyRequests
-from nexrl_service.hub import add_hub_routes
-from nexrl_service.paging import Page
-from nexrl_service.state import ServiceState
+from nexrl_service.runtime import (
+    ApiError,
+    Authenticator,
+    BadRequest,
+    Forbidden,
+    NotFound,
+    Page,
+    ServiceState,
+    TooManyRequests,
+    add_download_route,
+    add_hub_routes,
+)
 from nexrl_tinker.server.codec import (
     FORWARD_BACKWARD_JSON,
     FwdBwdRequest,

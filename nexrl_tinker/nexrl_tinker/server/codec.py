@@ -27,8 +27,7 @@ import attrs
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from nexrl_service.bounds import SQL_INT_MAX
-from nexrl_service.errors import BadRequest
+from nexrl_service.runtime import SQL_INT_MAX, BadRequest
 
 __all__ = [
     "FORWARD_BACKWARD_JSON",

@@ -14,10 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nexrl_service.errors import BadRequest
-from nexrl_service.sessions import Sessions
-from nexrl_service.state import ServiceState
-from nexrl_service.store import COPY_STATUS, CheckpointRow, ModelRow, SessionRow
+from nexrl_service.runtime import COPY_STATUS, BadRequest, CheckpointRow, ModelRow, ServiceState, SessionRow, Sessions
 from nexrl_tinker.server.ids import checkpoint_path, model_id_for, new_session_id, parse_tinker_path
 from nexrl_tinker.server.runs import check_ttl
 from nexrl_tinker.server.schemas import CopyWeightsBody

@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 import uuid
 
-from nexrl_service.checkpoint_paths import CheckpointPathFormat
+from nexrl_service.runtime import CheckpointPathFormat
 
 __all__ = [
     "PATHS",

@@ -17,10 +17,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from nexrl_service.errors import BadRequest, NotFound
-from nexrl_service.paging import Page
-from nexrl_service.state import ServiceState
-from nexrl_service.store import CheckpointRow, ModelRow
+from nexrl_service.runtime import BadRequest, CheckpointRow, ModelRow, NotFound, Page, ServiceState
 from nexrl_tinker.server.ids import parse_tinker_path
 from nexrl_tinker.server.sessions import str_dict
 

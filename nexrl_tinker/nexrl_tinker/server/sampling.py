@@ -18,11 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_service.errors import BadRequest
-from nexrl_service.futures import Outcome, new_request_id
-from nexrl_service.sampling import MAX_LOGPROB_CELLS, SampleTask, SamplingOps
-from nexrl_service.state import ServiceState
-from nexrl_service.training import TrainingOps
+from nexrl_service.runtime import MAX_LOGPROB_CELLS, BadRequest, Outcome, SampleTask, SamplingOps, ServiceState, TrainingOps, new_request_id
 from nexrl_tinker.server.codec import (
     PROTO_CONTENT_TYPE,
     TargetPromptIds,

@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_service.bounds import SeqId, StoredInt
+from nexrl_service.runtime import SeqId, StoredInt
 
 __all__ = [
     "AdamParamsBody",

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_service.errors import BadRequest
-from nexrl_service.paging import Page
-from nexrl_service.sessions import Sessions
-from nexrl_service.state import ServiceState
+from nexrl_service.runtime import BadRequest, Page, ServiceState, Sessions
 from nexrl_tinker.server.ids import new_session_id
 from nexrl_tinker.server.schemas import CreateSessionBody, FinishSessionBody
 

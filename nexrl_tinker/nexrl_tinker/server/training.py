@@ -18,12 +18,7 @@ import numpy as np
 
 from nexrl_core.config.lora import LoraSettings
 from nexrl_engine.config import TrainingSpec
-from nexrl_service.checkpoint_paths import check_checkpoint_name
-from nexrl_service.errors import BadRequest
-from nexrl_service.futures import Outcome
-from nexrl_service.state import ServiceState
-from nexrl_service.store import ModelRow
-from nexrl_service.training import NewModel, Prepare, TrainingOps
+from nexrl_service.runtime import BadRequest, ModelRow, NewModel, Outcome, Prepare, ServiceState, TrainingOps, check_checkpoint_name
 from nexrl_tinker.server.age import AgeRecipients
 from nexrl_tinker.server.codec import (
     PROTO_CONTENT_TYPE,

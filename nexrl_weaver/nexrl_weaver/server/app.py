@@ -29,11 +29,7 @@ from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.openapi import OBJECT
 from nexrl_core.openapi import json_body as described_body
-from nexrl_service.auth import Authenticator
-from nexrl_service.bounds import SQL_INT_MAX
-from nexrl_service.downloads import add_download_route
-from nexrl_service.errors import ApiError, BadRequest, Forbidden, NotFound
-from nexrl_service.state import ServiceState
+from nexrl_service.runtime import SQL_INT_MAX, ApiError, Authenticator, BadRequest, Forbidden, NotFound, ServiceState, add_download_route
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.artifacts import CHECKPOINT_EXPORT_REFUSAL, WeaverArtifacts
 from nexrl_weaver.server.sampling import WeaverSampling

@@ -31,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nexrl_core.model_export import ADAPTER_DIR
-from nexrl_service.errors import BadRequest, NotFound
-from nexrl_service.futures import Outcome
-from nexrl_service.state import ServiceState
-from nexrl_service.store import CheckpointRow
+from nexrl_service.runtime import BadRequest, CheckpointRow, NotFound, Outcome, ServiceState
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.bodies import flag, optional_int, optional_str
 from nexrl_weaver.server.ids import checkpoint_id, checkpoint_path

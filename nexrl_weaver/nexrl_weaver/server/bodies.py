@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nexrl_service.bounds import SQL_INT_MAX
-from nexrl_service.errors import BadRequest
+from nexrl_service.runtime import SQL_INT_MAX, BadRequest
 
 __all__ = ["flag", "number", "obj", "optional_int", "optional_str", "required_int", "required_str"]
 

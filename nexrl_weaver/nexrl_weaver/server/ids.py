@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from nexrl_service.checkpoint_paths import CheckpointPathFormat
+from nexrl_service.runtime import CheckpointPathFormat
 
 __all__ = ["PATHS", "checkpoint_id", "checkpoint_path", "new_id", "parse_weaver_path"]
 

@@ -17,7 +17,7 @@ import json
 import struct
 from typing import Any
 
-from nexrl_service.futures import JSON_CONTENT_TYPE, Outcome
+from nexrl_service.runtime import JSON_CONTENT_TYPE, Outcome
 
 __all__ = ["PACKED_CONTENT_TYPE", "done", "envelope", "packed", "split_result"]
 

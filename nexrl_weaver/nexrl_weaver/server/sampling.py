@@ -13,13 +13,17 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from nexrl_service.engines import WeightsRef
-from nexrl_service.errors import BadRequest
-from nexrl_service.futures import Outcome, new_request_id
-from nexrl_service.sampling import SampleTask, SamplingOps
-from nexrl_service.state import ServiceState
-from nexrl_service.store import SamplerRow
-from nexrl_service.training import TrainingOps
+from nexrl_service.runtime import (
+    BadRequest,
+    Outcome,
+    SamplerRow,
+    SampleTask,
+    SamplingOps,
+    ServiceState,
+    TrainingOps,
+    WeightsRef,
+    new_request_id,
+)
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.bodies import flag, number, obj, optional_int, optional_str
 from nexrl_weaver.server.ids import new_id, parse_weaver_path

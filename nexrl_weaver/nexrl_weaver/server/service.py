@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_service.server import LocalService
+from nexrl_service.runtime import LocalService
 
 __all__ = ["WeaverService"]
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexrl_service.errors import BadRequest
-from nexrl_service.sessions import Sessions
-from nexrl_service.state import ServiceState
-from nexrl_service.store import SessionRow
+from nexrl_service.runtime import BadRequest, ServiceState, SessionRow, Sessions
 from nexrl_weaver.server.bodies import obj, optional_str
 from nexrl_weaver.server.ids import new_id
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from nexrl_service.errors import BadRequest
+from nexrl_service.runtime import BadRequest
 
 __all__ = ["ResultPack", "TensorPack", "parse_multipart", "to_array"]
 

@@ -31,12 +31,18 @@ import numpy as np
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_engine.config import TrainingSpec
-from nexrl_service.checkpoint_paths import check_checkpoint_name
-from nexrl_service.errors import BadRequest, Gone
-from nexrl_service.futures import Outcome
-from nexrl_service.state import ServiceState
-from nexrl_service.store import CheckpointRow, ModelRow
-from nexrl_service.training import NewModel, Prepare, TrainingOps
+from nexrl_service.runtime import (
+    BadRequest,
+    CheckpointRow,
+    Gone,
+    ModelRow,
+    NewModel,
+    Outcome,
+    Prepare,
+    ServiceState,
+    TrainingOps,
+    check_checkpoint_name,
+)
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.bodies import flag, obj, optional_int, optional_str, required_str
 from nexrl_weaver.server.ids import checkpoint_id, checkpoint_path, new_id, parse_weaver_path

@@ -26,10 +26,12 @@ its wire: routes, codec and id formats. Everything else is here, one job per mod
   operations on the state and the engines, protocol-neutral (records in, records out).
 * `server`: `LocalService`, the core's `Service` over uvicorn: a thread, a child
   process or the foreground, port 0, clean stop.
+* `runtime`: the public face, every name of the above a protocol package may use; a
+  protocol package imports from it alone (its test kit also from `testing`).
 
 Building a service on it::
 
-    from nexrl_service.server import LocalService
+    from nexrl_service.runtime import LocalService
 
     class MyService(LocalService):
         name = "myproto"          # ~/.nexrl/myproto/myproto.db by default
