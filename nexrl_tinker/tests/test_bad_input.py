@@ -80,7 +80,7 @@ def test_a_seq_id_past_what_sql_holds_is_refused_by_name(client: httpx.Client, m
 
 def test_unknown_ids(client: httpx.Client) -> None:
     assert "unknown model" in detail(client.post("/api/v1/get_info", json={"model_id": "nope:train:0"}), 404)
-    assert "unknown request_id" in detail(
+    assert "unknown request 'req-nope'" in detail(
         client.post("/api/v1/retrieve_future", json={"request_id": "req-nope", "allow_metadata_only": False}), 404
     )
     assert "unknown sampling session" in detail(client.get("/api/v1/samplers/nope_0_deadbeef"), 404)

@@ -10,12 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from nexrl_service.runtime import LocalService
+from nexrl_tinker.server.routes.client import TELEMETRY_ANSWER, TELEMETRY_PATH
 
-__all__ = ["TELEMETRY_ANSWER", "TELEMETRY_PATH", "TinkerService"]
-
-TELEMETRY_PATH = "/api/v1/telemetry"
-"""Where the tinker SDK posts its telemetry in the background."""
-TELEMETRY_ANSWER = {"status": "accepted"}
+__all__ = ["TinkerService"]
 
 
 class TinkerService(LocalService):
@@ -27,6 +24,7 @@ class TinkerService(LocalService):
     serves_sampling_models = True
 
     def create_app(self, state: Any) -> Any:
+        # Imported where the app is built (the serving process), not by a parent that only starts it.
         from nexrl_tinker.server.app import create_app
 
         return create_app(state)

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+from fastapi.concurrency import run_in_threadpool
 
+from nexrl_service.errors import Forbidden, NotFound
 from nexrl_service.store import FutureRow, Store
 
 __all__ = ["JSON_CONTENT_TYPE", "RESTART_MESSAGE", "FutureBook", "Outcome", "new_request_id"]
@@ -104,6 +106,19 @@ class FutureBook:
             return owner
         row = self.store.get_future(request_id)
         return row.owner if row is not None else None
+
+    async def check_owner(self, request_id: str, who: str, noun: str) -> None:
+        """Refuse a poll of a future ``who`` did not submit: `NotFound` for an id never
+        seen (or expired), `Forbidden` for another key's. ``noun`` is what the protocol
+        calls a future ("request", "operation"). Awaited by the long-poll routes: the
+        in-memory answer needs no SQL, and the table is read off the event loop."""
+        submitter = self.owner_in_memory(request_id)
+        if submitter is None:
+            submitter = await run_in_threadpool(self.owner_of, request_id)
+        if submitter is None:
+            raise NotFound(f"unknown {noun} {request_id!r} (never submitted, or its result expired)")
+        if submitter != who:
+            raise Forbidden(f"{noun} {request_id!r} belongs to another API key")
 
     def recover(self) -> int:
         """Fail the futures that an earlier process left pending; returns how many."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nexrl_service.errors import Forbidden, NotFound
 from nexrl_service.futures import RESTART_MESSAGE, FutureBook, Outcome
 from nexrl_service.store import Store
 
@@ -52,6 +53,20 @@ def test_a_resubmission_gets_the_same_future_and_nothing_new(book: FutureBook) -
     assert book.known("lane", 5).request_id == first.request_id
     assert book.in_flight == 1
     assert book.owner_of(first.request_id) == "owner" and book.owner_of("req-unknown") is None
+
+
+def test_a_poll_is_answered_only_to_the_key_that_submitted_in_this_process_or_a_later_one(book: FutureBook) -> None:
+    row, _ = book.create("alice", "lane", 1, "Test")
+    asyncio.run(book.check_owner(row.request_id, "alice", "operation"))
+    with pytest.raises(Forbidden, match=f"operation '{row.request_id}' belongs to another API key"):
+        asyncio.run(book.check_owner(row.request_id, "bob", "operation"))
+    with pytest.raises(NotFound, match="unknown request 'req-never' \\(never submitted"):
+        asyncio.run(book.check_owner("req-never", "alice", "request"))
+    later = FutureBook(book.store)  # a restarted process knows the owner only from the table
+    assert later.owner_in_memory(row.request_id) is None
+    asyncio.run(later.check_owner(row.request_id, "alice", "operation"))
+    with pytest.raises(Forbidden):
+        asyncio.run(later.check_owner(row.request_id, "bob", "operation"))
 
 
 def test_a_later_process_fails_what_an_earlier_one_left_pending(book: FutureBook) -> None:
