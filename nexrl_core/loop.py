@@ -495,6 +495,129 @@ def _close_quietly(what: str, close: Any) -> None:
         logger.exception("error while closing the %s", what)
 
 
+@attrs.define
+class _OpenParts:
+    """What a run has opened so far; `close` closes each, whatever ended the run, in the
+    order that lets each finish its work (saves, then rollouts, then logs, then sinks,
+    then the backend the others use)."""
+
+    backend: Backend | None = None
+    runner: RolloutSource | None = None
+    sinks: RunSinks | None = None
+    metrics: MetricsLog | None = None
+    display: ProgressDisplay | None = None
+    loop: TrainingLoop | None = None
+
+    def discard_unstarted(self, out_dir: Path) -> None:
+        """A fresh run that never started: close what opened and leave nothing that
+        blocks running the fixed command again."""
+        if self.backend is not None:
+            _close_quietly("backend", self.backend.close)
+            self.backend = None
+        if self.sinks is not None:
+            sinks = self.sinks
+            _close_quietly("metrics sinks", lambda: sinks.close(RunOutcome.FAILED))
+            self.sinks = None
+        _remove_run_files(out_dir)
+        if not any(out_dir.iterdir()):
+            out_dir.rmdir()
+
+    def close(self, outcome: RunOutcome, out_dir: Path) -> None:
+        if self.loop is not None:
+            _close_quietly("checkpoints", self.loop.saving.settle)
+        if self.runner is not None:
+            _close_quietly("rollout source", self.runner.close)
+        if self.display is not None:
+            _close_quietly("progress display", self.display.close)
+        if self.metrics is not None:
+            metrics = self.metrics
+            _close_quietly("metrics log", metrics.close)
+            _close_quietly("reward curve", lambda: plot_reward_curve(metrics.rows, out_dir / REWARD_CURVE_FILE))
+        if self.sinks is not None:
+            sinks = self.sinks
+            _close_quietly("metrics sinks", lambda: sinks.close(outcome))
+        if self.backend is not None:
+            _close_quietly("backend", self.backend.close)
+
+
+def _open_parts(
+    parts: _OpenParts,
+    config: TrainConfig,
+    options: Mapping[str, Any],
+    chosen_sinks: Any,
+    task: TaskData,
+    out_dir: Path,
+    state: RunState | None,
+) -> None:
+    """Open the run's sinks, backend (at the checkpoint resumed from) and rollout source
+    into ``parts``; a fresh run the recipe's components refuse leaves nothing behind.
+
+    :raises ConfigError, ServiceStartError: what refused the recipe.
+    """
+    try:
+        parts.sinks = open_sinks(config, chosen_sinks, out_dir, resumed_from=state.step if state else None)
+        parts.backend = open_backend(config, options["backend"], out_dir)
+        check_context(config, parts.backend)
+        if state is not None:
+            logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
+            parts.backend.load_checkpoint(state.checkpoint_path)
+        parts.runner = open_rollout_source(config, options["rollout.source"], parts.backend, task, out_dir)
+    except (ConfigError, ServiceStartError):
+        if state is None:
+            parts.discard_unstarted(out_dir)
+        raise
+
+
+def _train(
+    config: TrainConfig, parts: _OpenParts, loader: DataLoader, out_dir: Path, state: RunState | None, progress_bar: bool | None
+) -> None:
+    """The steps from ``state`` on; a lost backend restarts from the last complete
+    checkpoint (`_restart`) and the steps go on from there."""
+    assert parts.backend is not None and parts.runner is not None and parts.sinks is not None
+    restarts = 0
+    while True:
+        parts.metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
+        parts.display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
+        parts.loop = TrainingLoop(
+            config,
+            backend=parts.backend,
+            loader=loader,
+            runner=parts.runner,
+            metrics=parts.metrics,
+            sinks=parts.sinks,
+            display=parts.display,
+            out_dir=out_dir,
+            state=state,
+            restarts=restarts,
+        )
+        try:
+            parts.loop.run()
+            return
+        except Exception as error:
+            lost = _as_lost(parts.backend, error)
+            if lost is None:
+                raise
+            restarts += 1
+            state = _restart(parts.backend, parts.loop, out_dir, lost, restarts)
+            _close_quietly("progress display", parts.display.close)
+            _close_quietly("metrics log", parts.metrics.close)
+
+
+def _completed_summary(out_dir: Path, state: RunState) -> RunSummary:
+    """A resumed run whose steps were all done already: what it left."""
+    logger.info("the run in %s already completed %d steps; nothing to do", out_dir, state.step)
+    curve = plot_reward_curve(state.metrics, out_dir / REWARD_CURVE_FILE)
+    return RunSummary(
+        output_dir=out_dir,
+        metrics_path=out_dir / METRICS_FILE,
+        reward_curve=curve,
+        steps=state.step,
+        last_row=state.metrics[-1] if state.metrics else None,
+        checkpoint_step=state.step,
+        final_model=out_dir / FINAL_MODEL_DIR if (out_dir / FINAL_MODEL_DIR).is_dir() else None,
+    )
+
+
 def run_training(
     config: TrainConfig,
     *,
@@ -531,113 +654,42 @@ def run_training(
     if recipe_dir is not None:
         write_atomic(out_dir / RECIPE_DIR_FILE, f"{recipe_dir.resolve()}\n")
     if state is not None and state.step >= config.schedule.steps:
-        logger.info("the run in %s already completed %d steps; nothing to do", out_dir, state.step)
-        curve = plot_reward_curve(state.metrics, out_dir / REWARD_CURVE_FILE)
-        return RunSummary(
-            output_dir=out_dir,
-            metrics_path=out_dir / METRICS_FILE,
-            reward_curve=curve,
-            steps=state.step,
-            last_row=state.metrics[-1] if state.metrics else None,
-            checkpoint_step=state.step,
-            final_model=out_dir / FINAL_MODEL_DIR if (out_dir / FINAL_MODEL_DIR).is_dir() else None,
-        )
+        return _completed_summary(out_dir, state)
 
-    backend: Backend | None = None
-    runner: RolloutSource | None = None
-    sinks: RunSinks | None = None
+    parts = _OpenParts()
     outcome = RunOutcome.FAILED
-    metrics: MetricsLog | None = None
-    display: ProgressDisplay | None = None
-    loop: TrainingLoop | None = None
     final_model: Path | None = None
     final_model_error: str | None = None
     try:
-        try:
-            sinks = open_sinks(config, chosen_sinks, out_dir, resumed_from=state.step if state else None)
-            backend = open_backend(config, options["backend"], out_dir)
-            check_context(config, backend)
-            if state is not None:
-                logger.info("resuming from step %d (%s)", state.step, state.checkpoint_path)
-                backend.load_checkpoint(state.checkpoint_path)
-            runner = open_rollout_source(config, options["rollout.source"], backend, task, out_dir)
-        except (ConfigError, ServiceStartError):
-            if state is None:  # a fresh run that never started: leave nothing that blocks the fixed command
-                if backend is not None:
-                    _close_quietly("backend", backend.close)
-                    backend = None
-                if sinks is not None:
-                    _close_quietly("metrics sinks", lambda: sinks.close(RunOutcome.FAILED))  # type: ignore[union-attr]
-                    sinks = None
-                _remove_run_files(out_dir)
-                if not any(out_dir.iterdir()):
-                    out_dir.rmdir()
-            raise
-        restarts = 0
-        while True:
-            metrics = MetricsLog(out_dir, rows=state.metrics if state else ())
-            display = ProgressDisplay(config.schedule.steps, state.step if state else 0, bar=progress_bar)
-            loop = TrainingLoop(
-                config,
-                backend=backend,
-                loader=loader,
-                runner=runner,
-                metrics=metrics,
-                sinks=sinks,
-                display=display,
-                out_dir=out_dir,
-                state=state,
-                restarts=restarts,
-            )
-            try:
-                loop.run()
-                break
-            except Exception as error:
-                lost = _as_lost(backend, error)
-                if lost is None:
-                    raise
-                restarts += 1
-                state = _restart(backend, loop, out_dir, lost, restarts)
-                _close_quietly("progress display", display.close)
-                _close_quietly("metrics log", metrics.close)
-        final_model, final_model_error = write_final_model(backend, out_dir)
+        _open_parts(parts, config, options, chosen_sinks, task, out_dir, state)
+        _train(config, parts, loader, out_dir, state, progress_bar)
+        final_model, final_model_error = write_final_model(parts.backend, out_dir)
         if final_model is not None:
-            sinks.log_final_model(final_model)
+            parts.sinks.log_final_model(final_model)
         outcome = RunOutcome.FINISHED
     except KeyboardInterrupt:
         outcome = RunOutcome.INTERRUPTED
+        loop = parts.loop
         if loop is not None:
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C stops waiting for saves
                 loop.saving.settle()
         checkpoint_step = loop.checkpoint_step if loop else (state.step if state else None)
         raise TrainingInterrupted(out_dir, checkpoint_step) from None
     finally:
-        if loop is not None:
-            _close_quietly("checkpoints", loop.saving.settle)
-        if runner is not None:
-            _close_quietly("rollout source", runner.close)
-        if display is not None:
-            _close_quietly("progress display", display.close)
-        if metrics is not None:
-            _close_quietly("metrics log", metrics.close)
-            _close_quietly("reward curve", lambda: plot_reward_curve(metrics.rows, out_dir / REWARD_CURVE_FILE))
-        if sinks is not None:
-            _close_quietly("metrics sinks", lambda: sinks.close(outcome))  # type: ignore[union-attr]
-        if backend is not None:
-            _close_quietly("backend", backend.close)
+        parts.close(outcome, out_dir)
 
-    rows = metrics.rows if metrics else []
+    rows = parts.metrics.rows if parts.metrics else []
     curve = out_dir / REWARD_CURVE_FILE
     return RunSummary(
         output_dir=out_dir,
         metrics_path=out_dir / METRICS_FILE,
         reward_curve=curve if curve.exists() else None,
-        steps=loop.step if loop else 0,
+        steps=parts.loop.step if parts.loop else 0,
         last_row=rows[-1] if rows else None,
-        checkpoint_step=loop.checkpoint_step if loop else None,
+        checkpoint_step=parts.loop.checkpoint_step if parts.loop else None,
         final_model=final_model,
         final_model_error=final_model_error,
-        sinks=sinks.locations() if sinks else {},
+        sinks=parts.sinks.locations() if parts.sinks else {},
     )
 
 

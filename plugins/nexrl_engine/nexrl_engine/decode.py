@@ -384,20 +384,11 @@ class _Decoder:
             self.state += ["topk_ids", "topk_logprobs"]
         self.math: Callable[[], Any] | None = None
         """Makes the context the model runs in (sdpa's math backend), if any."""
+        self.mask = mask
+        self.mask_on: bool | float = True
+        """What a static mask holds where a row may attend (sdpa's True, or an additive 0.0)."""
         if static:
-            # [B, 1, 1, L]: what the attention sees, built here so that the model never
-            # builds a mask (no host logic inside a captured step).
-            allowed = mask.bool()[:, None, None, :]
-            if model.config._attn_implementation == "sdpa":
-                self.math = _math_backend() if policy.math_attention else None
-                self.mask = allowed.contiguous()
-                self.mask_on: bool | float = True
-            else:
-                dtype = next(model.parameters()).dtype
-                self.mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-                self.mask_on = 0.0
-        else:
-            self.mask = mask
+            self._static_mask(mask)
         self.graph: Any = None
         self.graphs_ok = policy.cuda_graphs and static and device.type == "cuda"
         self.eager_units = 0
@@ -410,6 +401,18 @@ class _Decoder:
         self.string_end: dict[int, int] = {}
         """Slot -> length, for rows a stop string ended (not yet flushed)."""
         self.results: dict[int, RowResult] = {}
+
+    def _static_mask(self, mask: torch.Tensor) -> None:
+        """[B, 1, 1, L]: what the attention sees, built here so that the model never
+        builds a mask (no host logic inside a captured step)."""
+        allowed = mask.bool()[:, None, None, :]
+        if self.model.config._attn_implementation == "sdpa":
+            self.math = _math_backend() if self.policy.math_attention else None
+            self.mask = allowed.contiguous()
+        else:
+            dtype = next(self.model.parameters()).dtype
+            self.mask = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+            self.mask_on = 0.0
 
     # -- device work --
 

@@ -232,13 +232,7 @@ def _sample_batch(
     # Row r samples prompt_of_row[r] for the (sample_of_row[r])-th time; rows of a prompt are adjacent.
     prompt_of_row = [prompt for prompt, count in enumerate(counts) for _ in range(count)]
     sample_of_row = [sample for count in counts for sample in range(count)]
-    seeds = []
-    for prompt_index, sample_index in zip(prompt_of_row, sample_of_row):
-        own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
-        if own is None:
-            seeds.append(derive_seed(base_seed + sample_index, prompt_index))
-        else:
-            seeds.append(derive_seed(own + sample_index, 0))
+    seeds = _row_seeds(prompt_of_row, sample_of_row, base_seed, prompt_seeds)
     row_params = [prompt_params[prompt_index] for prompt_index in prompt_of_row]
     # Greedy decoding draws nothing; otherwise every row's numbers for every step, once.
     all_greedy = all(own.temperature == 0 for own in row_params)
@@ -287,6 +281,26 @@ def _sample_batch(
         topk=[requests[prompt_index].topk_sample_logprobs for prompt_index in prompt_of_row],
     )
 
+    return _by_prompt(rows, counts, scores)
+
+
+def _row_seeds(
+    prompt_of_row: Sequence[int], sample_of_row: Sequence[int], base_seed: int, prompt_seeds: Sequence[int | None] | None
+) -> list[int]:
+    """Each row's seed: from the request's seed and the row's place (prompt, sample), or
+    from the prompt's own seed and the sample's index, whatever else is in the batch."""
+    seeds = []
+    for prompt_index, sample_index in zip(prompt_of_row, sample_of_row):
+        own = prompt_seeds[prompt_index] if prompt_seeds is not None else None
+        if own is None:
+            seeds.append(derive_seed(base_seed + sample_index, prompt_index))
+        else:
+            seeds.append(derive_seed(own + sample_index, 0))
+    return seeds
+
+
+def _by_prompt(rows: Sequence[Any], counts: Sequence[int], scores: Sequence[_PromptScores]) -> list[PromptSamples]:
+    """The decoded rows (a prompt's samples adjacent) as each prompt's samples and scores."""
     results = []
     first_row = 0
     for prompt_index, count in enumerate(counts):

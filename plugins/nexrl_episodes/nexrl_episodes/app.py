@@ -67,6 +67,60 @@ def optional_string(body: dict[str, Any], name: str) -> str | None:
     return value
 
 
+def worker_key_check(api_key: str | None) -> Callable[[Request], None]:
+    """What refuses a claim or a config read without the server's key (none set: all pass)."""
+    expected = api_key.encode("utf-8") if api_key else None
+
+    def check(request: Request) -> None:
+        if expected is None:
+            return
+        key = bearer(request)
+        if not key:
+            raise EpisodeError(401, "this episode server needs its API key: send 'Authorization: Bearer <api_key>'")
+        if not hmac.compare_digest(key.encode("utf-8"), expected):
+            raise EpisodeError(401, "wrong API key for this episode server")
+
+    return check
+
+
+async def claim(book: EpisodeBook, waiting: _QueueSignal, request: Request, base_url: str) -> dict[str, Any]:
+    """``/claim_episode``: the next queued episode for the body's ``client_id``, waiting up
+    to ``wait_s`` for one; an episode claimed for a client that hung up meanwhile goes
+    back to the queue."""
+    body = await json_object(request)
+    client_id = optional_string(body, "client_id")
+    wait_s = body.get("wait_s", 0)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_CLAIM_WAIT_S:
+        raise EpisodeError(400, f"wait_s must be a number of seconds between 0 and {MAX_CLAIM_WAIT_S:g}, got {wait_s!r}")
+    claimed = book.claim(client_id)
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while claimed is None and book.engine_status != "offline" and time.monotonic() < deadline:
+        await waiting.wait(deadline - time.monotonic())
+        waited = True
+        claimed = book.claim(client_id)
+    if claimed is not None and waited and await request.is_disconnected():
+        book.return_undelivered(claimed[0])
+        raise EpisodeError(400, "the client hung up while waiting for an episode")
+    if claimed is None:
+        return {
+            "episode_id": None,
+            "engine_status": book.engine_status,
+            "retry_after_s": 0.2 if book.engine_status == "rolling" else 1.0,
+        }
+    episode, key = claimed
+    return {
+        "episode_id": episode.episode_id,
+        "task": episode.request.item,
+        "task_id": episode.request.task_id,
+        "is_val": episode.request.is_val,
+        "base_url": f"{base_url}/episodes/{episode.episode_id}/v1",
+        "api_key": key,
+        "model": book.model,
+        "claim_timeout_s": book.claim_timeout_s,
+    }
+
+
 def create_app(
     book: EpisodeBook,
     *,
@@ -77,22 +131,13 @@ def create_app(
 ) -> FastAPI:
     """Routes over ``book``; ``endpoints`` serves the model (None: claim/end only, e.g. a benchmark)."""
     app = FastAPI(title="NexRL episode server", docs_url=None, redoc_url=None, openapi_url=None)
-    expected_key = api_key.encode("utf-8") if api_key else None
+    check_worker_key = worker_key_check(api_key)
     waiting = _QueueSignal()
     book.listeners.append(waiting.notify)
 
     @app.exception_handler(EpisodeError)
     async def _refused(_request: Request, error: EpisodeError) -> JSONResponse:
         return error_response(error.status, error.message)
-
-    def check_worker_key(request: Request) -> None:
-        if expected_key is None:
-            return
-        key = bearer(request)
-        if not key:
-            raise EpisodeError(401, "this episode server needs its API key: send 'Authorization: Bearer <api_key>'")
-        if not hmac.compare_digest(key.encode("utf-8"), expected_key):
-            raise EpisodeError(401, "wrong API key for this episode server")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -101,38 +146,7 @@ def create_app(
     @app.post("/claim_episode", openapi_extra=json_body({"client_id": {"type": "string"}, "wait_s": {"type": "number"}}, optional=True))
     async def claim_episode(request: Request) -> dict[str, Any]:
         check_worker_key(request)
-        body = await json_object(request)
-        client_id = optional_string(body, "client_id")
-        wait_s = body.get("wait_s", 0)
-        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_CLAIM_WAIT_S:
-            raise EpisodeError(400, f"wait_s must be a number of seconds between 0 and {MAX_CLAIM_WAIT_S:g}, got {wait_s!r}")
-        claimed = book.claim(client_id)
-        deadline = time.monotonic() + wait_s
-        waited = False
-        while claimed is None and book.engine_status != "offline" and time.monotonic() < deadline:
-            await waiting.wait(deadline - time.monotonic())
-            waited = True
-            claimed = book.claim(client_id)
-        if claimed is not None and waited and await request.is_disconnected():
-            book.return_undelivered(claimed[0])
-            raise EpisodeError(400, "the client hung up while waiting for an episode")
-        if claimed is None:
-            return {
-                "episode_id": None,
-                "engine_status": book.engine_status,
-                "retry_after_s": 0.2 if book.engine_status == "rolling" else 1.0,
-            }
-        episode, key = claimed
-        return {
-            "episode_id": episode.episode_id,
-            "task": episode.request.item,
-            "task_id": episode.request.task_id,
-            "is_val": episode.request.is_val,
-            "base_url": f"{base_url()}/episodes/{episode.episode_id}/v1",
-            "api_key": key,
-            "model": book.model,
-            "claim_timeout_s": book.claim_timeout_s,
-        }
+        return await claim(book, waiting, request, base_url())
 
     @app.post(
         "/end_episode",

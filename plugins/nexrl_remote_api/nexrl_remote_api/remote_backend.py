@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,62 +148,10 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
         api_key = os.environ.get(options.api_key_env) if options.api_key_env else None
         if options.api_key_env and not api_key:
             raise ConfigError([f"backend.options.api_key_env: the environment variable {options.api_key_env} is not set"])
-        if base_url is not None and options.workers:
-            raise ConfigError(
-                [f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
-                 f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"]
-            )
-        if (options.placement is not None or options.placement_options) and (base_url is not None or not options.workers):
-            raise ConfigError(
-                ["backend.options.placement: a placer starts the ranks of the embedded service's worker groups, so it "
-                 "needs base_url: null and workers: N (a service at base_url decides its own placement: nexrl serve NAME "
-                 "--workers N --placement NAME)"]
-            )
-        if base_url is not None and options.device != DEFAULT_DEVICE:
-            raise ConfigError(
-                [f"backend.options.device: {options.device} applies to the embedded service only; the service at "
-                 f"{base_url} decides its own device (nexrl serve NAME --device {options.device}), so leave it out or "
-                 "set base_url: null"]
-            )
-        if base_url is not None and options.max_tokens_per_microbatch is not None:
-            budget = options.max_tokens_per_microbatch
-            raise ConfigError(
-                [f"backend.options.max_tokens_per_microbatch: {budget} applies to the embedded service only; the service at "
-                 f"{base_url} decides its own (nexrl serve NAME --max-tokens-per-microbatch {budget}), so leave it out or "
-                 "set base_url: null"]
-            )
+        _refuse_what_the_service_decides(options, base_url)
         if base_url is None:
-            service_key = "backend.options.service" if options.service else "backend.options.service_holder"
-            service_spec = _registered("services", options.service or options.service_holder, service_key)
-            data_dir = setup.work_dir / SERVICE_DIR
-            api_key = _embedded_api_key(data_dir, holder_spec.config_class)
-            # Null leaves the field out, so the service's own default (`ServeOptions`) applies.
-            packing = {} if options.max_tokens_per_microbatch is None else {"max_tokens_per_microbatch": options.max_tokens_per_microbatch}
-            teacher = setup.recipe.teacher.model
-            served = ServeOptions(
-                port=0,
-                model=setup.recipe.model.name,
-                sampling_models=() if teacher is None else (teacher,),
-                dtype=setup.recipe.model.dtype.value,
-                data_dir=str(data_dir),
-                api_key=api_key,
-                workers=options.workers,
-                placement=options.placement,
-                placement_options=dict(options.placement_options),
-                device=options.device,
-                separate_process=True,
-                **packing,
-            )
-            logger.info("starting the embedded service on %s (data in %s)", options.device, data_dir)
-            try:  # a refusal of what the recipe set, when the service is built or when it starts, names the recipe's key
-                service = service_spec.build(served)
-                base_url = service.start()
-            except ServiceStartError as error:
-                refused = _recipe_error(error)
-                if refused is None:
-                    raise
-                raise refused from None
-            logger.info("the embedded service is up at %s", base_url)
+            service, api_key = _build_embedded_service(setup, holder_spec.config_class)
+            base_url = _start_embedded_service(service)
         holder = holder_spec.build(holder_config(holder_spec.config_class, setup, base_url, api_key))
         return HolderBackend(
             holder,
@@ -218,3 +167,78 @@ def open_remote_api(setup: BackendSetup) -> HolderBackend:
         if service is not None:
             service.stop()
         raise
+
+
+def _refuse_what_the_service_decides(options: RemoteApiBackendConfig, base_url: str | None) -> None:
+    """The settings only an embedded service takes, refused by key for a service at
+    ``base_url`` (it decides them itself), and a placement without embedded workers."""
+    if base_url is not None and options.workers:
+        raise ConfigError(
+            [f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
+             f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"]
+        )
+    if (options.placement is not None or options.placement_options) and (base_url is not None or not options.workers):
+        raise ConfigError(
+            ["backend.options.placement: a placer starts the ranks of the embedded service's worker groups, so it "
+             "needs base_url: null and workers: N (a service at base_url decides its own placement: nexrl serve NAME "
+             "--workers N --placement NAME)"]
+        )
+    if base_url is not None and options.device != DEFAULT_DEVICE:
+        raise ConfigError(
+            [f"backend.options.device: {options.device} applies to the embedded service only; the service at "
+             f"{base_url} decides its own device (nexrl serve NAME --device {options.device}), so leave it out or "
+             "set base_url: null"]
+        )
+    if base_url is not None and options.max_tokens_per_microbatch is not None:
+        budget = options.max_tokens_per_microbatch
+        raise ConfigError(
+            [f"backend.options.max_tokens_per_microbatch: {budget} applies to the embedded service only; the service at "
+             f"{base_url} decides its own (nexrl serve NAME --max-tokens-per-microbatch {budget}), so leave it out or "
+             "set base_url: null"]
+        )
+
+
+def _build_embedded_service(setup: BackendSetup, holder_config_class: type) -> tuple[Any, str]:
+    """The registered service for the run's model (and its teacher's, to sample from),
+    with the backend's options, in a child process, not started; and its API key."""
+    options: RemoteApiBackendConfig = setup.options
+    service_key = "backend.options.service" if options.service else "backend.options.service_holder"
+    service_spec = _registered("services", options.service or options.service_holder, service_key)
+    api_key = _embedded_api_key(setup.work_dir / SERVICE_DIR, holder_config_class)
+    # Null leaves the field out, so the service's own default (`ServeOptions`) applies.
+    packing = {} if options.max_tokens_per_microbatch is None else {"max_tokens_per_microbatch": options.max_tokens_per_microbatch}
+    teacher = setup.recipe.teacher.model
+    served = ServeOptions(
+        port=0,
+        model=setup.recipe.model.name,
+        sampling_models=() if teacher is None else (teacher,),
+        dtype=setup.recipe.model.dtype.value,
+        data_dir=str(setup.work_dir / SERVICE_DIR),
+        api_key=api_key,
+        workers=options.workers,
+        placement=options.placement,
+        placement_options=dict(options.placement_options),
+        device=options.device,
+        separate_process=True,
+        **packing,
+    )
+    logger.info("starting the embedded service on %s (data in %s)", options.device, served.data_dir)
+    return _refusing_by_recipe_key(lambda: service_spec.build(served)), api_key
+
+
+def _start_embedded_service(service: Any) -> str:
+    base_url = _refusing_by_recipe_key(service.start)
+    logger.info("the embedded service is up at %s", base_url)
+    return base_url
+
+
+def _refusing_by_recipe_key(step: Callable[[], Any]) -> Any:
+    """``step`` (building or starting the service), its refusal of what the recipe set
+    raised as the recipe's key (`_recipe_error`)."""
+    try:
+        return step()
+    except ServiceStartError as error:
+        refused = _recipe_error(error)
+        if refused is None:
+            raise
+        raise refused from None
