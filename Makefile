@@ -32,6 +32,7 @@ test:
 # ruff over every distribution, configured once in the root pyproject.toml.
 lint:
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The GPU suite (tests marked gpu, files test_gpu_*.py), every distribution's at once. On a
 # machine with torch+CUDA and NexRL installed: the venv's python when there is one, else

@@ -102,7 +102,9 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(WHEELHOUSE), str(ROOT / folder)], check=True)
     ours = {distribution_name(folder) for folder in DISTRIBUTIONS}
     needed = closure([*ours, *PEERS])
-    missing = {name: version for name, version in needed.items() if name not in DEVICE_HAS and name not in ours and not name.startswith("nvidia-")}
+    missing = {
+        name: version for name, version in needed.items() if name not in DEVICE_HAS and name not in ours and not name.startswith("nvidia-")
+    }
     platforms = [argument for platform in PLATFORMS for argument in ("--platform", platform)]
     for name, version in sorted(missing.items()):
         subprocess.run(

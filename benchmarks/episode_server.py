@@ -73,10 +73,7 @@ class Connection:
 
     async def post(self, path: str, body: bytes, key: str | None = None) -> dict:
         auth = f"Authorization: Bearer {key}\r\n" if key else ""
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n{auth}"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
+        head = f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
         self.writer.write(head.encode("ascii") + body)
         status_line = await self.reader.readline()
         length = 0
@@ -158,7 +155,9 @@ def main() -> None:
         database = Path(directory) / "episodes.db"
         child = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(database), str(args.episodes)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             url = child.stdout.readline().strip()

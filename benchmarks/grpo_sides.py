@@ -198,8 +198,7 @@ def nexrl_step_metrics(metrics_path: Path) -> dict[str, Any]:
     return {
         "step_seconds": [float(row["time/step_s"]) for row in steps],
         "step_parts": {
-            part: median_after_first([float(row[f"time/{part}_s"]) for row in steps if f"time/{part}_s" in row])
-            for part in STEP_PARTS
+            part: median_after_first([float(row[f"time/{part}_s"]) for row in steps if f"time/{part}_s" in row]) for part in STEP_PARTS
         },
         # per step, for `gpu_throughput`: sampled tokens and the rollout phase's seconds; the
         # trained rows, their completion tokens and the train phase's seconds
@@ -275,9 +274,7 @@ def trl_grpo_config(args: Any, algorithm: Any, output_dir: Path) -> Any:
     )
 
 
-def train_trl(
-    model: Any, tokenizer: Any, dataset: Any, reward: Callable[..., list[float]], config: Any, final_dir: Path
-) -> dict[str, Any]:
+def train_trl(model: Any, tokenizer: Any, dataset: Any, reward: Callable[..., list[float]], config: Any, final_dir: Path) -> dict[str, Any]:
     """Train with ``GRPOTrainer``, timing each step from ``on_step_begin`` to
     ``on_step_end`` (generation + reward + loss + backward + AdamW, no logging), and save
     the final model and tokenizer to ``final_dir``."""
@@ -359,9 +356,7 @@ def train_trl(
     }
 
 
-def run_child(
-    script: Path, side: str, argv: Sequence[str], work: Path, tag: str | None = None, device: str = "cpu"
-) -> dict[str, Any]:
+def run_child(script: Path, side: str, argv: Sequence[str], work: Path, tag: str | None = None, device: str = "cpu") -> dict[str, Any]:
     """Run ``script --worker=<side>`` in a child process (cwd: this folder, so a
     ``task.agent`` module here is found); its output goes to ``<work>/<tag>.log`` and its
     result is the JSON it writes to ``<work>/<tag>_result.json``. On a GPU the result also
@@ -421,9 +416,7 @@ def evaluate_policy(
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, stop=list(stop), seed=seed)
     results = engine.sample(prompts, params, num_samples=samples)
     rewards = [
-        score(index, decode_raw(engine.tokenizer, sequence.tokens))
-        for index, result in enumerate(results)
-        for sequence in result.sequences
+        score(index, decode_raw(engine.tokenizer, sequence.tokens)) for index, result in enumerate(results) for sequence in result.sequences
     ]
     mean = statistics.fmean(rewards)
     stderr = (statistics.pvariance(rewards) / len(rewards)) ** 0.5 if len(rewards) > 1 else 0.0

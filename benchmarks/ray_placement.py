@@ -35,8 +35,15 @@ OPTIONS = {"loss_fn": "importance_sampling", "optimizer": {"learning_rate": 1e-4
 def _batch(rows: int, length: int, seed: int) -> Batch:
     generator = torch.Generator().manual_seed(seed)
     runs = [
-        Trajectory(tokens=torch.randint(1, 1000, (length,), generator=generator).tolist(), loss_mask=[0] * 4 + [1] * (length - 4),
-                   logprobs=[0.0] * 4 + [-2.0] * (length - 4), reward=0.0, group_id="g", run_id=index, task_id="t")
+        Trajectory(
+            tokens=torch.randint(1, 1000, (length,), generator=generator).tolist(),
+            loss_mask=[0] * 4 + [1] * (length - 4),
+            logprobs=[0.0] * 4 + [-2.0] * (length - 4),
+            reward=0.0,
+            group_id="g",
+            run_id=index,
+            task_id="t",
+        )
         for index in range(rows)
     ]
     batch = Batch.from_trajectories(runs, pad_token_id=0)

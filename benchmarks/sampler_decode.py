@@ -157,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     batch = prompts(tokenizer, args.prompts)
     params = SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=7, stop=stop_for(args.stop, tokenizer))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
-    print(f"# {name}; torch {torch.__version__}; {args.dtype}; {args.prompts} prompts x {args.samples} samples, "
-          f"{args.tokens} new tokens, stop={args.stop}; policy {policy}")
+    print(
+        f"# {name}; torch {torch.__version__}; {args.dtype}; {args.prompts} prompts x {args.samples} samples, "
+        f"{args.tokens} new tokens, stop={args.stop}; policy {policy}"
+    )
     print("| size | params | impl | s/call (median) | s/call (min) | ms/token | tokens/s | rows x tokens |")
     print("|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
@@ -191,13 +193,21 @@ def main(argv: list[str] | None = None) -> int:
             median = statistics.median(times[side])
             generated = sum(len(s.tokens) for r in outputs[side] for s in r.sequences)
             rows = sum(len(r.sequences) for r in outputs[side])
-            print(f"| {size} | {n_params / 1e6:.1f}M | {side} | {median:.4f} | {min(times[side]):.4f} | {1000 * median / args.tokens:.2f} | "
-                  f"{generated / median:,.0f} | {rows} x {generated / rows:.1f} |")
+            print(
+                f"| {size} | {n_params / 1e6:.1f}M | {side} | {median:.4f} | {min(times[side]):.4f} | {1000 * median / args.tokens:.2f} | "
+                f"{generated / median:,.0f} | {rows} x {generated / rows:.1f} |"
+            )
         if baseline is not None:
-            same = [[s.tokens for s in r.sequences] for r in outputs["new"]] == [[s.tokens for s in r.sequences] for r in outputs["baseline"]]
+            same = [[s.tokens for s in r.sequences] for r in outputs["new"]] == [
+                [s.tokens for s in r.sequences] for r in outputs["baseline"]
+            ]
             worst = max(
-                (abs(a - b) for rn, rb in zip(outputs["new"], outputs["baseline"]) for sn, sb in zip(rn.sequences, rb.sequences)
-                 for a, b in zip(sn.logprobs, sb.logprobs)),
+                (
+                    abs(a - b)
+                    for rn, rb in zip(outputs["new"], outputs["baseline"])
+                    for sn, sb in zip(rn.sequences, rb.sequences)
+                    for a, b in zip(sn.logprobs, sb.logprobs)
+                ),
                 default=0.0,
             )
             print(f"|  |  | same tokens: {same}; max logprob diff {worst:.1e} |  |  |  |  |  |")

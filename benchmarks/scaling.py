@@ -98,7 +98,10 @@ SIZES: dict[str, dict[str, int] | None] = {
     "10m": {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6},
     "50m": {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 10, "num_attention_heads": 10},
     "1.5b": {
-        "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
         "vocab_size": 151936,
     },  # fmt: skip
 }
@@ -273,9 +276,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
 # --- evaluation and the table ---------------------------------------------------------------------
 
 
-def evaluate(
-    weights_dir: str, checkpoint: str | None, args: argparse.Namespace, stop: tuple[int, ...] | None = None
-) -> tuple:
+def evaluate(weights_dir: str, checkpoint: str | None, args: argparse.Namespace, stop: tuple[int, ...] | None = None) -> tuple:
     from nexrl_engine.tiny.addition import heldout_problems
 
     conversations = [problem.messages() for problem in heldout_problems(args.val_size)]
@@ -373,12 +374,11 @@ def report(args: argparse.Namespace, table: list[str], verdicts: list[str], star
         f"lr {args.lr}, seed {args.seed}, {args.threads} torch threads per process; reward = {reward} "
         f"on {args.val_size} held-out prompts x {args.eval_samples} samples (T=1, fp32, same sampler for every model{where})"
     )
-    print(
-        "untrained start reward: "
-        + ", ".join(f"{size} {fmt(value[0])} ± {fmt(value[1])}" for size, value in starts.items())
-    )
+    print("untrained start reward: " + ", ".join(f"{size} {fmt(value[0])} ± {fmt(value[1])}" for size, value in starts.items()))
     print()
-    print("| size | side | s/step (median 2..N) | NexRL split rollout / train / sync s | reward after N ± se | s/step vs TRL | reward - TRL |")
+    print(
+        "| size | side | s/step (median 2..N) | NexRL split rollout / train / sync s | reward after N ± se | s/step vs TRL | reward - TRL |"
+    )
     print("|---|---|---|---|---|---|---|")
     print("\n".join(table))
     print()
@@ -400,9 +400,7 @@ def worker_argv(args: argparse.Namespace, size: str, model_dir: str) -> list[str
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--sizes",
         nargs="+",
@@ -464,9 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         print(f"== {size}: {params:,} parameters ({model_dir})", flush=True)
         argv_ = worker_argv(args, size, model_dir)
-        results = {
-            side: shared.run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}", device=args.device) for side in sides
-        }
+        results = {side: shared.run_child(Path(__file__), side, argv_, work, tag=f"{size}_{side}", device=args.device) for side in sides}
         print(f"[{size}] evaluating every final model with the same sampler ...", flush=True)
         starts[size] = evaluate(model_dir, None, args)
         stop = starts[size][3]
@@ -492,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     report(args, table, verdicts, starts)
     if on_gpu:
         print()
-        print(f"## Throughput on {card} ({'MFU against %.0f TFLOP/s dense bf16' % (peak_flops / 1e12) if peak_flops else 'peak FLOP/s unknown: pass --peak-tflops'})")
+        print(
+            f"## Throughput on {card} ({'MFU against %.0f TFLOP/s dense bf16' % (peak_flops / 1e12) if peak_flops else 'peak FLOP/s unknown: pass --peak-tflops'})"
+        )
         print(
             "steps 2..N; rollout tokens/s = sampled tokens / rollout phase s; training tokens/s = prompt + completion tokens "
             f"of the rows trained / train phase s (NexRL: {prompt_tokens:.1f} prompt tokens per row, the mean); "

@@ -82,10 +82,7 @@ def main() -> None:
                         )
                         for s in seqs
                     ]
-                    engine_data = [
-                        Datum(input_tokens=s[:-1], loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * t})
-                        for s in seqs
-                    ]
+                    engine_data = [Datum(input_tokens=s[:-1], loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * t}) for s in seqs]
 
                     def sdk_train(sdk_data=sdk_data) -> None:
                         fb = training.forward_backward(sdk_data, "cross_entropy")
@@ -98,9 +95,7 @@ def main() -> None:
                         engine.optim_step(AdamWSettings(**types.AdamParams(**adam).model_dump()))
 
                     def sdk_sample(b=b, t=t) -> None:
-                        sampler.sample(
-                            types.ModelInput.from_ints(prompt), b, types.SamplingParams(max_tokens=t, stop=[], seed=1)
-                        ).result()
+                        sampler.sample(types.ModelInput.from_ints(prompt), b, types.SamplingParams(max_tokens=t, stop=[], seed=1)).result()
 
                     def engine_sample(b=b, t=t) -> None:
                         base_engine.sample([prompt], SamplingParams(max_tokens=t, stop=[], seed=1), num_samples=b)
@@ -122,6 +117,7 @@ def main() -> None:
         rows,
         "ratio <= 1.25 at 32x64; added latency <= 10 ms per call at 1x16.",
     )
+
 
 if __name__ == "__main__":
     main()

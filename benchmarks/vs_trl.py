@@ -183,9 +183,7 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
 
     items = training_items(args)
-    dataset = Dataset.from_list(
-        [{"prompt": AdditionProblem(i["a"], i["b"]).messages(), "a": i["a"], "b": i["b"]} for i in items]
-    )
+    dataset = Dataset.from_list([{"prompt": AdditionProblem(i["a"], i["b"]).messages(), "a": i["a"], "b": i["b"]} for i in items])
 
     def exact_match(prompts: list, completions: list, completion_ids: list, a: list, b: list, **_: Any) -> list[float]:
         # Score the raw sampled text (as NexRL's sampler shows it) with the task's reward.
@@ -231,10 +229,7 @@ def run_side(side: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: dict[str, Any]) -> None:
     sides = [side for side in SIDES if side in results]
     nexrl_sides = [side for side in sides if side in NEXRL_SIDES]
-    speed = {
-        side: median_after_first(results[side]["step_seconds"]) if "step_seconds" in results[side] else None
-        for side in sides
-    }
+    speed = {side: median_after_first(results[side]["step_seconds"]) if "step_seconds" in results[side] else None for side in sides}
     reward = {side: evals[side][0] if side in evals else None for side in sides}
     stderr = {side: evals[side][1] if side in evals else None for side in sides}
     start = evals.get("start")
@@ -307,9 +302,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: 
                 + ", ".join(f"step {step}: {value:.3f}" for step, value in sorted(result["inloop_val"].items(), key=lambda kv: int(kv[0])))
             )
         if side in NEXRL_SIDES:
-            found = (
-                f"from {result.get('checkpoint') or result.get('model_dir')}" if side in evals else "not evaluated: no final model"
-            )
+            found = f"from {result.get('checkpoint') or result.get('model_dir')}" if side in evals else "not evaluated: no final model"
             print(f"{side}: final reward {found}")
     if "trl" in evals:
         trl_ = results["trl"]
@@ -355,9 +348,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], evals: 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser, steps=10, prompts=16, group=8, val_size=200)
     parser.add_argument("--only", choices=SIDES, nargs="+", help="run only these sides")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)

@@ -73,9 +73,7 @@ def main() -> None:
                     )
                     for s in seqs
                 ]
-                engine_data = [
-                    Datum(input_tokens=s[:-1], loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * t}) for s in seqs
-                ]
+                engine_data = [Datum(input_tokens=s[:-1], loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * t}) for s in seqs]
 
                 def sdk_train(sdk_data=sdk_data) -> None:
                     fb = training.forward_backward(sdk_data, "cross_entropy", wait=False)
@@ -115,6 +113,7 @@ def main() -> None:
         rows,
         "ratio <= 1.25 at 32x64; added latency <= 15 ms per call at 1x16.",
     )
+
 
 if __name__ == "__main__":
     main()

@@ -217,9 +217,7 @@ class Batch:
             "task_ids": [PADDING_GROUP_PREFIX] * missing,
             "is_val": [False] * missing,
         }
-        non_tensors = {
-            name: values + placeholders.get(name, [None] * missing) for name, values in self.non_tensors.items()
-        }
+        non_tensors = {name: values + placeholders.get(name, [None] * missing) for name, values in self.non_tensors.items()}
         return Batch(tensors=tensors, non_tensors=non_tensors, meta=dict(self.meta))
 
     def to_advantage_inputs(self) -> AdvantageInputs:

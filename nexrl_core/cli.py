@@ -63,7 +63,9 @@ def plugins(as_json: bool) -> None:
         table.add_column(column)
     for row in rows:
         registers = "\n".join(
-            f"{kind}: {', '.join(names)}" for kind, names in row["registers"].items() if names  # type: ignore[union-attr]
+            f"{kind}: {', '.join(names)}"
+            for kind, names in row["registers"].items()
+            if names  # type: ignore[union-attr]
         )
         distribution = f"{row['distribution']} {row['version']}" if row["distribution"] else "(in process)"
         status = f"[red]{row['error']}[/red]" if row["error"] else "[green]ok[/green]"
@@ -121,8 +123,7 @@ def _placement_options(pairs: Sequence[str]) -> dict[str, Any]:
     default="cpu",
     show_default=True,
     callback=lambda _ctx, _param, value: _device(value),
-    help="Where the service's engines live (the models it trains in its own process, and every sampler): "
-    "cpu, cuda or cuda:N.",
+    help="Where the service's engines live (the models it trains in its own process, and every sampler): cpu, cuda or cuda:N.",
 )
 @click.option("--api-key", default=None, envvar="NEXRL_API_KEY", help="Refuse requests without this key.")
 @click.option("--data-dir", default=None, help="Where checkpoints and the default database live.")
@@ -143,8 +144,7 @@ def _placement_options(pairs: Sequence[str]) -> dict[str, Any]:
 @click.option(
     "--placement",
     default=None,
-    help="With --workers: the placer that starts each group's ranks (default: this machine). `nexrl plugins` lists "
-    "the installed placers.",
+    help="With --workers: the placer that starts each group's ranks (default: this machine). `nexrl plugins` lists the installed placers.",
 )
 @click.option(
     "--placement-option",

@@ -191,9 +191,7 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
         nonlocal registered
         if registered is None:
             if config.name is None:
-                raise ConfigError(
-                    ["task: set task.name to a registered task, or task.data_path and task.agent for your own"]
-                )
+                raise ConfigError(["task: set task.name to a registered task, or task.data_path and task.agent for your own"])
             try:
                 spec = find_spec("tasks", config.name)
             except UnknownComponentError as error:
@@ -220,10 +218,7 @@ def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) 
     if config.val_data_path is not None:
         val_items = read_items(config.val_data_path, "task.val_data_path", recipe_dir, config.columns)
     elif config.name is not None:
-        val_items = [
-            (item, item_task_id(item, fallback=f"val:{index}"))
-            for index, item in enumerate(registered_task().val_items())
-        ]
+        val_items = [(item, item_task_id(item, fallback=f"val:{index}")) for index, item in enumerate(registered_task().val_items())]
     else:
         val_items = []
     if config.val_size is not None:

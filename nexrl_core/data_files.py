@@ -121,9 +121,7 @@ def read_saved_dataset(path: Path, split: str | None, key: str) -> list[dict[str
     except Exception as error:  # a damaged directory fails in many ways inside datasets; all are the data's fault
         raise ConfigError([f"{key}: cannot read {str(directory)!r} as a saved dataset: {type(error).__name__}: {error}"]) from None
     if directory == path and split is not None and str(loaded.split) != split:
-        raise ConfigError(
-            [f"{key}: {path} holds one dataset (split {loaded.split}), not a DatasetDict; remove split: {split}"]
-        )
+        raise ConfigError([f"{key}: {path} holds one dataset (split {loaded.split}), not a DatasetDict; remove split: {split}"])
     return loaded.to_list()
 
 
@@ -170,9 +168,7 @@ def read_builder(spec: DatasetSpec, key: str, recipe_dir: Path | None) -> list[d
     try:
         loaded = datasets.load_dataset(builder, data_files=files, split=split)
     except Exception as error:  # datasets raises many kinds (generation, split, file errors); all are the data's fault
-        raise ConfigError(
-            [f"{key}: load_dataset({spec.builder!r}, split={split!r}) failed: {type(error).__name__}: {error}"]
-        ) from None
+        raise ConfigError([f"{key}: load_dataset({spec.builder!r}, split={split!r}) failed: {type(error).__name__}: {error}"]) from None
     return loaded.to_list()
 
 

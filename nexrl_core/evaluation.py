@@ -121,9 +121,7 @@ def item_results(batch: RolloutBatch, samples: int) -> list[ItemResult]:
     return results
 
 
-def build_report(
-    validation: Validation, *, model: str, recipe: str, temperature: float, seed: int, pass_reward: float
-) -> EvalReport:
+def build_report(validation: Validation, *, model: str, recipe: str, temperature: float, seed: int, pass_reward: float) -> EvalReport:
     """Summarise one pass: mean reward, pass@k, tokens and time per item."""
     per_item = item_results(validation.batch, validation.samples)
     passed = [sum(reward is not None and reward >= pass_reward for reward in item.rewards) for item in per_item]
@@ -176,9 +174,7 @@ def evaluate(
     options = resolve_all_options(config)
     task = resolve_task(config.task, config.seed, recipe_dir)
     if not task.val_items:
-        raise ConfigError(
-            ["task: no held-out items to evaluate on; set task.val_data_path (or a registered task.name), or pass --data"]
-        )
+        raise ConfigError(["task: no held-out items to evaluate on; set task.val_data_path (or a registered task.name), or pass --data"])
     loader = DataLoader(task, config.rollout.prompts_per_step, config.rollout.group_size, config.seed)
     with tempfile.TemporaryDirectory(prefix="nexrl-eval-") as scratch:
         backend = open_backend(config, options["backend"], choice.backend_dir or Path(scratch))
@@ -188,9 +184,7 @@ def evaluate(
                 backend.load_checkpoint(choice.checkpoint)
             runner = open_rollout_source(config, options["rollout.source"], backend, task, Path(scratch))
             try:
-                validation = run_validation(
-                    runner, loader, choice.step, temperature=config.rollout.val_temperature, samples=samples
-                )
+                validation = run_validation(runner, loader, choice.step, temperature=config.rollout.val_temperature, samples=samples)
             finally:
                 runner.close()
         finally:

@@ -77,9 +77,7 @@ class HolderBackend:
                 "remove teacher, or choose a holder or backend that holds a teacher (nexrl plugins lists them)"
             )
         if refused:
-            raise ConfigError(
-                [f"{recipe_path(key)}: backend {name!r} cannot honour it: {reason}" for key, reason in refused.items()]
-            )
+            raise ConfigError([f"{recipe_path(key)}: backend {name!r} cannot honour it: {reason}" for key, reason in refused.items()])
 
     def chat_model(self) -> ChatModel:
         return self.holder
@@ -122,17 +120,14 @@ class HolderBackend:
         export = getattr(self.holder, "export_model", None)
         if export is None:
             raise ModelExportError(
-                f"backend {self.name!r} cannot export the model: its service holder {type(self.holder).__name__} "
-                "has no export_model"
+                f"backend {self.name!r} cannot export the model: its service holder {type(self.holder).__name__} has no export_model"
             )
         try:
             return Path(export(Path(directory)))
         except ModelExportError as error:
             raise ModelExportError(f"backend {self.name!r} cannot export the model: {error}") from error
         except Exception as error:
-            raise ModelExportError(
-                f"backend {self.name!r} failed to export the model: {type(error).__name__}: {error}"
-            ) from error
+            raise ModelExportError(f"backend {self.name!r} failed to export the model: {type(error).__name__}: {error}") from error
 
     def close(self) -> None:
         """Close the holder, then stop what the backend started. A holder that cannot say

@@ -177,9 +177,7 @@ class RemoteApiTrainer:
         trained token) and metrics; flavours add terms here. The default changes nothing."""
         return token_rewards, {}
 
-    def compute_advantages(
-        self, holder: ServiceHolder, trajectories: Sequence[Trajectory]
-    ) -> tuple[list[list[float]], dict[str, float]]:
+    def compute_advantages(self, holder: ServiceHolder, trajectories: Sequence[Trajectory]) -> tuple[list[list[float]], dict[str, float]]:
         """Per-token advantages aligned with each trajectory's tokens, and the metrics of
         reward shaping and of the estimator."""
         from nexrl_core.batch import Batch
@@ -202,9 +200,7 @@ class RemoteApiTrainer:
             advantages.append([value * flag for value, flag in zip(values, trajectory.loss_mask)])
         return advantages, metrics
 
-    def to_datums(
-        self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
-    ) -> tuple[list[RemoteDatum], int]:
+    def to_datums(self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> tuple[list[RemoteDatum], int]:
         """The datums worth sending, and how many were skipped (all-zero advantages, or too short)."""
         datums, skipped = [], 0
         for trajectory, values in zip(trajectories, advantages):
@@ -218,9 +214,7 @@ class RemoteApiTrainer:
             datums.append(datum)
         return datums, skipped
 
-    def extra_metrics(
-        self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
-    ) -> dict[str, float]:
+    def extra_metrics(self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> dict[str, float]:
         """Flavour-specific metrics; subclasses add to them."""
         return {}
 
@@ -257,4 +251,3 @@ class RemoteApiTrainer:
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what `state` returned."""
-

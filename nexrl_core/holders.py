@@ -182,4 +182,3 @@ def service_run_info(service: NexrlCapabilities | None) -> dict[str, str]:
     if service.max_context_length:
         info[CONTEXT_KEY] = str(service.max_context_length)
     return info
-

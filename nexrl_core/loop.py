@@ -395,9 +395,7 @@ class TrainingLoop:
             metrics["time/train_s"] = trained - rolled_out
             metrics["time/sync_s"] = finished - trained
             metrics["time/step_s"] = step_seconds
-            metrics["perf/tokens_per_s"] = (
-                metrics.get("rollout/response_tokens", 0.0) / step_seconds if step_seconds > 0 else 0.0
-            )
+            metrics["perf/tokens_per_s"] = metrics.get("rollout/response_tokens", 0.0) / step_seconds if step_seconds > 0 else 0.0
             if not self._frozen:
                 # After a first step everything a step reuses (imports, tokenizer, SDK
                 # clients) exists; full collections need not walk it again.
@@ -477,9 +475,7 @@ def _restart(backend: Backend, loop: TrainingLoop, out_dir: Path, lost: BackendL
 
 
 def _check_resumable(state: RunState, config: TrainConfig) -> None:
-    changed = [
-        line for line in config_differences(state.config, dump_config(config)) if not line.startswith(RESUMABLE_CHANGES)
-    ]
+    changed = [line for line in config_differences(state.config, dump_config(config)) if not line.startswith(RESUMABLE_CHANGES)]
     if changed:
         raise TrainingError(
             "the recipe differs from the one the run was started with, so resuming would not continue the same run:\n  "

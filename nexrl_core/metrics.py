@@ -123,9 +123,7 @@ def plot_reward_curve(rows: Iterable[Mapping[str, Any]], path: Path) -> Path | N
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
     if train:
-        axes.plot(
-            [s for s, _ in train], [r for _, r in train], label="train reward (mean)", color="tab:blue", linewidth=1.2
-        )
+        axes.plot([s for s, _ in train], [r for _, r in train], label="train reward (mean)", color="tab:blue", linewidth=1.2)
     if val:
         axes.plot(
             [s for s, _ in val],

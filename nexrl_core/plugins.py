@@ -111,10 +111,7 @@ def load_plugins(extra: dict[str, Any] | None = None) -> LoadedPlugins:
         installing a distribution.
     """
     disabled = disabled_plugin_names()
-    entry_points = {
-        entry_point.name: entry_point
-        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    }
+    entry_points = {entry_point.name: entry_point for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     errors: dict[str, str] = {}
 
     def record_failure(_manager: Any, entry_point: importlib.metadata.EntryPoint, exc: BaseException) -> None:

@@ -94,10 +94,7 @@ class Registry:
 
     def provided_by(self, plugin_name: str) -> dict[str, list[str]]:
         """What one plugin registers, by kind (every kind present, possibly empty)."""
-        return {
-            kind: sorted(name for (k, name), owner in self.providers.items() if k == kind and owner == plugin_name)
-            for kind in KINDS
-        }
+        return {kind: sorted(name for (k, name), owner in self.providers.items() if k == kind and owner == plugin_name) for kind in KINDS}
 
     def find_spec(self, kind: str, name: str) -> ComponentSpec:
         _check_kind(kind)

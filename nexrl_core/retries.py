@@ -47,9 +47,7 @@ def call_with_retries(
             if not is_transient(error):
                 raise
             if attempt == max_retries:
-                raise RetriesExhausted(
-                    f"{where} failed to {what} after {attempt + 1} attempts: {type(error).__name__}: {error}"
-                ) from error
+                raise RetriesExhausted(f"{where} failed to {what} after {attempt + 1} attempts: {type(error).__name__}: {error}") from error
             delay = backoff_s * 2**attempt
             logger.warning("could not %s (%s); retrying in %.1f s", what, error, delay)
             time.sleep(delay)

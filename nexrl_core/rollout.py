@@ -160,9 +160,7 @@ def completion_from_sample(sample: SampleResult, *, completion_id: str, model: s
         ],
         created=int(time.time()),
         model=model,
-        usage=CompletionUsage(
-            prompt_tokens=prompt_count, completion_tokens=response_count, total_tokens=prompt_count + response_count
-        ),
+        usage=CompletionUsage(prompt_tokens=prompt_count, completion_tokens=response_count, total_tokens=prompt_count + response_count),
         nexrl=sample,
     )
 
@@ -309,9 +307,7 @@ class LLMClient:
         else:
             sample = self._chat_model.sample_from_prompt(plan.prompt, plan.options)
             if not isinstance(sample, SampleResult):
-                raise TypeError(
-                    f"the chat model's sample_from_prompt returned {type(sample).__name__}, not a SampleResult"
-                )
+                raise TypeError(f"the chat model's sample_from_prompt returned {type(sample).__name__}, not a SampleResult")
             with self._lock:
                 self.calls.append(sample)
                 self._budget.add(sample)
@@ -468,12 +464,7 @@ def parse_outcome(outcome: Any) -> tuple[float, dict[str, float]]:
             raise ValueError(f"the agent returned a mapping without 'reward' (keys: {', '.join(map(str, outcome))})")
         reward = outcome["reward"]
         for key, value in outcome.items():
-            if (
-                key != "reward"
-                and isinstance(value, numbers.Real)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-            ):
+            if key != "reward" and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
                 extras[str(key)] = float(value)
     else:
         reward = outcome
@@ -509,9 +500,7 @@ class RolloutBatch:
         if rewards:
             mean = math.fsum(rewards) / len(rewards)
             metrics[f"{prefix}reward/mean"] = mean
-            metrics[f"{prefix}reward/std"] = math.sqrt(
-                math.fsum((value - mean) ** 2 for value in rewards) / len(rewards)
-            )
+            metrics[f"{prefix}reward/std"] = math.sqrt(math.fsum((value - mean) ** 2 for value in rewards) / len(rewards))
             metrics[f"{prefix}reward/min"] = min(rewards)
             metrics[f"{prefix}reward/max"] = max(rewards)
         if ok:
@@ -519,9 +508,7 @@ class RolloutBatch:
             metrics[f"{prefix}rollout/trajectories"] = float(sum(len(run.trajectories) for run in ok))
             metrics[f"{prefix}rollout/calls_per_run"] = calls / len(ok)
             metrics[f"{prefix}rollout/response_tokens"] = float(sum(run.response_tokens for run in ok))
-            metrics[f"{prefix}rollout/truncated_fraction"] = (
-                sum(run.truncated_calls for run in ok) / calls if calls else 0.0
-            )
+            metrics[f"{prefix}rollout/truncated_fraction"] = sum(run.truncated_calls for run in ok) / calls if calls else 0.0
             for key in sorted({key for run in ok for key in run.metrics}):
                 values = [run.metrics[key] for run in ok if key in run.metrics]
                 metrics[f"{prefix}agent/{key}"] = math.fsum(values) / len(values)
@@ -535,9 +522,7 @@ class RolloutBatch:
         return cls(step=data["step"], runs=[RunResult.from_json(run) for run in data["runs"]])
 
 
-def check_error_budget(
-    batch: RolloutBatch, *, fraction: float, total_errors: int, max_total: int | None, what: str
-) -> None:
+def check_error_budget(batch: RolloutBatch, *, fraction: float, total_errors: int, max_total: int | None, what: str) -> None:
     """Raise `RolloutError` when ``batch`` failed more runs than ``fraction`` of its runs, or
     the run's ``total_errors`` (this batch included) exceed ``max_total``."""
     failed = batch.errors
@@ -547,8 +532,7 @@ def check_error_budget(
     example = f"first failure (task {first.task_id}, run {first.run_id}): {first.error}"
     if len(failed) > fraction * len(batch.runs):
         raise RolloutError(
-            f"{len(failed)} of {len(batch.runs)} agent runs failed in {what}, more than rollout.error_budget="
-            f"{fraction:g} allows; {example}"
+            f"{len(failed)} of {len(batch.runs)} agent runs failed in {what}, more than rollout.error_budget={fraction:g} allows; {example}"
         )
     if max_total is not None and total_errors > max_total:
         raise RolloutError(
@@ -610,9 +594,7 @@ class RolloutRunner:
         self._limits = limits
         self._model = model
         self._stop = threading.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=concurrency, thread_name_prefix="nexrl-rollout"
-        )
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="nexrl-rollout")
         self._failures = 0
         self._skips = 0
         self._failures_lock = threading.Lock()
@@ -699,9 +681,7 @@ class RolloutRunner:
         with self._failures_lock:
             self._failures += 1
             count = self._failures
-        where = (
-            f"{'validation' if request.is_val else 'step'} {request.step}, task {request.task_id}, run {request.run_id}"
-        )
+        where = f"{'validation' if request.is_val else 'step'} {request.step}, task {request.task_id}, run {request.run_id}"
         lost = self._backend_lost()
         if lost is not None:
             logger.warning("agent run failed (%s) because %s: %s: %s", where, lost, type(error).__name__, error)

@@ -80,9 +80,7 @@ def load_run_state(out_dir: Path) -> RunState | None:
     except (OSError, json.JSONDecodeError) as error:
         raise TrainingError(f"cannot read the run state {path}: {error}") from None
     if not isinstance(data, Mapping) or data.get("version") != RUN_STATE_VERSION:
-        raise TrainingError(
-            f"{path} was written by an incompatible NexRL version (expected run-state version {RUN_STATE_VERSION})"
-        )
+        raise TrainingError(f"{path} was written by an incompatible NexRL version (expected run-state version {RUN_STATE_VERSION})")
     try:
         return RunState(**data)
     except TypeError as error:

@@ -112,7 +112,13 @@ def batch_data_metrics(batch: Batch) -> dict[str, float]:
     def describe(name: str, values: torch.Tensor) -> None:
         if values.numel():
             values = values.to(torch.float64)
-            metrics.update({f"data/{name}/mean": float(values.mean()), f"data/{name}/max": float(values.max()), f"data/{name}/min": float(values.min())})
+            metrics.update(
+                {
+                    f"data/{name}/mean": float(values.mean()),
+                    f"data/{name}/max": float(values.max()),
+                    f"data/{name}/min": float(values.min()),
+                }
+            )
 
     describe("score", batch.tensors["rewards"][valid])
     if "token_level_rewards" in batch.tensors:

@@ -161,9 +161,7 @@ class UvicornServer:
     answers its open long-polls there).
     """
 
-    def __init__(
-        self, app: Any, sock: socket.socket, *, name: str, on_shutdown: Callable[[], None] | None = None, **options: Any
-    ) -> None:
+    def __init__(self, app: Any, sock: socket.socket, *, name: str, on_shutdown: Callable[[], None] | None = None, **options: Any) -> None:
         """:param name: the server thread's name."""
         import uvicorn
 

@@ -74,10 +74,7 @@ class ComponentSpec:
 
     def _check_config(self, config: Any) -> None:
         if not isinstance(config, self.config_class):
-            raise TypeError(
-                f"{self.kind} {self.name!r} takes a {self.config_class.__name__} config, "
-                f"got {type(config).__name__}"
-            )
+            raise TypeError(f"{self.kind} {self.name!r} takes a {self.config_class.__name__} config, got {type(config).__name__}")
 
 
 @attrs.frozen(kw_only=True)

@@ -82,7 +82,9 @@ def build_trainer(
             for known in get_registry().names("trainers")
             if (TRANSPORT_TRAINER in find_spec("trainers", known).capabilities) == through_transport
         ]
-        raise ConfigError([f"{key}: trainer {name!r} does not fit this backend, which needs {needs} ({', '.join(fitting) or 'none registered'})"])
+        raise ConfigError(
+            [f"{key}: trainer {name!r} does not fit this backend, which needs {needs} ({', '.join(fitting) or 'none registered'})"]
+        )
     from_recipe = getattr(spec.config_class, "from_recipe", None)
     trainer_config = from_recipe(recipe) if callable(from_recipe) else spec.config_class()
     fields = attrs.fields_dict(type(trainer_config)) if attrs.has(type(trainer_config)) else {}

@@ -45,9 +45,7 @@ def _check_equal_lengths(record: Any, names: Sequence[str]) -> None:
 def _binary_mask(instance: Any, attribute: attrs.Attribute, value: Sequence[int]) -> None:
     if not set(value) <= {0, 1}:
         index, bad = next((i, v) for i, v in enumerate(value) if v not in (0, 1))
-        raise ValueError(
-            f"{type(instance).__name__}.{attribute.name} must hold only 0 and 1, got {bad!r} at index {index}"
-        )
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} must hold only 0 and 1, got {bad!r} at index {index}")
 
 
 @attrs.frozen(kw_only=True)
@@ -128,18 +126,13 @@ class RemoteDatum:
         """
         tokens = trajectory.tokens
         if len(tokens) < 2:
-            raise ValueError(
-                f"a remote datum needs at least 2 tokens (one to read, one to predict), got {len(tokens)}"
-            )
+            raise ValueError(f"a remote datum needs at least 2 tokens (one to read, one to predict), got {len(tokens)}")
         weights = [float(flag) for flag in trajectory.loss_mask[1:]]
         if isinstance(advantage, numbers.Real):
             advantages = [float(advantage) * weight for weight in weights]
         else:
             if len(advantage) != len(tokens):
-                raise ValueError(
-                    f"per-token advantages must align with the trajectory's {len(tokens)} tokens, "
-                    f"got {len(advantage)}"
-                )
+                raise ValueError(f"per-token advantages must align with the trajectory's {len(tokens)} tokens, got {len(advantage)}")
             advantages = [float(value) for value in advantage[1:]]
         return cls(
             input_tokens=list(tokens[:-1]),

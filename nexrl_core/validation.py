@@ -36,9 +36,7 @@ class Validation:
         return metrics
 
 
-def run_validation(
-    runner: RolloutSource, loader: DataLoader, step: int, *, temperature: float, samples: int = 1
-) -> Validation | None:
+def run_validation(runner: RolloutSource, loader: DataLoader, step: int, *, temperature: float, samples: int = 1) -> Validation | None:
     """Run every held-out item ``samples`` times; None when the task has no held-out items."""
     requests = loader.val_requests(step, samples)
     if not requests:

@@ -52,7 +52,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("concurrency-with-episodes", ["rollout.source.name=episodes", "rollout.concurrency=4"], "rollout.concurrency: 4 has no effect"),
     (
         "missing-episodes-worker-script",
-        ["rollout.source.name=episodes", "rollout.source.options.local_workers={{processes: 2, script: missing_worker.py, concurrency: 3}}"],
+        [
+            "rollout.source.name=episodes",
+            "rollout.source.options.local_workers={{processes: 2, script: missing_worker.py, concurrency: 3}}",
+        ],
         "rollout.source.options.local_workers.script: 'missing_worker.py' does not exist",
     ),
     ("max-tokens-past-context", ["backend.name=inprocess", "rollout.max_tokens=100000"], "rollout.max_tokens: 100000 does not fit"),
@@ -73,7 +76,11 @@ CASES: list[tuple[str, list[str], str]] = [
         ["backend.name=self-hosted", "rollout.max_prompt_tokens=2041"],
         "rollout.max_prompt_tokens: 2041 prompt tokens and rollout.max_tokens: 8 response tokens do not fit",
     ),
-    ("prompt-overflow-without-a-limit", ["rollout.prompt_overflow=skip"], "prompt_overflow: skip has no effect while max_prompt_tokens is null"),
+    (
+        "prompt-overflow-without-a-limit",
+        ["rollout.prompt_overflow=skip"],
+        "prompt_overflow: skip has no effect while max_prompt_tokens is null",
+    ),
 ]
 """``{untemplated}`` stands for a copy of the shipped model whose tokenizer has no chat template
 (so the braces of a YAML mapping are doubled)."""
@@ -110,4 +117,3 @@ def test_bad_input_is_refused_cleanly(tmp_path: Path, untemplated: Path, overrid
 
 MARKER = "NEXRL_BAD_INPUT_TEST_RUN"
 """Set to a fresh value for each row's run: every process it starts inherits it."""
-

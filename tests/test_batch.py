@@ -13,9 +13,7 @@ PAD = 0
 
 def trajectory(tokens: list[int], loss_mask: list[int], reward: float = 0.0, group: str = "g", run: int = 0) -> Trajectory:
     logprobs = [-0.5 * flag for flag in loss_mask]
-    return Trajectory(
-        tokens=tokens, loss_mask=loss_mask, logprobs=logprobs, reward=reward, group_id=group, run_id=run, task_id="t"
-    )
+    return Trajectory(tokens=tokens, loss_mask=loss_mask, logprobs=logprobs, reward=reward, group_id=group, run_id=run, task_id="t")
 
 
 @pytest.fixture

@@ -52,9 +52,7 @@ def test_the_cache_renders_each_conversation_once(tokenizer: Any) -> None:
     cache = RenderCache()
     for tokenize in (False, True, True):
         for tools in (None, TOOLS, TOOLS):
-            assert cache.render(counting, MESSAGES, tools, True, tokenize) == render_chat(
-                tokenizer, MESSAGES, tools, True, tokenize
-            )
+            assert cache.render(counting, MESSAGES, tools, True, tokenize) == render_chat(tokenizer, MESSAGES, tools, True, tokenize)
     assert counting.renders == 4  # (text, tokens) x (no tools, tools)
     first = cache.render(counting, MESSAGES, tokenize=True)
     first.append(-1)  # callers get their own list

@@ -82,7 +82,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         path.append(module)
         for target in sorted(graph[module]):
             if state[target] == 1:
-                found.append([*path[path.index(target):], target])
+                found.append([*path[path.index(target) :], target])
             elif state[target] == 0:
                 visit(target)
         path.pop()

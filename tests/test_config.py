@@ -157,8 +157,14 @@ def test_unknown_key_suggests_the_closest_valid_key_with_its_full_path() -> None
         ("rollout.temperature='0.7'", "rollout.temperature: expected float, got '0.7' (str)"),
         ("task.name=12", "task.name: expected str, got 12 (int)"),
         ("task.data_path=[a]", "task.data_path: expected a string or a mapping of path, builder, data_files, split, got ['a'] (list)"),
-        ("task.data_path={path: a.jsonl, splt: x}", "task.data_path.splt: unknown key; did you mean 'split'? valid keys: builder, data_files, path, split"),
-        ("task.data_path={path: a, builder: json}", "task.data_path: set exactly one of path (a file or a save_to_disk directory) and builder (load_dataset)"),
+        (
+            "task.data_path={path: a.jsonl, splt: x}",
+            "task.data_path.splt: unknown key; did you mean 'split'? valid keys: builder, data_files, path, split",
+        ),
+        (
+            "task.data_path={path: a, builder: json}",
+            "task.data_path: set exactly one of path (a file or a save_to_disk directory) and builder (load_dataset)",
+        ),
         ("rollout=3", "rollout: expected a mapping, got 3 (int)"),
         ("algorithm.loss.options=fast", "algorithm.loss.options: expected a mapping, got 'fast' (str)"),
         ("model.dtype=fp16", "model.dtype: 'fp16' is not one of: bf16, fp32"),

@@ -198,7 +198,13 @@ def test_design_shape_lists() -> None:
         "trainer.algorithm.inference_service.model", f"{worker}clip_ratio", f"{worker}use_dynamic_bsz",
     ]  # fmt: skip
     assert [item.v1 for item in conversion.choose] == ["trainer.algorithm.use_kl_in_reward", f"{worker}loss_agg_mode"]
-    assert conversion.recipe["algorithm"]["kl"] == {"coef": 0.05, "penalty": "low_var_kl", "controller": "adaptive", "target": 4.0, "horizon": 500}
+    assert conversion.recipe["algorithm"]["kl"] == {
+        "coef": 0.05,
+        "penalty": "low_var_kl",
+        "controller": "adaptive",
+        "target": 4.0,
+        "horizon": 500,
+    }
 
 
 def test_flat_shape_lists() -> None:
@@ -332,7 +338,9 @@ def test_a_key_written_in_the_recipe_is_never_written_out(tmp_path: Path) -> Non
     (tmp_path / "common.yaml").write_text((DATA / "nested" / "common.yaml").read_text())
     literal = (SHAPES["v1.4"]).read_text().replace('api_key: "${oc.env:TINKER_API_KEY}"', "api_key: tml-SECRET-literal")
     (tmp_path / "literal.yaml").write_text(literal)
-    defaulted = (SHAPES["v1.4"]).read_text().replace('api_key: "${oc.env:TINKER_API_KEY}"', 'api_key: "${oc.env:MY_KEY,tml-SECRET-default}"')
+    defaulted = (
+        (SHAPES["v1.4"]).read_text().replace('api_key: "${oc.env:TINKER_API_KEY}"', 'api_key: "${oc.env:MY_KEY,tml-SECRET-default}"')
+    )
     (tmp_path / "defaulted.yaml").write_text(defaulted)
     for name, variable in (("literal", "TINKER_API_KEY"), ("defaulted", "MY_KEY")):
         result = CliRunner().invoke(cli, ["convert-v1", str(tmp_path / f"{name}.yaml"), "--drop-unsupported"])
@@ -349,7 +357,9 @@ RUN_OVERRIDES = ["task.name=addition", "task.data_path=null", "task.val_data_pat
 
 def convert_and_train(shape: str, tmp_path: Path, *overrides: str) -> tuple[dict, list[dict]]:
     recipe, out = tmp_path / "recipe.yaml", tmp_path / "run"
-    convert = subprocess.run([NEXRL, "convert-v1", str(SHAPES[shape]), "--drop-unsupported", "-o", str(recipe)], capture_output=True, text=True, timeout=60)
+    convert = subprocess.run(
+        [NEXRL, "convert-v1", str(SHAPES[shape]), "--drop-unsupported", "-o", str(recipe)], capture_output=True, text=True, timeout=60
+    )
     assert convert.returncode == 0, convert.stderr
     env = {**os.environ, **ENV}
     command = [NEXRL, "train", str(recipe), *RUN_OVERRIDES, *overrides, f"output.dir={out}", "--no-progress"]
@@ -493,7 +503,9 @@ def test_each_converted_worker_line_is_one_the_worker_takes(line: str) -> None:
         ),
         (
             "torchrun -m nexrl.train_service_backend.distributed.worker_process --backend fsdp",
-            ["nexrl.train_service_backend.distributed.worker_process: give --identifier, the worker group's name (the recipe's backend.options.identifier)"],
+            [
+                "nexrl.train_service_backend.distributed.worker_process: give --identifier, the worker group's name (the recipe's backend.options.identifier)"
+            ],
         ),
         (
             "python -m nexrl.main --config-name=a --multirun trainer.total_train_steps=3",
@@ -510,8 +522,16 @@ def test_each_converted_worker_line_is_one_the_worker_takes(line: str) -> None:
                 "nexrl.train_service_backend.api.api_server: --port needs a value",
             ],
         ),
-        ("torchrun -m train.py --x 1", ["torchrun runs no v1 worker (nexrl.train_service_backend.distributed.worker_process): this converts v1's worker lines only"]),
-        ("bash start.sh", ["not a v1 launch line: expected python -m nexrl.main ..., python -m nexrl.train_service_backend.api.api_server ... or torchrun ... -m nexrl.train_service_backend.distributed.worker_process ..."]),
+        (
+            "torchrun -m train.py --x 1",
+            ["torchrun runs no v1 worker (nexrl.train_service_backend.distributed.worker_process): this converts v1's worker lines only"],
+        ),
+        (
+            "bash start.sh",
+            [
+                "not a v1 launch line: expected python -m nexrl.main ..., python -m nexrl.train_service_backend.api.api_server ... or torchrun ... -m nexrl.train_service_backend.distributed.worker_process ..."
+            ],
+        ),
     ],
 )
 def test_what_a_launch_line_cannot_carry_is_named_and_nothing_is_printed(line: str, problems: list[str]) -> None:

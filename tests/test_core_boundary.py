@@ -48,7 +48,9 @@ def imported_modules(tree: ast.Module) -> set[str]:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(CORE)))
 def test_core_code_imports_no_plugin(path: Path) -> None:
-    foreign = sorted(name for name in imported_modules(code_without_docstrings(path)) if name.startswith("nexrl_") and not name.startswith("nexrl_core"))
+    foreign = sorted(
+        name for name in imported_modules(code_without_docstrings(path)) if name.startswith("nexrl_") and not name.startswith("nexrl_core")
+    )
     assert foreign == [], f"{path.name} imports plugin modules {foreign}"
 
 
@@ -69,11 +71,7 @@ def test_the_checks_see_what_they_look_for(tmp_path: Path) -> None:
 
 
 def test_importing_every_core_module_loads_no_plugin_module() -> None:
-    modules = [
-        "nexrl_core." + ".".join(path.relative_to(CORE).with_suffix("").parts)
-        for path in SOURCES
-        if path.name != "__init__.py"
-    ]
+    modules = ["nexrl_core." + ".".join(path.relative_to(CORE).with_suffix("").parts) for path in SOURCES if path.name != "__init__.py"]
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n    importlib.import_module(name)\n"

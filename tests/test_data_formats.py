@@ -25,11 +25,11 @@ from nexrl_core.loop import run_training
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 COLUMNS = ["prompt", "reward_model.ground_truth"]
-AGENT = '''
+AGENT = """
 def solve(item, llm):
     reply = llm.chat.completions.create(messages=item["prompt"])
     return float((reply.choices[0].message.content or "").strip() == item["reward_model"]["ground_truth"])
-'''
+"""
 
 
 def verl_rows(count: int, offset: int = 0) -> list[dict[str, Any]]:
@@ -208,9 +208,7 @@ def test_builders_read_local_files_only(tmp_path: Path, forms: dict[str, Any]) -
     )
     assert "task.data_path.data_files: builder 'json' needs the files to read" in refusal(DatasetSpec(builder="json"))
     bad = _write(tmp_path / "bad.jsonl", b"{not json\n")
-    assert "task.data_path: load_dataset('json', split='train') failed" in refusal(
-        DatasetSpec(builder="json", data_files=[str(bad)])
-    )
+    assert "task.data_path: load_dataset('json', split='train') failed" in refusal(DatasetSpec(builder="json", data_files=[str(bad)]))
 
 
 def test_a_recipe_takes_a_dataset_spec_and_nexrl_train_refuses_a_bad_file_before_it_starts(tmp_path: Path) -> None:

@@ -170,9 +170,7 @@ def find_distributions() -> dict[str, Distribution]:
         extras = project.get("optional-dependencies", {})
         requires = tuple(project.get("dependencies", [])) + tuple(req for extra, reqs in extras.items() if extra != "test" for req in reqs)
         packages = tuple(data["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"])
-        found[project["name"]] = Distribution(
-            project["name"], folder, packages, frozenset(hooks), tuple(sorted(backend_modules)), requires
-        )
+        found[project["name"]] = Distribution(project["name"], folder, packages, frozenset(hooks), tuple(sorted(backend_modules)), requires)
     return found
 
 
@@ -322,15 +320,16 @@ def beside_the_service_face(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", PROTOCOL_PACKAGES)
 def test_a_protocol_package_uses_the_service_runtime_only_through_its_face(name: str) -> None:
-    assert beside_the_service_face(name) == [], (
-        f"{name} must import the service runtime from {SERVICE_FACE} only (add what it needs there)"
-    )
+    assert beside_the_service_face(name) == [], f"{name} must import the service runtime from {SERVICE_FACE} only (add what it needs there)"
 
 
 def test_the_face_holds_the_protocol_packages_and_nothing_else_of_ours_uses_it() -> None:
     assert PROTOCOL_PACKAGES == ["nexrl-tinker", "nexrl-weaver"]
-    users = {name for name in DISTRIBUTIONS if name != SERVICE_RUNTIME and any(
-        place.split()[-1] == SERVICE_FACE for place in foreign_imports(name).get(SERVICE_RUNTIME, []))}
+    users = {
+        name
+        for name in DISTRIBUTIONS
+        if name != SERVICE_RUNTIME and any(place.split()[-1] == SERVICE_FACE for place in foreign_imports(name).get(SERVICE_RUNTIME, []))
+    }
     assert users == set(PROTOCOL_PACKAGES)
 
 

@@ -23,8 +23,14 @@ def test_shortened_quickstart_raises_validation_reward(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {key: value for key, value in os.environ.items() if key != "TINKER_API_KEY"}
     command = [
-        NEXRL, "train", "schedule.steps=4", "schedule.validate_every=4", "schedule.checkpoint_every=2",
-        "task.val_size=64", f"output.dir={out}", "--no-progress",
+        NEXRL,
+        "train",
+        "schedule.steps=4",
+        "schedule.validate_every=4",
+        "schedule.checkpoint_every=2",
+        "task.val_size=64",
+        f"output.dir={out}",
+        "--no-progress",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -59,9 +65,19 @@ def test_prompt_and_response_limits_hold_on_the_embedded_service(tmp_path: Path)
     two-digit sum's reply, sampled through the embedded Tinker service."""
     out = tmp_path / "run"
     command = [
-        NEXRL, "train", "schedule.steps=1", "schedule.validate_every=1", "task.val_size=32", "rollout.prompts_per_step=8",
-        "rollout.group_size=4", "rollout.max_prompt_tokens=13", "rollout.prompt_overflow=skip", "rollout.max_response_tokens=2",
-        "rollout.error_budget=0", f"output.dir={out}", "--no-progress",
+        NEXRL,
+        "train",
+        "schedule.steps=1",
+        "schedule.validate_every=1",
+        "task.val_size=32",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=4",
+        "rollout.max_prompt_tokens=13",
+        "rollout.prompt_overflow=skip",
+        "rollout.max_response_tokens=2",
+        "rollout.error_budget=0",
+        f"output.dir={out}",
+        "--no-progress",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -77,8 +93,13 @@ def test_an_over_long_prompt_stops_the_run_in_one_line_naming_the_key(tmp_path: 
     on the embedded Tinker service with one line naming the key, the limit, the prompt's
     length and the task item."""
     command = [
-        NEXRL, "train", "schedule.steps=1", "schedule.validate_every=0", "rollout.max_prompt_tokens=13",
-        f"output.dir={tmp_path / 'run'}", "--no-progress",
+        NEXRL,
+        "train",
+        "schedule.steps=1",
+        "schedule.validate_every=0",
+        "rollout.max_prompt_tokens=13",
+        f"output.dir={tmp_path / 'run'}",
+        "--no-progress",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert completed.returncode == 1, completed.stdout + completed.stderr

@@ -24,8 +24,16 @@ pytest.importorskip("nexrl_weaver")
 def _train(out: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("WEAVER_")}
     command = [
-        NEXRL, "train", str(RECIPE), "schedule.steps=6", "schedule.validate_every=6", "schedule.checkpoint_every=3",
-        "task.val_size=64", f"output.dir={out}", "--no-progress", *extra,
+        NEXRL,
+        "train",
+        str(RECIPE),
+        "schedule.steps=6",
+        "schedule.validate_every=6",
+        "schedule.checkpoint_every=3",
+        "task.val_size=64",
+        f"output.dir={out}",
+        "--no-progress",
+        *extra,
     ]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
 

@@ -15,7 +15,13 @@ import pytest
 from nexrl_testing.processes import ListenerWatch
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))  # the nexrl under test, not whichever is first on PATH
-SHORT = ["schedule.steps=2", "schedule.validate_every=0", "schedule.checkpoint_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4"]
+SHORT = [
+    "schedule.steps=2",
+    "schedule.validate_every=0",
+    "schedule.checkpoint_every=0",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+]
 
 
 def train(out: Path, workers: int, watch: ListenerWatch | None = None) -> list[dict]:
@@ -52,20 +58,29 @@ def test_the_embedded_service_trains_on_a_worker_group(tmp_path: Path) -> None:
 
 def test_workers_with_a_service_url_is_refused_before_step_1(tmp_path: Path) -> None:
     command = [
-        NEXRL, "train", "backend.options.base_url=http://127.0.0.1:9", "backend.options.workers=2",
-        f"output.dir={tmp_path / 'run'}", "--no-progress",
+        NEXRL,
+        "train",
+        "backend.options.base_url=http://127.0.0.1:9",
+        "backend.options.workers=2",
+        f"output.dir={tmp_path / 'run'}",
+        "--no-progress",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert completed.returncode != 0
     assert "backend.options.workers: 2 applies to the embedded service only" in completed.stdout + completed.stderr
 
 
-@pytest.mark.parametrize("where", [["backend.options.workers=0"], ["backend.options.base_url=http://127.0.0.1:9", "backend.options.workers=0"]])
+@pytest.mark.parametrize(
+    "where", [["backend.options.workers=0"], ["backend.options.base_url=http://127.0.0.1:9", "backend.options.workers=0"]]
+)
 def test_a_placement_without_the_embedded_services_worker_groups_is_refused_before_step_1(tmp_path: Path, where: list[str]) -> None:
     command = [NEXRL, "train", *where, "backend.options.placement=ray", f"output.dir={tmp_path / 'run'}", "--no-progress"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert completed.returncode != 0
-    assert "backend.options.placement: a placer starts the ranks of the embedded service's worker groups" in completed.stdout + completed.stderr
+    assert (
+        "backend.options.placement: a placer starts the ranks of the embedded service's worker groups"
+        in completed.stdout + completed.stderr
+    )
 
 
 @pytest.mark.slow

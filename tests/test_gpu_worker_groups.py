@@ -20,9 +20,15 @@ STEPS = 8
 @pytest.mark.parametrize("recipe", [None, "quickstart_weaver.yaml"], ids=["tinker", "weaver"])
 def test_a_service_worker_group_on_cuda_raises_held_out_reward(tmp_path: Path, recipe: str | None) -> None:
     rows = train(
-        tmp_path / "run", "backend.options.workers=1", "backend.options.device=cuda", f"schedule.steps={STEPS}",
-        f"schedule.validate_every={STEPS}", f"schedule.checkpoint_every={STEPS}", "task.val_size=128",
-        recipe=RECIPES / recipe if recipe else None, timeout_s=400,
+        tmp_path / "run",
+        "backend.options.workers=1",
+        "backend.options.device=cuda",
+        f"schedule.steps={STEPS}",
+        f"schedule.validate_every={STEPS}",
+        f"schedule.checkpoint_every={STEPS}",
+        "task.val_size=128",
+        recipe=RECIPES / recipe if recipe else None,
+        timeout_s=400,
         env={"TINKER_API_KEY": None, "WEAVER_API_KEY": None, "WEAVER_BASE_URL": None},
     )
     rewards = held_out_rewards(rows)

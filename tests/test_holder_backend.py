@@ -119,7 +119,9 @@ def test_refused_options_are_reported_with_their_recipe_key(tmp_path: Path, key:
 
 def test_every_loss_option_travels_by_value() -> None:
     config = RemoteApiTrainerConfig.from_recipe(
-        load_config(None, ["algorithm.loss.name=ppo", "algorithm.loss.options.dual_clip_c=3", "algorithm.loss.options.agg_mode=seq-mean-token-sum"])
+        load_config(
+            None, ["algorithm.loss.name=ppo", "algorithm.loss.options.dual_clip_c=3", "algorithm.loss.options.agg_mode=seq-mean-token-sum"]
+        )
     )
     assert config.train_step.loss_fn_config == {
         "clip_low": 0.2,

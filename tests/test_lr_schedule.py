@@ -42,7 +42,10 @@ def test_landmarks() -> None:
 def test_the_recipe_keys_make_the_schedule_and_bad_values_are_refused_by_name(tmp_path) -> None:
     config = load_config(None, ["schedule.steps=7", "algorithm.lr_schedule=linear", "algorithm.warmup_steps=2"])
     assert LearningRateSchedule.from_recipe(config) == LearningRateSchedule(kind="linear", warmup_steps=2, total_steps=7)
-    for override, key in (("algorithm.lr_schedule=exponential", "algorithm.lr_schedule"), ("algorithm.warmup_steps=-1", "algorithm.warmup_steps")):
+    for override, key in (
+        ("algorithm.lr_schedule=exponential", "algorithm.lr_schedule"),
+        ("algorithm.warmup_steps=-1", "algorithm.warmup_steps"),
+    ):
         with pytest.raises(ConfigError) as caught:
             load_config(None, [override])
         assert key in str(caught.value)

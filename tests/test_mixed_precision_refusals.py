@@ -52,6 +52,8 @@ def test_the_remote_api_backend_refuses_it_before_step_1(tmp_path: Path, holder:
     with pytest.raises(ConfigError) as refused:
         run_training(config, progress_bar=False)
     (problem,) = refused.value.problems
-    assert problem.startswith(f"model.mixed_precision: backend 'remote_api' cannot honour it: the {holder.capitalize()} API has no mixed-precision")
+    assert problem.startswith(
+        f"model.mixed_precision: backend 'remote_api' cannot honour it: the {holder.capitalize()} API has no mixed-precision"
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip(), "no step ran"

@@ -94,7 +94,9 @@ def load_mutations(path: Path = MUTATIONS_FILE) -> list[Mutation]:
         where = f"{path.name}: mutation {index} ({name})"
         if not isinstance(entry, dict) or not set(FIELDS) <= set(entry) <= {*FIELDS, *OPTIONAL_FIELDS}:
             given = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-            raise ValueError(f"{where}: needs exactly the keys {', '.join(FIELDS)} (and optionally {', '.join(OPTIONAL_FIELDS)}); has {given}")
+            raise ValueError(
+                f"{where}: needs exactly the keys {', '.join(FIELDS)} (and optionally {', '.join(OPTIONAL_FIELDS)}); has {given}"
+            )
         if not isinstance(entry.get("slow", False), bool):
             raise ValueError(f"{where}: slow must be true or false")
         tests = entry["tests"]
@@ -136,7 +138,9 @@ def marked_slow(root: Path, test: str) -> bool:
             return True
     names = set(name.split("[")[0].split("::"))
     return any(
-        isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names and any("slow" in ast.unparse(decorator) for decorator in node.decorator_list)
+        isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        and node.name in names
+        and any("slow" in ast.unparse(decorator) for decorator in node.decorator_list)
         for node in ast.walk(tree)
     )
 
@@ -247,7 +251,9 @@ class Verdict:
             if status == 0:
                 problems.append(f"{self.mutation.id}: survived {test} ({self.mutation.why})")
             elif status == TIMED_OUT:
-                problems.append(f"{self.mutation.id}: {test} did not end within {TEST_TIMEOUT_S} s with the mutation; it must fail, not hang")
+                problems.append(
+                    f"{self.mutation.id}: {test} did not end within {TEST_TIMEOUT_S} s with the mutation; it must fail, not hang"
+                )
             elif status != FAILED:
                 problems.append(f"{self.mutation.id}: {test} could not run with the mutation (pytest exit {status}); "
                                 "the replacement must break the promise, not the import")  # fmt: skip
@@ -263,7 +269,9 @@ class Report:
     seconds: float
 
     def problems(self) -> list[str]:
-        problems = [f"{test} does not pass on the unmutated copy (pytest exit {status})" for test, status in self.baseline.items() if status]
+        problems = [
+            f"{test} does not pass on the unmutated copy (pytest exit {status})" for test, status in self.baseline.items() if status
+        ]
         return problems + [problem for verdict in self.verdicts for problem in verdict.problems()]
 
 
@@ -386,8 +394,10 @@ def test_every_mutation_is_caught(passed_in_this_run: Callable[[Collection[str],
         mutations, verbose=True, passed=lambda: passed_in_this_run(named, ROOT),
         held=default_copies() - 1 if beside_the_suites else 0, release=wait_for_the_suites,
     )  # fmt: skip
-    print(f"{len(mutations)} mutations (the slow ones left to make mutations) in {report.seconds:.0f} s; "
-          f"{len(report.baseline)} of {len(named)} named tests run for a baseline")
+    print(
+        f"{len(mutations)} mutations (the slow ones left to make mutations) in {report.seconds:.0f} s; "
+        f"{len(report.baseline)} of {len(named)} named tests run for a baseline"
+    )
     assert not report.problems(), "\n".join(report.problems())
 
 

@@ -33,9 +33,7 @@ def test_the_snippet_loads_an_export_with_plain_transformers(tmp_path: Path) -> 
     assert snippet.startswith("# use_model.py")
     Engine(model="nexrl-tiny").export_hf(tmp_path / "runs" / "quickstart" / "final_model")
     (tmp_path / "use_model.py").write_text(snippet)
-    done = subprocess.run(
-        [sys.executable, "use_model.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([sys.executable, "use_model.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip(), "the snippet prints the model's reply"
 

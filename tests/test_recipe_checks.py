@@ -46,13 +46,16 @@ class RecordingPlugin:
         return [RolloutSourceSpec(name="acme.checked", factory=self._open("rollout source"), recipe_check=check)]
 
 
-def test_a_recipe_a_component_refuses_stops_before_the_backend_opens(tmp_path: Path, register_nexrl_plugin: Callable[[Any, str], Any]) -> None:
+def test_a_recipe_a_component_refuses_stops_before_the_backend_opens(
+    tmp_path: Path, register_nexrl_plugin: Callable[[Any, str], Any]
+) -> None:
     plugin = RecordingPlugin()
     register_nexrl_plugin(plugin, "acme")
     out_dir = tmp_path / "run"
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
         config = load_config(
-            path, [f"output.dir={out_dir}", "backend.name=acme.recording", "rollout.source.name=acme.checked", f"rollout.max_tokens={LIMIT + 1}"]
+            path,
+            [f"output.dir={out_dir}", "backend.name=acme.recording", "rollout.source.name=acme.checked", f"rollout.max_tokens={LIMIT + 1}"],
         )
     with pytest.raises(ConfigError) as refused:
         run_training(config)

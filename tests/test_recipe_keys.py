@@ -110,10 +110,10 @@ ADAMW = per_backend(
         f"{WORKERS}::test_update_actor_gives_the_engines_loss_and_weights",
     ),
 )
-SCHEDULE_AND_CHECKPOINTING = "plugins/nexrl_engine/tests/test_lr_schedule_and_checkpointing.py::test_recipe_schedule_and_checkpointing_reach_the_engine"
-WORKERS_SCHEDULE_AND_CHECKPOINTING = (
-    "nexrl_fsdp/tests/test_workers_lr_schedule_and_checkpointing.py::test_the_workers_apply_each_steps_scheduled_rate_with_checkpointed_layers"
+SCHEDULE_AND_CHECKPOINTING = (
+    "plugins/nexrl_engine/tests/test_lr_schedule_and_checkpointing.py::test_recipe_schedule_and_checkpointing_reach_the_engine"
 )
+WORKERS_SCHEDULE_AND_CHECKPOINTING = "nexrl_fsdp/tests/test_workers_lr_schedule_and_checkpointing.py::test_the_workers_apply_each_steps_scheduled_rate_with_checkpointed_layers"
 LR_SCHEDULE = per_backend(
     remote_api=f"{LOOP}::test_each_step_sends_its_scheduled_learning_rate_and_resume_sends_the_same",
     inprocess=SCHEDULE_AND_CHECKPOINTING,
@@ -139,7 +139,9 @@ LORA_TARGETS = per_backend(
     ),
     self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_only_the_attention_adapters_train"),
 )
-LORA_MLP_TARGET = attrs.evolve(LORA_TARGETS, effect={**LORA_TARGETS.effect, "self-hosted": (f"{WORKERS}::test_only_the_attention_adapters_train",)})
+LORA_MLP_TARGET = attrs.evolve(
+    LORA_TARGETS, effect={**LORA_TARGETS.effect, "self-hosted": (f"{WORKERS}::test_only_the_attention_adapters_train",)}
+)
 LORA_ATTN_TARGET = attrs.evolve(LORA_TARGETS, effect={**LORA_TARGETS.effect, "self-hosted": (SELF_HOSTED_LORA,)})
 """The quickstart_fsdp LoRA run turns attention off; the attention-only workers test, the MLP."""
 
@@ -167,7 +169,9 @@ CORE: dict[str, Entry] = {
         self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
     "model.lora.alpha": per_backend(
-        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_lora_alpha_is_refused_where_the_api_has_none"},
+        refused={
+            "remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_lora_alpha_is_refused_where_the_api_has_none"
+        },
         inprocess=f"{INPROCESS}::test_lora_settings_reach_the_engine",
         self_hosted=(SELF_HOSTED_LORA, f"{WORKERS}::test_a_lora_update_on_two_ranks_equals_the_engines"),
     ),
@@ -183,7 +187,9 @@ CORE: dict[str, Entry] = {
         self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url",
     ),
     "model.gradient_checkpointing": per_backend(
-        refused={"remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_gradient_checkpointing_is_refused_before_step_1_by_name"},
+        refused={
+            "remote_api": "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_gradient_checkpointing_is_refused_before_step_1_by_name"
+        },
         inprocess=SCHEDULE_AND_CHECKPOINTING,
         self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
     ),
@@ -213,8 +219,10 @@ CORE: dict[str, Entry] = {
         f"{INPROCESS}::test_per_token_advantages_reach_the_engine",
     ),
     "algorithm.loss.name": per_backend(
-        remote_api=("tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
-                    "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions"),  # fmt: skip
+        remote_api=(
+            "tests/test_holder_backend.py::test_every_loss_option_travels_by_value",
+            "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
+        ),  # fmt: skip
         inprocess="plugins/nexrl_engine/tests/test_inprocess_holder.py::test_every_registered_loss_is_honoured",
         self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
     ),
@@ -223,7 +231,9 @@ CORE: dict[str, Entry] = {
     "algorithm.kl.target": KL_ADAPTIVE,
     "algorithm.kl.horizon": KL_ADAPTIVE,
     "algorithm.kl.penalty": everywhere("plugins/nexrl_grpo/tests/test_trainers.py::test_each_penalty_reaches_the_reward"),
-    "rollout.source.name": everywhere("plugins/nexrl_episodes/tests/test_train_e2e.py::test_the_episodes_quickstart_raises_held_out_reward"),
+    "rollout.source.name": everywhere(
+        "plugins/nexrl_episodes/tests/test_train_e2e.py::test_the_episodes_quickstart_raises_held_out_reward"
+    ),
     "rollout.prompts_per_step": everywhere(SAMPLING),
     "rollout.group_size": everywhere(SAMPLING),
     "rollout.max_tokens": everywhere(SAMPLING, BAD_INPUT),
@@ -265,8 +275,10 @@ CORE: dict[str, Entry] = {
 }
 
 LOSS_OPTION_TESTS = per_backend(
-    remote_api=("nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
-                "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolderLossOptions"),  # fmt: skip
+    remote_api=(
+        "nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolderLossOptions",
+        "nexrl_weaver/tests/test_holder_contract.py::TestWeaverHolderLossOptions",
+    ),  # fmt: skip
     inprocess="plugins/nexrl_engine/tests/test_inprocess_holder.py::TestEngineHolderLossOptions",
     self_hosted=f"{WORKERS}::test_every_loss_option_reaches_the_workers_gradient",
 )
@@ -291,7 +303,10 @@ COMPONENTS: dict[str, Entry] = {
     **_loss_options(),
     # metrics sinks (output.sinks[].options)
     **{f"output.sinks.options.{key} [wandb]": WANDB_SINK for key in ("project", "entity", "run_name", "tags", "mode", "dir")},
-    **{f"output.sinks.options.{key} [mlflow]": MLFLOW_SINK for key in ("tracking_uri", "experiment", "artifact_location", "run_name", "tags")},
+    **{
+        f"output.sinks.options.{key} [mlflow]": MLFLOW_SINK
+        for key in ("tracking_uri", "experiment", "artifact_location", "run_name", "tags")
+    },
     **{f"output.sinks.options.{key} [trackio]": TRACKIO_SINK for key in ("project", "run_name", "group")},
     "algorithm.advantage.options.norm_by_std [grpo]": everywhere(
         "plugins/nexrl_grpo/tests/test_advantages.py::test_grpo_without_std_normalisation_is_mean_centred"
@@ -352,18 +367,32 @@ COMPONENTS: dict[str, Entry] = {
     **{
         f"backend.options.{key} [self-hosted]": per_backend(self_hosted=SELF_HOSTED_OPTIONS)
         for key in (
-            "identifier", "update.ppo_epochs", "update.mini_batches", "update.micro_batch_rows", "update.max_tokens_per_microbatch",
-            "recompute_old_logprobs", "sampler.sample_linger_s", "sampler.sample_linger_max_s", "sampler.max_batch_rows",
-            "connect_timeout_s", "op_timeout_s",
+            "identifier",
+            "update.ppo_epochs",
+            "update.mini_batches",
+            "update.micro_batch_rows",
+            "update.max_tokens_per_microbatch",
+            "recompute_old_logprobs",
+            "sampler.sample_linger_s",
+            "sampler.sample_linger_max_s",
+            "sampler.max_batch_rows",
+            "connect_timeout_s",
+            "op_timeout_s",
         )  # fmt: skip
     },
-    "backend.options.workers_url [self-hosted]": per_backend(self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url"),
+    "backend.options.workers_url [self-hosted]": per_backend(
+        self_hosted=f"{SELF_HOSTED}::test_a_group_started_by_hand_is_driven_through_workers_url"
+    ),
     **{
-        f"backend.options.{key} [self-hosted]": per_backend(self_hosted=f"{RAY_RUNS}::test_the_self_hosted_quickstart_on_ray_trains_like_on_this_machine")
+        f"backend.options.{key} [self-hosted]": per_backend(
+            self_hosted=f"{RAY_RUNS}::test_the_self_hosted_quickstart_on_ray_trains_like_on_this_machine"
+        )
         for key in ("placement", "placement_options")
     },
     **{
-        f"backend.options.{key} [remote_api]": per_backend(remote_api=f"{RAY_RUNS}::test_the_embedded_services_worker_group_is_placed_on_ray")
+        f"backend.options.{key} [remote_api]": per_backend(
+            remote_api=f"{RAY_RUNS}::test_the_embedded_services_worker_group_is_placed_on_ray"
+        )
         for key in ("placement", "placement_options")
     },
     "backend.options.world_size [self-hosted]": per_backend(
@@ -381,11 +410,16 @@ COMPONENTS: dict[str, Entry] = {
         )
     ),
     "backend.options.dead_after_s [self-hosted]": per_backend(
-        self_hosted=(SELF_HOSTED_OPTIONS, "nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs")
+        self_hosted=(
+            SELF_HOSTED_OPTIONS,
+            "nexrl_fsdp/tests/test_workers_faults.py::test_a_rank_killed_during_update_actor_is_a_clear_error_and_nothing_hangs",
+        )
     ),
     # rollout source: episodes
     **{
-        f"rollout.source.options.{key} [episodes]": everywhere("plugins/nexrl_episodes/tests/test_source_options.py::test_server_options_shape_what_clients_get")
+        f"rollout.source.options.{key} [episodes]": everywhere(
+            "plugins/nexrl_episodes/tests/test_source_options.py::test_server_options_shape_what_clients_get"
+        )
         for key in ("host", "port", "public_url", "db_url", "api_key")
     },
     "rollout.source.options.claim_timeout_s [episodes]": everywhere(
@@ -407,12 +441,18 @@ COMPONENTS: dict[str, Entry] = {
     "backend.options.holder.renderer_name [tinker]": per_backend(
         remote_api="nexrl_tinker/tests/test_holder_units.py::test_tokenizer_path_and_renderer_name_make_the_prompt"
     ),
-    "backend.options.holder.max_retries [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
-    "backend.options.holder.retry_backoff_s [tinker]": per_backend(remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"),
+    "backend.options.holder.max_retries [tinker]": per_backend(
+        remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"
+    ),
+    "backend.options.holder.retry_backoff_s [tinker]": per_backend(
+        remote_api="nexrl_tinker/tests/test_holder_units.py::test_transient_errors_are_retried_then_reported"
+    ),
     "backend.options.holder.coalesce_window_s [tinker]": per_backend(
         remote_api="nexrl_tinker/tests/test_holder_contract.py::TestTinkerHolder::test_a_group_is_one_request_with_the_same_samples_as_alone"
     ),
-    "backend.options.holder.tokenizer_path [weaver]": per_backend(remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"),
+    "backend.options.holder.tokenizer_path [weaver]": per_backend(
+        remote_api="nexrl_weaver/tests/test_holder_units.py::test_tokenizer_path_is_read_without_the_service"
+    ),
     "backend.options.holder.tensor_transport [weaver]": per_backend(
         remote_api="nexrl_weaver/tests/test_holder_transport.py::test_http_binary_answers_with_a_tensor_pack_and_the_same_step"
     ),
@@ -468,9 +508,7 @@ def recipe_keys(root: type, components: Mapping[str, Mapping[str, type]]) -> lis
                 keys += [f"{key} [{name}]" for key in leaf_keys(config_class, prefix)]
     taken = {field.name for field in attrs.fields(HolderTarget)}
     for name, config_class in components.get("service_holders", {}).items():
-        keys += [
-            f"{HOLDER_OPTIONS}.{field.name} [{name}]" for field in attrs.fields(config_class) if field.name not in taken
-        ]
+        keys += [f"{HOLDER_OPTIONS}.{field.name} [{name}]" for field in attrs.fields(config_class) if field.name not in taken]
     return keys
 
 

@@ -34,7 +34,13 @@ took 14 s instead of 29 s in-process, 26 s instead of 33 s on the embedded servi
 are timed within steps, against a heartbeat deadline of seconds)."""
 
 
-ADAPTIVE_KL = ("algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.target=0.0001", "algorithm.kl.horizon=50", *SMALL)
+ADAPTIVE_KL = (
+    "algorithm.kl.coef=0.05",
+    "algorithm.kl.controller=adaptive",
+    "algorithm.kl.target=0.0001",
+    "algorithm.kl.horizon=50",
+    *SMALL,
+)
 """A trainer state that moves every step (the coefficient grows towards a far target),
 so a resume that does not restore it starts the coefficient over and shows."""
 
@@ -65,7 +71,9 @@ def training_rows(out_dir: Path) -> dict[int, dict[str, float]]:
 def kill_after_checkpoint(out_dir: Path, backend: str, *extra: str) -> None:
     """Run until the step-CHECKPOINT checkpoint is recorded, then SIGKILL the whole job."""
     state = out_dir / "run_state.json"
-    process = subprocess.Popen(command(out_dir, backend, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        command(out_dir, backend, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 300
         while not (state.exists() and json.loads(state.read_text() or "{}").get("step") == CHECKPOINT):
@@ -105,7 +113,9 @@ VALIDATE = f"schedule.validate_every={VALIDATED // 2}"
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("backend", "extra"), [("remote_api", SMALL), ("inprocess", SMALL), ("self-hosted", (VALIDATE,))], ids=["remote_api", "inprocess", "self-hosted"]
+    ("backend", "extra"),
+    [("remote_api", SMALL), ("inprocess", SMALL), ("self-hosted", (VALIDATE,))],
+    ids=["remote_api", "inprocess", "self-hosted"],
 )
 def test_resume_after_a_hard_kill_matches_an_uninterrupted_run(
     tmp_path: Path, backend: str, extra: tuple[str, ...], straight_run: StraightRun
@@ -211,7 +221,9 @@ def during_save(step: int) -> Moment:
     return lambda out_dir: (out_dir / "backend" / "checkpoints" / f"step_{step:06d}").exists()
 
 
-def run_and_kill(out_dir: Path, backend: str, kills: list[tuple[Victim, Moment]], *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def run_and_kill(
+    out_dir: Path, backend: str, kills: list[tuple[Victim, Moment]], *extra: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run the quickstart on ``backend``; at each moment of ``kills`` in turn, SIGKILL the
     process its victim picks among the run's; returns the finished run and the marker of
     its processes. The output goes to a file: a pipe nobody reads while the run goes on
@@ -221,7 +233,9 @@ def run_and_kill(out_dir: Path, backend: str, kills: list[tuple[Victim, Moment]]
     log = out_dir.parent / f"{out_dir.name}.log"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as written:
-        process = subprocess.Popen(command(out_dir, backend, *extra), stdout=written, stderr=subprocess.STDOUT, env={**os.environ, name: value})
+        process = subprocess.Popen(
+            command(out_dir, backend, *extra), stdout=written, stderr=subprocess.STDOUT, env={**os.environ, name: value}
+        )
     try:
         deadline = time.monotonic() + 300 * len(kills)
         for victim, moment in kills:
@@ -287,7 +301,9 @@ process, whose death reaches the loop as failed agent runs."""
 
 
 @pytest.mark.slow
-def test_any_killed_process_of_the_run_is_restarted_and_the_run_matches_an_uninterrupted_one(uninterrupted_validated: Path, tmp_path: Path) -> None:
+def test_any_killed_process_of_the_run_is_restarted_and_the_run_matches_an_uninterrupted_one(
+    uninterrupted_validated: Path, tmp_path: Path
+) -> None:
     """Whichever of the run's processes dies, and whenever, the run replaces what died
     once, from the last complete checkpoint, and every step's numbers (validation
     included) equal the uninterrupted run's. The restarts it may make, it makes."""
@@ -301,7 +317,9 @@ def test_any_killed_process_of_the_run_is_restarted_and_the_run_matches_an_unint
 def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> None:
     """remote_api cannot restart the service it embeds (its models' state is the
     service's); it names the dead service and the --resume command, without a traceback."""
-    done, marker = run_and_kill(tmp_path / "run", "remote_api", [(embedded_service, after_step(CHECKPOINT + 1))], "backend.options.holder.max_retries=1", *SMALL)
+    done, marker = run_and_kill(
+        tmp_path / "run", "remote_api", [(embedded_service, after_step(CHECKPOINT + 1))], "backend.options.holder.max_retries=1", *SMALL
+    )
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]
@@ -312,7 +330,9 @@ def test_a_dead_embedded_service_stops_the_run_in_one_line(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_with_no_restarts_left_a_lost_rank_stops_the_run_in_one_line(tmp_path: Path) -> None:
-    done, marker = run_and_kill(tmp_path / "run", "self-hosted", [(last_rank, after_step(CHECKPOINT + 1))], *HEALING, "backend.options.max_restarts=0", *SMALL)
+    done, marker = run_and_kill(
+        tmp_path / "run", "self-hosted", [(last_rank, after_step(CHECKPOINT + 1))], *HEALING, "backend.options.max_restarts=0", *SMALL
+    )
     assert done.returncode == 1, done.stdout[-4000:]
     assert "Traceback" not in done.stdout, done.stdout[-4000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("Error:")]

@@ -46,10 +46,7 @@ class EchoHolder:
         self._lock = threading.Lock()
 
     def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=False):  # noqa: ANN001
-        text = (
-            "".join(f"<{m['role']}>{m['content'] or ''}</{m['role']}>" for m in messages)
-            + "<assistant>" * add_generation_prompt
-        )
+        text = "".join(f"<{m['role']}>{m['content'] or ''}</{m['role']}>" for m in messages) + "<assistant>" * add_generation_prompt
         return [ord(char) for char in text] if tokenize else text
 
     def sample_from_messages(self, messages, options, tools=None):  # noqa: ANN001
@@ -96,9 +93,7 @@ def counting_task(size: int | None = None) -> TaskData:
         for index in range(size or 10**9):
             yield {"q": f"{seed}-{index}"}
 
-    return TaskData(
-        name="t", agent=lambda item, llm: 0.0, train=TaskItems(train_items, seed=5), val_items=[({"q": "v"}, "v0")]
-    )
+    return TaskData(name="t", agent=lambda item, llm: 0.0, train=TaskItems(train_items, seed=5), val_items=[({"q": "v"}, "v0")])
 
 
 def test_each_prompt_is_repeated_group_size_times_with_group_and_run_ids() -> None:
@@ -109,9 +104,7 @@ def test_each_prompt_is_repeated_group_size_times_with_group_and_run_ids() -> No
     assert all(r.step == 2 and not r.is_val for r in requests)
     assert len({r.seed for r in requests}) == 3  # one seed per group; runs differ by run_id
     assert requests[5].seed == derive_seed(1, "train", 2, 1)
-    assert [r.task_id for r in requests] == [requests[0].task_id] * 4 + [requests[4].task_id] * 4 + [
-        requests[8].task_id
-    ] * 4
+    assert [r.task_id for r in requests] == [requests[0].task_id] * 4 + [requests[4].task_id] * 4 + [requests[8].task_id] * 4
 
 
 def test_steps_can_be_read_in_any_order_with_the_same_items() -> None:
@@ -394,7 +387,5 @@ def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch: pytest.MonkeyPa
     assert use_progress_bar(Terminal()) is True  # type: ignore[arg-type]
     monkeypatch.setenv("CI", "true")
     assert use_progress_bar(Terminal()) is False  # type: ignore[arg-type]
-    line = step_line(
-        {"step": 3, "reward/mean": 0.5, "val/reward/mean": 0.25, "val/count": 8.0, "time/step_s": 2.0}, 10, 14.0
-    )
+    line = step_line({"step": 3, "reward/mean": 0.5, "val/reward/mean": 0.25, "val/count": 8.0, "time/step_s": 2.0}, 10, 14.0)
     assert line == "step 3/10  reward 0.500  val 0.250 (n=8)  2.00s/step  ETA 0:00:14"

@@ -44,7 +44,12 @@ def _logged_steps(out: Path) -> int:
 def _idle_pool_worker(block: str) -> bool:
     """Whether one thread's stack (as faulthandler prints it) is a thread-pool worker waiting for work."""
     lines = block.strip().splitlines()
-    return len(lines) > 1 and lines[0].startswith("Thread ") and "concurrent/futures/thread.py" in lines[1] and lines[1].endswith(" in _worker")
+    return (
+        len(lines) > 1
+        and lines[0].startswith("Thread ")
+        and "concurrent/futures/thread.py" in lines[1]
+        and lines[1].endswith(" in _worker")
+    )
 
 
 def _without_idle_threads(output: str) -> str:
@@ -66,7 +71,9 @@ def _ended_and_gone(process: subprocess.Popen[str], marker: str, sent: float) ->
         time.sleep(2)
         process.kill()
         output = process.communicate()[0] or ""
-        raise AssertionError(f"still running 60 s after the signal; its stacks and output:\n{_without_idle_threads(output)[-8000:]}") from None
+        raise AssertionError(
+            f"still running 60 s after the signal; its stacks and output:\n{_without_idle_threads(output)[-8000:]}"
+        ) from None
     while processes_with(marker) and time.monotonic() - sent < 60:
         time.sleep(0.05)
     assert not processes_with(marker), f"left running: {processes_with(marker)}"
@@ -83,7 +90,11 @@ def test_a_signal_ends_a_training_run_and_every_process_it_started(tmp_path: Pat
     out = tmp_path / "run"
     command = [NEXRL, "train", *BACKENDS[backend], f"output.dir={out}", "schedule.checkpoint_every=2", "task.val_size=16", "--no-progress"]
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "NEXRL_SIGNAL_TEST": marker},
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NEXRL_SIGNAL_TEST": marker},
         # a shell's background job ignores SIGINT, and Python keeps it ignored: restore the default
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
     )
@@ -124,7 +135,9 @@ def test_sigterm_ends_a_service_holding_a_worker_group(tmp_path: Path) -> None:
             # the model's own tokenizer: the SDK's get_tokenizer() asks the Hub first, which retries for minutes offline
             tokenizer = load_tokenizer(resolve_model_dir("nexrl-tiny"))
             training.forward_backward(sft_data(tokenizer), "cross_entropy").result(timeout=120)
-            (service,) = [pid for pid in processes_with(marker) if b" serve " in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")]
+            (service,) = [
+                pid for pid in processes_with(marker) if b" serve " in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            ]
             assert len(processes_with(marker)) >= 3, "the service, a rank and its watchdog"
             sent = time.monotonic()
             os.kill(service, signal.SIGTERM)

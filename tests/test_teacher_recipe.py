@@ -19,9 +19,7 @@ from nexrl_core.config.load import load_config
 from nexrl_core.loop import open_backend
 from nexrl_core.registry import get_registry
 
-WITHOUT_TEACHER = sorted(
-    name for name, spec in get_registry().specs["backends"].items() if TEACHER_BACKEND not in spec.capabilities
-)
+WITHOUT_TEACHER = sorted(name for name, spec in get_registry().specs["backends"].items() if TEACHER_BACKEND not in spec.capabilities)
 
 
 def _recipe(backend: str, *overrides: str):

@@ -225,9 +225,7 @@ def addition_agent(item: Mapping[str, Any], llm: Any) -> dict[str, float]:
         INTERRUPT["at_position"] = None
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while rollouts are in flight
         time.sleep(0.05)
-    completion = llm.chat.completions.create(
-        messages=[{"role": "user", "content": f"[{item['pos']}] {item['a']}+{item['b']}="}]
-    )
+    completion = llm.chat.completions.create(messages=[{"role": "user", "content": f"[{item['pos']}] {item['a']}+{item['b']}="}])
     answer = completion.choices[0].message.content
     return {"reward": float(answer == str(item["a"] + item["b"])), "answer_length": float(len(answer))}
 
@@ -411,9 +409,7 @@ def test_train_step_config_carries_every_adam_parameter(tmp_path: Path) -> None:
     assert step_config == TrainStepConfig(
         loss_fn="ppo",
         loss_fn_config={"clip_low": 0.2, "clip_high": 0.28, "agg_mode": "token-mean", "entropy_coeff": 0.0},
-        optimizer=AdamWSettings(
-            learning_rate=0.5, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.7
-        ),
+        optimizer=AdamWSettings(learning_rate=0.5, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.05, grad_clip_norm=0.7),
     )
 
 
@@ -422,8 +418,15 @@ def test_sampling_settings_reach_every_sample(tmp_path: Path) -> None:
     training samples at ``rollout.temperature``, validation at ``rollout.val_temperature``
     on ``task.val_size`` items; ``prompts_per_step`` x ``group_size`` runs a step."""
     settings = (
-        "schedule.steps=1", "schedule.validate_every=1", "rollout.temperature=0.7", "rollout.val_temperature=0",
-        "rollout.top_p=0.9", "rollout.max_tokens=5", "task.val_size=2", "rollout.prompts_per_step=3", "rollout.group_size=2",
+        "schedule.steps=1",
+        "schedule.validate_every=1",
+        "rollout.temperature=0.7",
+        "rollout.val_temperature=0",
+        "rollout.top_p=0.9",
+        "rollout.max_tokens=5",
+        "task.val_size=2",
+        "rollout.prompts_per_step=3",
+        "rollout.group_size=2",
     )
     run_training(recipe(tmp_path, *settings), progress_bar=False)
     (holder,) = HOLDERS
@@ -474,8 +477,11 @@ def test_the_embedded_service_packs_by_backend_options_max_tokens_per_microbatch
     run_training(recipe(tmp_path, *one_step, name="default"), progress_bar=False)
     assert [service.options.max_tokens_per_microbatch for service in SERVICES] == [24, ServeOptions().max_tokens_per_microbatch]
     hosted = recipe(tmp_path, "backend.options.base_url=http://127.0.0.1:9", "backend.options.max_tokens_per_microbatch=24", name="hosted")
-    with pytest.raises(ConfigError, match=r"backend.options.max_tokens_per_microbatch: 24 applies to the embedded service only; .*"
-                       r"nexrl serve NAME --max-tokens-per-microbatch 24"):
+    with pytest.raises(
+        ConfigError,
+        match=r"backend.options.max_tokens_per_microbatch: 24 applies to the embedded service only; .*"
+        r"nexrl serve NAME --max-tokens-per-microbatch 24",
+    ):
         run_training(hosted, progress_bar=False)
     assert len(SERVICES) == 2 and not (tmp_path / "hosted" / "metrics.jsonl").exists(), "refused before anything ran"
     with pytest.raises(ConfigError, match="backend.options.max_tokens_per_microbatch: must be null or an integer > 0, got 0"):
@@ -609,9 +615,7 @@ def test_single_run_groups_train_nothing_and_stay_finite(tmp_path: Path) -> None
 
 def test_agent_errors_are_counted_within_the_budget(tmp_path: Path) -> None:
     FAIL_ON["positions"] = {1, 6}
-    run_training(
-        recipe(tmp_path, "task.name=flaky_addition", "rollout.error_budget=0.5", "schedule.steps=2"), progress_bar=False
-    )
+    run_training(recipe(tmp_path, "task.name=flaky_addition", "rollout.error_budget=0.5", "schedule.steps=2"), progress_bar=False)
     rows = read_rows(tmp_path / "run")
     assert [row["rollout/agent_errors"] for row in rows[1:]] == [4, 4]  # a failing item fails all its runs
     assert rows[-1]["rollout/agent_errors_total"] == 8
@@ -619,9 +623,7 @@ def test_agent_errors_are_counted_within_the_budget(tmp_path: Path) -> None:
 
 def test_agent_errors_beyond_the_budget_stop_the_run(tmp_path: Path) -> None:
     FAIL_ON["positions"] = {1}
-    with pytest.raises(
-        RolloutError, match=r"4 of 16 agent runs failed in step 1.*error_budget=0\.2.*agent bug on item 1"
-    ):
+    with pytest.raises(RolloutError, match=r"4 of 16 agent runs failed in step 1.*error_budget=0\.2.*agent bug on item 1"):
         run_training(recipe(tmp_path, "task.name=flaky_addition", "rollout.error_budget=0.2"), progress_bar=False)
     assert SERVICES[-1].stopped
 
@@ -691,7 +693,10 @@ def test_jsonl_data_with_an_agent_module(tmp_path: Path) -> None:
         (["backend.options.holder={seed: 3}"], "backend.options.holder.seed: set by the recipe"),
         (["backend.options={colour: red}"], "backend.options.colour: unknown key"),
         (["backend.name=nope"], "backend.name: unknown backend 'nope'"),
-        (["backend.name=null"], "backend.name: not set; choose one of the installed: inprocess (from engine), remote_api (from remote_api), self-hosted (from fsdp)"),
+        (
+            ["backend.name=null"],
+            "backend.name: not set; choose one of the installed: inprocess (from engine), remote_api (from remote_api), self-hosted (from fsdp)",
+        ),
         (["model.name=null"], "model.name: not set"),
         (
             ["algorithm.loss.options.agg_mode=seq-mean-token-sum", "backend.options.holder.initial_skill=-2"],
@@ -795,7 +800,11 @@ def test_cli_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
 def test_a_sigterm_whose_interrupt_python_drops_still_ends_the_run_before_the_next_checkpoint(tmp_path: Path) -> None:
     INTERRUPT["sigterm_in_a_finalizer_at_train_call"] = 2
     args = skill_run_args(
-        tmp_path, "schedule.checkpoint_every=1", "schedule.steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        tmp_path,
+        "schedule.checkpoint_every=1",
+        "schedule.steps=4",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
     )
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 130, result.output
@@ -1078,7 +1087,11 @@ def test_overwrite_removes_the_previous_final_model(tmp_path: Path) -> None:
 
 def test_cli_train_prints_the_final_model_or_why_not(tmp_path: Path) -> None:
     args = skill_run_args(
-        tmp_path, "schedule.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "task.val_size=2",
+        tmp_path,
+        "schedule.steps=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "task.val_size=2",
     )
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output

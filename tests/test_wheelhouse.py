@@ -76,7 +76,10 @@ def test_fresh_venv_installs_nexrl_then_the_tinker_and_weaver_extras_from_a_whee
 
     run(*install, "nexrl[inprocess]==0.1.0", cwd=tmp_path)
     rows = plugin_rows(venv, tmp_path)
-    assert {hook: names for hook, names in rows["engine"]["registers"].items() if names} == {"backends": ["inprocess"], "tasks": ["addition"]}
+    assert {hook: names for hook, names in rows["engine"]["registers"].items() if names} == {
+        "backends": ["inprocess"],
+        "tasks": ["addition"],
+    }
     assert "fsdp" not in rows, "the in-process backend installs the engine, not the FSDP side"
     code = "import importlib.util; print(importlib.util.find_spec('nexrl_fsdp'), importlib.util.find_spec('zmq'))"
     assert run(venv / "bin" / "python", "-c", code, cwd=tmp_path).split() == ["None", "None"]

@@ -36,9 +36,7 @@ def score(text: str, a: int, b: int) -> float:
 def rollout(episode: Any) -> float:
     """One episode: ask for ``a+b=``, return the reward."""
     a, b = int(episode.task["a"]), int(episode.task["b"])
-    reply = episode.openai.chat.completions.create(
-        model=episode.model, messages=[{"role": "user", "content": f"{a}+{b}="}]
-    )
+    reply = episode.openai.chat.completions.create(model=episode.model, messages=[{"role": "user", "content": f"{a}+{b}="}])
     return score(reply.choices[0].message.content or "", a, b)
 
 

@@ -45,7 +45,9 @@ def shopping(rng: random.Random) -> tuple[str, str]:
 def pizza(rng: random.Random) -> tuple[str, str]:
     slices = rng.choice((6, 8, 10, 12))
     eaten = rng.randint(1, slices - 1)
-    question = f"A pizza is cut into {slices} equal slices and {rng.choice(NAMES)} eats {eaten} of them. What fraction of the pizza is left?"
+    question = (
+        f"A pizza is cut into {slices} equal slices and {rng.choice(NAMES)} eats {eaten} of them. What fraction of the pizza is left?"
+    )
     return question, show(Fraction(slices - eaten, slices))
 
 

@@ -40,9 +40,13 @@ def _convert_launch_lines(ctx: click.Context, lines: tuple[str, ...]) -> None:
 
 @click.command("convert-v1")
 @click.argument("recipe", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the NexRL recipe here [default: standard output].")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the NexRL recipe here [default: standard output]."
+)
 @click.option("--agent", metavar="MODULE:FUNCTION", help="The NexRL agent that replaces v1's rollout worker (task.agent).")
-@click.option("--drop-unsupported", is_flag=True, help="Write the recipe even when some v1 keys that change training have no NexRL equivalent.")
+@click.option(
+    "--drop-unsupported", is_flag=True, help="Write the recipe even when some v1 keys that change training have no NexRL equivalent."
+)
 @click.option(
     "--launch",
     "launch_lines",
@@ -65,7 +69,11 @@ def convert_v1(
     cannot honour, is named and the status is 2.
     """
     if launch_lines:
-        given = [name for name, value in (("RECIPE", recipe), ("-o", output), ("--agent", agent), ("--drop-unsupported", drop_unsupported)) if value]
+        given = [
+            name
+            for name, value in (("RECIPE", recipe), ("-o", output), ("--agent", agent), ("--drop-unsupported", drop_unsupported))
+            if value
+        ]
         if given:
             raise click.UsageError(f"--launch converts command lines only; drop {', '.join(given)} (convert the recipe in its own call)")
         _convert_launch_lines(ctx, launch_lines)

@@ -79,9 +79,7 @@ def choose_model(target: EvalTarget, config: TrainConfig, model: str | None, ste
     return ModelChoice(label="base", description=f"base model {config.model.name}")
 
 
-def default_report_path(
-    target: EvalTarget, config: TrainConfig, choice: ModelChoice, data: str | None, samples: int
-) -> Path:
+def default_report_path(target: EvalTarget, config: TrainConfig, choice: ModelChoice, data: str | None, samples: int) -> Path:
     """``<run or output.dir>/eval/<model>[-<data>][-samples<K>].json``, so different evaluations keep their reports."""
     base = target.run_dir if target.run_dir is not None else Path(config.output.dir)
     name = choice.label + (f"-{Path(data).stem}" if data is not None else "") + (f"-samples{samples}" if samples > 1 else "")
@@ -94,9 +92,18 @@ def default_report_path(
 @click.option("--model", default=None, help="A Hugging Face model directory (or a model name the backend knows) to evaluate.")
 @click.option("--step", type=click.IntRange(min=0), default=None, help="Evaluate the run's checkpoint of this step.")
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per item (pass@k up to k=SAMPLES).")
-@click.option("--data", default=None, help="Held-out items to use instead of the recipe's: a JSONL or parquet file, or a save_to_disk directory (other forms: task.val_data_path={...}).")
+@click.option(
+    "--data",
+    default=None,
+    help="Held-out items to use instead of the recipe's: a JSONL or parquet file, or a save_to_disk directory (other forms: task.val_data_path={...}).",
+)
 @click.option("--pass-reward", type=float, default=1.0, show_default=True, help="A sample passes when its reward is at least this.")
-@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="JSON report [default: RUN_OR_OUTPUT_DIR/eval/<model>[-<data>][-samples<K>].json].")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="JSON report [default: RUN_OR_OUTPUT_DIR/eval/<model>[-<data>][-samples<K>].json].",
+)
 @click.pass_context
 def eval_command(
     ctx: click.Context,
@@ -136,9 +143,7 @@ def eval_command(
         if data is not None:
             config = attrs.evolve(config, task=attrs.evolve(config.task, val_data_path=data))
         choice = choose_model(target, config, model, step)
-        report = evaluate(
-            config, choice, samples=samples, pass_reward=pass_reward, recipe_dir=target.recipe_dir, recipe=str(target.recipe)
-        )
+        report = evaluate(config, choice, samples=samples, pass_reward=pass_reward, recipe_dir=target.recipe_dir, recipe=str(target.recipe))
     except (ConfigError, ServiceStartError) as error:
         click.echo(str(error), err=True)
         ctx.exit(USAGE_ERROR_EXIT_CODE)

@@ -42,9 +42,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     if step is None:
         step = max(checkpoints)
     elif step not in checkpoints:
-        raise TrainingError(
-            f"{run_dir} has no checkpoint of step {step}; steps with a checkpoint: {', '.join(map(str, checkpoints))}"
-        )
+        raise TrainingError(f"{run_dir} has no checkpoint of step {step}; steps with a checkpoint: {', '.join(map(str, checkpoints))}")
     config = load_config(recipe, [])
     backend = open_backend(config, resolve_options("backends", config.backend, "backend"), run_dir)
     try:
@@ -96,9 +94,7 @@ def export_service_checkpoint(path: str, recipe: Path | None, overrides: Sequenc
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="With a service path: recipe overrides.")
 @click.pass_context
-def export(
-    ctx: click.Context, run_dir: str, step: int | None, out: Path | None, recipe: Path | None, overrides: tuple[str, ...]
-) -> None:
+def export(ctx: click.Context, run_dir: str, step: int | None, out: Path | None, recipe: Path | None, overrides: tuple[str, ...]) -> None:
     """Write the policy of a checkpoint of the run in RUN_DIR as a Hugging Face directory.
 
     Instead of a run directory, a service's own checkpoint path (tinker://..., weaver://...)

@@ -64,12 +64,8 @@ fraction_below_one = Check("must be in [0, 1)", lambda value: _finite(value) and
 non_empty = Check("must not be empty", lambda value: isinstance(value, str) and value.strip() != "")
 SERVICE_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 """The devices a NexRL service runs on: ``cpu``, ``cuda`` (the current GPU) or ``cuda:N``."""
-service_device = Check(
-    "must be cpu, cuda or cuda:N", lambda value: isinstance(value, str) and SERVICE_DEVICE.fullmatch(value) is not None
-)
-non_negative_int = Check(
-    "must be an integer >= 0", lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0
-)
+service_device = Check("must be cpu, cuda or cuda:N", lambda value: isinstance(value, str) and SERVICE_DEVICE.fullmatch(value) is not None)
+non_negative_int = Check("must be an integer >= 0", lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 optional_positive_int = Check(
     "must be null or an integer > 0",
     lambda value: value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),

@@ -76,9 +76,7 @@ def _structure_scalar(value: Any, cls: type) -> Any:
     return cls(value)
 
 
-def _requiring(
-    kind: type | tuple[type, ...], description: str, structure: Callable[[Any, Any], T]
-) -> Callable[[Any, Any], T]:
+def _requiring(kind: type | tuple[type, ...], description: str, structure: Callable[[Any, Any], T]) -> Callable[[Any, Any], T]:
     """Wrap ``structure`` so a value that is not a ``kind`` is a type error, not a crash."""
 
     def structure_checked(value: Any, target: Any) -> T:

@@ -27,9 +27,7 @@ class LRSchedule(str, enum.Enum):
     """Half a cosine from ``learning_rate`` down to 0 at the last step."""
 
 
-def scheduled_learning_rate(
-    learning_rate: float, step: int, *, schedule: LRSchedule | str, warmup_steps: int, total_steps: int
-) -> float:
+def scheduled_learning_rate(learning_rate: float, step: int, *, schedule: LRSchedule | str, warmup_steps: int, total_steps: int) -> float:
     """The learning rate of ``step`` (1-based) of a run of ``total_steps``.
 
     ``learning_rate * warmup * decay``, where ``warmup`` is ``step / warmup_steps`` while

@@ -79,9 +79,7 @@ class BackendContract:
         assert tokenizer.chat_template, "the export must carry the chat template"
         prompt, response = list(sample.prompt_tokens), list(sample.response_tokens)
         exported = sequence_logprobs(model, prompt + response)[len(prompt) - 1 :]
-        assert exported == pytest.approx(sample.response_logprobs, abs=1e-4), (
-            "the exported model must be the one sampling uses"
-        )
+        assert exported == pytest.approx(sample.response_logprobs, abs=1e-4), "the exported model must be the one sampling uses"
 
 
 class TrainerContract:
@@ -112,9 +110,7 @@ class TrainerContract:
         assert isinstance(published, str) and published
         assert probe_sample(holder).response_logprobs != before.response_logprobs
 
-    def test_a_new_trainer_resumes_from_the_state_through_json(
-        self, new_trainer: Callable[[], Trainer], holder: ServiceHolder
-    ) -> None:
+    def test_a_new_trainer_resumes_from_the_state_through_json(self, new_trainer: Callable[[], Trainer], holder: ServiceHolder) -> None:
         """What ``--resume`` does: a trained trainer's state, through JSON, into a new one."""
         trainer = new_trainer()
         trainer.train(holder, sampled_group(holder), step=1)

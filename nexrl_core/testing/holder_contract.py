@@ -103,7 +103,6 @@ class ServiceHolderContract:
         finally:
             clone.close()
 
-
     def test_export_model_writes_the_sampling_weights(self, holder: ServiceHolder, tmp_path: Path) -> None:
         holder.update_sampling_weights()
         sample = holder.sample_from_messages(MESSAGES, SamplingOptions(max_tokens=6, seed=8))

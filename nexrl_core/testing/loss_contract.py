@@ -144,7 +144,9 @@ class PolicyLossContract:
                 part = _part(inputs, slice(first, last), totals)
                 loss, grad = _loss_and_grad(policy_loss, part)
                 parts_loss = parts_loss + loss
-                torch.testing.assert_close(grad, whole_grad[first:last, : grad.shape[1]], msg=f"split {cuts}: gradient of rows {first}:{last}")
+                torch.testing.assert_close(
+                    grad, whole_grad[first:last, : grad.shape[1]], msg=f"split {cuts}: gradient of rows {first}:{last}"
+                )
             torch.testing.assert_close(parts_loss, whole_loss, msg=f"split {cuts}: the parts' losses do not add up to the step's")
 
     def test_nothing_trained_gives_zero_not_nan(self, policy_loss: PolicyLoss) -> None:

@@ -27,9 +27,15 @@ def make_batch(rows: int = 3, seed: int = 0, vocab: int = 100) -> Batch:
         prompt = torch.randint(1, vocab, (2 + index % 2,), generator=generator).tolist()
         response = torch.randint(1, vocab, (2 + index,), generator=generator).tolist()
         runs.append(
-            Trajectory(tokens=prompt + response, loss_mask=[0] * len(prompt) + [1] * len(response),
-                       logprobs=[0.0] * len(prompt) + [-1.0] * len(response), reward=float(index % 2),
-                       group_id="g", run_id=index, task_id="t")
+            Trajectory(
+                tokens=prompt + response,
+                loss_mask=[0] * len(prompt) + [1] * len(response),
+                logprobs=[0.0] * len(prompt) + [-1.0] * len(response),
+                reward=float(index % 2),
+                group_id="g",
+                run_id=index,
+                task_id="t",
+            )
         )
     batch = Batch.from_trajectories(runs, pad_token_id=0)
     batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.linspace(-1, 1, rows)[:, None]

@@ -80,7 +80,9 @@ def _entry(entry: Any, where: Path) -> tuple[str | None, str | None, bool]:
         optional = words[:1] == ["optional"]
         group = words[-1]
         if len(words) > 2 or (len(words) == 2 and not optional) or "@" in group or group.startswith("/"):
-            raise V1RecipeError(f"{where}: defaults entry {entry!r} is not supported (only 'name', 'group: name' and 'optional group: name')")
+            raise V1RecipeError(
+                f"{where}: defaults entry {entry!r} is not supported (only 'name', 'group: name' and 'optional group: name')"
+            )
         if value is not None and not isinstance(value, str):
             raise V1RecipeError(f"{where}: defaults entry {entry!r} chooses {value!r}, not a config name")
         return group, value, optional

@@ -213,7 +213,9 @@ def _set_path(recipe: dict[str, Any], dotted: str, value: Any) -> None:
 class Converter:
     """The state of one conversion; `nexrl_core.v1.rules` reads and records through it."""
 
-    def __init__(self, table: KeyTable, shape: Shape, leaves: dict[str, Leaf], profile: Profile, recipe_path: Path, agent: str | None) -> None:
+    def __init__(
+        self, table: KeyTable, shape: Shape, leaves: dict[str, Leaf], profile: Profile, recipe_path: Path, agent: str | None
+    ) -> None:
         self.table = table
         self.shape = shape
         self.leaves = leaves
@@ -416,4 +418,6 @@ SECTION_ORDER = ("task", "backend", "model", "algorithm", "rollout", "schedule",
 
 def _ordered(recipe: dict[str, Any]) -> dict[str, Any]:
     """The recipe's sections in the order NexRL's own recipes use."""
-    return {key: recipe[key] for key in SECTION_ORDER if key in recipe} | {key: value for key, value in recipe.items() if key not in SECTION_ORDER}
+    return {key: recipe[key] for key in SECTION_ORDER if key in recipe} | {
+        key: value for key, value in recipe.items() if key not in SECTION_ORDER
+    }

@@ -142,7 +142,14 @@ def _launch_lines() -> list[str]:
 
 
 def _profiles(table: KeyTable) -> list[str]:
-    lines = ["## Backends", "", "`train_service.backend` decides what the converted recipe runs on:", "", "| v1 backend | NexRL |", "|---|---|"]
+    lines = [
+        "## Backends",
+        "",
+        "`train_service.backend` decides what the converted recipe runs on:",
+        "",
+        "| v1 backend | NexRL |",
+        "|---|---|",
+    ]
     for profile in table.profiles:
         backend = profile.backend
         options = ", ".join(f"{key}: {value}" for key, value in backend.get("options", {}).items())

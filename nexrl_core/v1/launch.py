@@ -232,7 +232,9 @@ def convert_launch(line: str) -> LaunchConversion:
         if module in _MODULES:
             return _MODULES[module](tokens[:3], env, args)
         if module == V1_WORKER:
-            raise LaunchError(line, [f"{V1_WORKER} runs under torchrun: give the torchrun line (torchrun --standalone --nproc_per_node=1 -m ...)"])
+            raise LaunchError(
+                line, [f"{V1_WORKER} runs under torchrun: give the torchrun line (torchrun --standalone --nproc_per_node=1 -m ...)"]
+            )
     raise LaunchError(
         line,
         [f"not a v1 launch line: expected python -m {V1_MAIN} ..., python -m {V1_API_SERVER} ... or torchrun ... -m {V1_WORKER} ..."],

@@ -94,7 +94,10 @@ def api_key(converter: Converter) -> None:
             converter.also_drop(key, "the default after the comma is a key written in the recipe; never copied")
         return
     converter.carry(key, variable)
-    converter.also_drop(key, f"a key written in the recipe is never copied; export it as {profile.api_key_env} (backend.options.api_key_env names the variable)")
+    converter.also_drop(
+        key,
+        f"a key written in the recipe is never copied; export it as {profile.api_key_env} (backend.options.api_key_env names the variable)",
+    )
 
 
 def lora(converter: Converter) -> None:
@@ -112,7 +115,11 @@ def lora(converter: Converter) -> None:
             converter.carry(rank_key, {"model.lora.rank": rank})
             converter.drop(mode_key, "LoRA adapters of lora_rank, as model.lora.rank says")
         else:
-            converter.refuse(mode_key, f"training mode {mode!r} is not one v1 knew (lora, full_ft)", "set model.lora.rank: 0 for full fine-tuning, > 0 for LoRA")
+            converter.refuse(
+                mode_key,
+                f"training mode {mode!r} is not one v1 knew (lora, full_ft)",
+                "set model.lora.rank: 0 for full fine-tuning, > 0 for LoRA",
+            )
             converter.drop(rank_key, "read with a training mode NexRL does not know")
 
 
@@ -123,7 +130,10 @@ def world_size(converter: Converter) -> None:
     flat, pods, gpus = (converter.value(f"train_service.{key}") for key in ("world_size", "resource.world_size", "resource.gpus_per_pod"))
     if pods is not ABSENT or gpus is not ABSENT:
         pods, gpus = (1 if value is ABSENT else value for value in (pods, gpus))
-        total = _number(converter, "train_service.resource.world_size", pods), _number(converter, "train_service.resource.gpus_per_pod", gpus)
+        total = (
+            _number(converter, "train_service.resource.world_size", pods),
+            _number(converter, "train_service.resource.gpus_per_pod", gpus),
+        )
         if None in total:
             return
         ranks = int(total[0] * total[1])  # type: ignore[operator]
@@ -175,7 +185,11 @@ def _data_path(converter: Converter, v1: str, new: str, files: Any) -> None:
         return
     builders = {_BUILDERS.get(Path(file).suffix.lower()) for file in listed}
     if len(builders) != 1 or None in builders:
-        converter.refuse(v1, "files of several formats (or one NexRL does not read) in one list", f"convert them to one format (parquet, jsonl or csv) and set {new}")
+        converter.refuse(
+            v1,
+            "files of several formats (or one NexRL does not read) in one list",
+            f"convert them to one format (parquet, jsonl or csv) and set {new}",
+        )
         return
     converter.carry(v1, {new: {"builder": builders.pop(), "data_files": listed}}, note="read with Hugging Face datasets' load_dataset")
 
@@ -240,7 +254,9 @@ def sequence_limit(converter: Converter) -> None:
         return
     prompt, reply = converter.output("rollout.max_prompt_tokens"), converter.output("rollout.max_tokens")
     if isinstance(prompt, int) and isinstance(reply, int) and limit >= prompt + reply:
-        converter.drop(key, f"at least the prompt limit ({prompt}) and the reply limit ({reply}) together, so it cut no single-turn trajectory")
+        converter.drop(
+            key, f"at least the prompt limit ({prompt}) and the reply limit ({reply}) together, so it cut no single-turn trajectory"
+        )
         return
     converter.refuse(
         key,
@@ -293,11 +309,17 @@ def agent(converter: Converter) -> None:
             "recipe) and pass --agent math_agent:solve (task.agent)",
         )
         if not converter.present("rollout_worker.agent_cls"):
-            converter.refuse("rollout_worker.type", f"v1's agent worker running its built-in {builtin}", "pass --agent module:function (task.agent)")
+            converter.refuse(
+                "rollout_worker.type", f"v1's agent worker running its built-in {builtin}", "pass --agent module:function (task.agent)"
+            )
         else:
             converter.drop("rollout_worker.type", "the worker that ran agent_cls")
         return
-    converter.refuse("rollout_worker.type", f"v1's built-in {kind} rollout worker", "write it as an agent function and pass --agent module:function (task.agent)")
+    converter.refuse(
+        "rollout_worker.type",
+        f"v1's built-in {kind} rollout worker",
+        "write it as an agent function and pass --agent module:function (task.agent)",
+    )
     converter.drop("rollout_worker.agent_cls", f"unread by the {kind} worker")
 
 
@@ -339,7 +361,11 @@ def precision(converter: Converter) -> None:
     names = [_DTYPES.get(str(converter.value(key))) for key in keys]
     for key, name in zip(keys, names):
         if name is None:
-            converter.refuse(key, f"dtype {converter.value(key)!r}", "NexRL trains in fp32 or bf16 (model.dtype), with fp32 masters under bf16 compute (model.mixed_precision)")
+            converter.refuse(
+                key,
+                f"dtype {converter.value(key)!r}",
+                "NexRL trains in fp32 or bf16 (model.dtype), with fp32 masters under bf16 compute (model.mixed_precision)",
+            )
     if None in names:
         return
     weights, compute, reduce = names
@@ -349,7 +375,10 @@ def precision(converter: Converter) -> None:
     if weights == "bf16" and compute == "fp32":
         converter.refuse(keys[1], "bf16 weights computed in fp32", "choose model.dtype fp32, or bf16 weights computed in bf16")
         return
-    assignments = {"model.dtype": compute if weights == "fp32" else "bf16", "model.mixed_precision": weights == "fp32" and compute == "bf16"}
+    assignments = {
+        "model.dtype": compute if weights == "fp32" else "bf16",
+        "model.mixed_precision": weights == "fp32" and compute == "bf16",
+    }
     present = [key for key in keys if converter.present(key)]
     for key in present or keys[:1]:
         converter.carry(key, assignments, note="fp32 masters under bf16 compute" if assignments["model.mixed_precision"] else "")
@@ -370,7 +399,11 @@ def old_logprobs(converter: Converter) -> None:
         )
         converter.drop(trainer_key, "unread by the loss while train_service.actor.do_old_log_prob_compute is false")
     elif recompute is False:
-        converter.refuse(trainer_key, "v1's workers then compared the policy with all-zero old log-probs", "set backend.options.recompute_old_logprobs: true")
+        converter.refuse(
+            trainer_key,
+            "v1's workers then compared the policy with all-zero old log-probs",
+            "set backend.options.recompute_old_logprobs: true",
+        )
         converter.drop(actor_key, "it compared with the zeros trainer.algorithm.do_old_log_prob_compute false left")
     else:
         for key in [key for key in (trainer_key, actor_key) if converter.present(key)] or [trainer_key]:
@@ -415,7 +448,11 @@ def kl(converter: Converter) -> None:
     penalty = converter.value(penalty_key)
     if controller not in ("fixed", "adaptive") or penalty not in _PENALTIES:
         bad, what = (f"{source}.type", controller) if controller not in ("fixed", "adaptive") else (penalty_key, penalty)
-        converter.refuse(bad, f"{what!r} has no NexRL counterpart", "choose algorithm.kl.controller (fixed, adaptive) and algorithm.kl.penalty (kl, abs, mse, low_var_kl)")
+        converter.refuse(
+            bad,
+            f"{what!r} has no NexRL counterpart",
+            "choose algorithm.kl.controller (fixed, adaptive) and algorithm.kl.penalty (kl, abs, mse, low_var_kl)",
+        )
         return
     converter.carry(use_key, {"algorithm.kl.coef": coef})
     converter.carry(coef_key, {"algorithm.kl.coef": coef})
@@ -433,7 +470,10 @@ def kl(converter: Converter) -> None:
         why = "v1 read kl_ctrl only under trainer.algorithm.critic (so not these values), and its workers computed no reference log-probs"
     else:
         why = "v1's workers computed no reference log-probs"
-    converter.ask(use_key, f"{why}: its KL term was zero in practice; written: the KL the recipe meant (algorithm.kl.coef = {show(coef)}); set algorithm.kl.coef: 0 to train as v1 did")
+    converter.ask(
+        use_key,
+        f"{why}: its KL term was zero in practice; written: the KL the recipe meant (algorithm.kl.coef = {show(coef)}); set algorithm.kl.coef: 0 to train as v1 did",
+    )
 
 
 _WORKER_LOSSES = {"NX_20250515": "ppo", "NX_20241031": "ppo", "importance_sampling": "importance_sampling"}
@@ -452,9 +492,14 @@ def _entropy(converter: Converter, key: str, loss: str) -> None:
             value = converter.value(key)
             converter.carry(key, {"algorithm.loss.options.entropy_coeff": value})
             if value != used:
-                converter.ask(key, f"v1 never sent this to {converter.profile.about}, which trained with {show(used)}; written: the recipe's {show(value)}; set algorithm.loss.options.entropy_coeff: {show(used)} to train as v1 did")
+                converter.ask(
+                    key,
+                    f"v1 never sent this to {converter.profile.about}, which trained with {show(used)}; written: the recipe's {show(value)}; set algorithm.loss.options.entropy_coeff: {show(used)} to train as v1 did",
+                )
         else:
-            converter.carry(key, {"algorithm.loss.options.entropy_coeff": used}, note=f"what {converter.profile.about} used: v1 never sent it")
+            converter.carry(
+                key, {"algorithm.loss.options.entropy_coeff": used}, note=f"what {converter.profile.about} used: v1 never sent it"
+            )
         return
     value = converter.value(key)
     if value is not ABSENT:
@@ -466,19 +511,34 @@ def loss(converter: Converter) -> None:
         key = "train_service.config.loss_fn"
         name = converter.value(key)
         if name not in _SERVICE_LOSSES:
-            converter.refuse(key, f"loss {name!r} has no NexRL counterpart", f"choose algorithm.loss.name ({', '.join(sorted(_SERVICE_LOSSES))})")
+            converter.refuse(
+                key, f"loss {name!r} has no NexRL counterpart", f"choose algorithm.loss.name ({', '.join(sorted(_SERVICE_LOSSES))})"
+            )
             converter.drop("train_service.config.entropy_coeff", "read with a loss NexRL does not have")
             return
-        converter.carry(key, {"algorithm.loss.name": name, "algorithm.loss.options.agg_mode": converter.profile.agg_mode}, note="the service sums the loss over tokens")
+        converter.carry(
+            key,
+            {"algorithm.loss.name": name, "algorithm.loss.options.agg_mode": converter.profile.agg_mode},
+            note="the service sums the loss over tokens",
+        )
         _entropy(converter, "train_service.config.entropy_coeff", name)
         return
-    keys = {name: f"{ACTOR}{name}" for name in ("loss_func_type", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "entropy_coeff")}
+    keys = {
+        name: f"{ACTOR}{name}"
+        for name in ("loss_func_type", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "entropy_coeff")
+    }
     kind = converter.value(keys["loss_func_type"])
     if kind is ABSENT:
         return
     if kind not in _WORKER_LOSSES:
-        instead = "its formula is ppo with dual_clip_c" if kind == "NX_20250515_v2" else "choose algorithm.loss.name (nexrl plugins lists them)"
-        why = "v1's workers refused this name (an assert), so no v1 run trained with it" if kind == "NX_20250515_v2" else "a loss NexRL does not have"
+        instead = (
+            "its formula is ppo with dual_clip_c" if kind == "NX_20250515_v2" else "choose algorithm.loss.name (nexrl plugins lists them)"
+        )
+        why = (
+            "v1's workers refused this name (an assert), so no v1 run trained with it"
+            if kind == "NX_20250515_v2"
+            else "a loss NexRL does not have"
+        )
         converter.refuse(keys["loss_func_type"], why, instead)
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "entropy_coeff"):
             converter.drop(keys[name], "read by a loss NexRL does not have")
@@ -495,7 +555,10 @@ def loss(converter: Converter) -> None:
         elif both is not ABSENT:
             converter.carry(keys["clip_ratio"], {"algorithm.loss.options.clip_low": both, "algorithm.loss.options.clip_high": both})
             for key in ("clip_ratio_low", "clip_ratio_high"):
-                converter.drop(keys[key], f"{kind} clipped symmetrically by clip_ratio" if kind == "NX_20241031" else "not both above 0, so clip_ratio applied")
+                converter.drop(
+                    keys[key],
+                    f"{kind} clipped symmetrically by clip_ratio" if kind == "NX_20241031" else "not both above 0, so clip_ratio applied",
+                )
     else:
         for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             converter.drop(keys[key], "importance_sampling does not clip")
@@ -565,7 +628,10 @@ def warmup(converter: Converter) -> None:
         converter.carry(style_key, {"algorithm.lr_schedule": "constant"})
     elif style in ("linear", "cosine"):
         converter.carry(style_key, {"algorithm.lr_schedule": style})
-        converter.ask(style_key, f"v1 kept the rate constant after warmup whatever warmup_style said; written: {style}; set algorithm.lr_schedule: constant to train as v1 did")
+        converter.ask(
+            style_key,
+            f"v1 kept the rate constant after warmup whatever warmup_style said; written: {style}; set algorithm.lr_schedule: constant to train as v1 did",
+        )
     else:
         converter.refuse(style_key, f"schedule {style!r}", "choose algorithm.lr_schedule (constant, linear, cosine)")
 
@@ -580,7 +646,9 @@ def mini_batches(converter: Converter) -> None:
     if size is None:
         return
     if not isinstance(prompts, int):
-        converter.refuse(key, "the conversion needs data.batch_size to count optimizer steps", "set backend.options.update.mini_batches yourself")
+        converter.refuse(
+            key, "the conversion needs data.batch_size to count optimizer steps", "set backend.options.update.mini_batches yourself"
+        )
         return
     size = int(size)
     if size >= prompts or prompts % size == 0:
@@ -620,14 +688,37 @@ def micro_batches(converter: Converter) -> None:
     parallel = converter.value(f"{ACTOR}ulysses_sequence_parallel_size")
     parallel = 1 if parallel is ABSENT or not isinstance(parallel, int) else parallel
     data_parallel = max(1, ranks // parallel) if isinstance(ranks, int) else 1
-    converter.carry(global_key, {"backend.options.update.micro_batch_rows": max(1, int(rows) // data_parallel)}, note=f"{int(rows)} over {data_parallel} data-parallel ranks")
+    converter.carry(
+        global_key,
+        {"backend.options.update.micro_batch_rows": max(1, int(rows) // data_parallel)},
+        note=f"{int(rows)} over {data_parallel} data-parallel ranks",
+    )
 
 
 RULES: dict[str, Callable[[Converter], None]] = {
     rule.__name__: rule
     for rule in (
-        run_dir, backend, api_key, lora, world_size, op_timeout, model_path, data_files, prompt_key, prompt_limit,
-        sequence_limit, agent, staleness, precision, old_logprobs, kl, loss, betas, warmup, mini_batches, micro_batches,
+        run_dir,
+        backend,
+        api_key,
+        lora,
+        world_size,
+        op_timeout,
+        model_path,
+        data_files,
+        prompt_key,
+        prompt_limit,
+        sequence_limit,
+        agent,
+        staleness,
+        precision,
+        old_logprobs,
+        kl,
+        loss,
+        betas,
+        warmup,
+        mini_batches,
+        micro_batches,
     )  # fmt: skip
 }
 """Every rule the table may name, in the order they run (a later one reads what an earlier wrote)."""

@@ -164,7 +164,9 @@ def key_table() -> KeyTable:
         Profile(**{**entry, "v1_backends": tuple(entry["v1_backends"]), "unsent": dict(entry.get("unsent") or {})})
         for entry in data["profiles"]
     )
-    sections = tuple(Section(title=section["title"], keys=tuple(KeyRule.from_data(entry) for entry in section["keys"])) for section in data["sections"])
+    sections = tuple(
+        Section(title=section["title"], keys=tuple(KeyRule.from_data(entry) for entry in section["keys"])) for section in data["sections"]
+    )
     table = KeyTable(profiles=profiles, sections=sections)
     seen: set[str] = set()
     for rule in table.rules:

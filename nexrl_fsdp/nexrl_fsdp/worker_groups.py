@@ -165,9 +165,7 @@ class WorkerGroupEngine:
         """Loss and per-token target logprobs without touching gradients."""
         return self._run(datums, loss_fn, loss_fn_config, backward=False)
 
-    def forward_backward(
-        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None
-    ) -> ForwardResult:
+    def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None) -> ForwardResult:
         """Like `forward`, then back-propagate; gradients add up on the ranks until `optim_step`."""
         return self._run(datums, loss_fn, loss_fn_config, backward=True)
 
@@ -215,7 +213,9 @@ class WorkerGroupEngine:
     def load_state(self, path: str | Path, load_optimizer: bool = True) -> ckpt.CheckpointManifest:
         """Load a checkpoint `save_state` (or an `Engine`) wrote; ValueError when it does
         not fit. It becomes the restart point."""
-        self._call(lambda: self.group.transport.load_state(str(path), load_optimizer), restart_point=_RestartPoint(Path(path), load_optimizer))
+        self._call(
+            lambda: self.group.transport.load_state(str(path), load_optimizer), restart_point=_RestartPoint(Path(path), load_optimizer)
+        )
         return ckpt.read_manifest(path)
 
     # --- weights for samplers and downloads -------------------------------------------------------
@@ -317,7 +317,10 @@ class WorkerGroupEngine:
         )
         log.warning(
             "worker group of %s restarted in %.1f s from %s, %d calls replayed",
-            self.model_id, restart.seconds, restart.restored_from or "its initial weights", restart.replayed,
+            self.model_id,
+            restart.seconds,
+            restart.restored_from or "its initial weights",
+            restart.replayed,
         )
         self.hooks.on_restart(restart)
 

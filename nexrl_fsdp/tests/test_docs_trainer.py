@@ -81,7 +81,9 @@ def test_the_docs_trainer_sends_each_steps_scheduled_rate(tmp_path: Path, docs_t
         sent = [trainer.update_options(step) for step in range(1, STEPS + 1)]
     finally:
         trainer.close()
-    expected = [scheduled_learning_rate(RATE, step, schedule=schedule, warmup_steps=WARMUP, total_steps=STEPS) for step in range(1, STEPS + 1)]
+    expected = [
+        scheduled_learning_rate(RATE, step, schedule=schedule, warmup_steps=WARMUP, total_steps=STEPS) for step in range(1, STEPS + 1)
+    ]
     assert len(set(expected)) >= STEPS - 1, f"the schedule must move the rate: {expected}"
     assert [options["optimizer"]["learning_rate"] for options in sent] == pytest.approx(expected)
     assert all(options["loss_fn_config"]["clip_low"] == 0.1 and options["ppo_epochs"] == 2 for options in sent)
@@ -100,7 +102,9 @@ class ScheduleLessPlugin:
     def nexrl_trainers(self) -> list[TrainerSpec]:
         return [
             TrainerSpec(
-                name="acme.schedule_less", factory="acme_algos.trainer:MeanBaselineTrainer", config_class=ScheduleLessConfig,
+                name="acme.schedule_less",
+                factory="acme_algos.trainer:MeanBaselineTrainer",
+                config_class=ScheduleLessConfig,
                 capabilities={TRANSPORT_TRAINER},
             )  # fmt: skip
         ]
@@ -113,4 +117,6 @@ def test_a_schedule_for_a_trainer_that_cannot_hold_one_is_refused_by_key(
     checked(recipe(tmp_path, "backend.options.trainer=acme.schedule_less"), tmp_path).close()  # a constant rate is what it does
     with pytest.raises(ConfigError) as refused:
         checked(recipe(tmp_path, "backend.options.trainer=acme.schedule_less", "algorithm.warmup_steps=2"), tmp_path)
-    assert refused.value.problems == ["algorithm.warmup_steps: trainer 'acme.schedule_less' has no setting 'lr_schedule'; remove it or pick another trainer"]
+    assert refused.value.problems == [
+        "algorithm.warmup_steps: trainer 'acme.schedule_less' has no setting 'lr_schedule'; remove it or pick another trainer"
+    ]

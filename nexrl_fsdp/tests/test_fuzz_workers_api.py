@@ -54,7 +54,9 @@ def test_booleans_are_not_integers(server: WorkersApiServer) -> None:
 
 
 def test_no_request_fails_the_server(server: WorkersApiServer) -> None:
-    report = fuzz_app(create_app(server.registry, server.key).openapi(), server.base_url, headers=bearer_header(server.key), max_examples=MAX_EXAMPLES)
+    report = fuzz_app(
+        create_app(server.registry, server.key).openapi(), server.base_url, headers=bearer_header(server.key), max_examples=MAX_EXAMPLES
+    )
     print(f"workers API: {report.summary()}")
     assert not report.server_errors, "\n".join(report.server_errors)
     assert not report.hangs, report.hangs
@@ -72,8 +74,11 @@ def test_a_group_created_used_and_removed_under_fuzzing(server: WorkersApiServer
                 case.path_parameters["identifier"] = "fuzzed"  # type: ignore[attr-defined]
 
         report = fuzz_app(
-            create_app(server.registry, server.key).openapi(), server.base_url, headers=bearer_header(server.key),
-            max_examples=MAX_EXAMPLES // 2, on_case=aim_at_the_group,
+            create_app(server.registry, server.key).openapi(),
+            server.base_url,
+            headers=bearer_header(server.key),
+            max_examples=MAX_EXAMPLES // 2,
+            on_case=aim_at_the_group,
         )
         print(f"workers API, one live group: {report.summary()}")
         assert not report.server_errors, "\n".join(report.server_errors)

@@ -25,9 +25,15 @@ def _ranks() -> list[int]:
 @pytest.mark.parametrize("ranks", _ranks(), ids=lambda ranks: f"{ranks}-ranks")
 def test_self_hosted_on_nccl_ranks_raises_held_out_reward(tmp_path: Path, ranks: int) -> None:
     rows = train(
-        tmp_path / "run", f"backend.options.world_size={ranks}", "backend.options.sampler.device=cuda",
-        f"schedule.steps={STEPS}", f"schedule.validate_every={STEPS}", "schedule.checkpoint_every=5", "task.val_size=128",
-        recipe=RECIPE, timeout_s=400,
+        tmp_path / "run",
+        f"backend.options.world_size={ranks}",
+        "backend.options.sampler.device=cuda",
+        f"schedule.steps={STEPS}",
+        f"schedule.validate_every={STEPS}",
+        "schedule.checkpoint_every=5",
+        "task.val_size=128",
+        recipe=RECIPE,
+        timeout_s=400,
     )
     assert (rows[0]["backend/device"], rows[0]["backend/world_size"]) == ("cuda", str(ranks)), "the ranks train on GPUs"
     rewards = held_out_rewards(rows)

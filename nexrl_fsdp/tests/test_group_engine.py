@@ -128,8 +128,10 @@ def test_steps_with_uneven_passes_per_rank_equal_the_engine(group: WorkerGroupEn
 def test_the_export_is_the_engines(group: WorkerGroupEngine, twin: Engine, tmp_path: Path) -> None:
     """Rank 0 writes the files `Engine.export_hf` writes: the same names (a tied head
     once) and the same weights."""
-    written = {side.__class__.__name__: load_file(str(side.export_hf(tmp_path / side.__class__.__name__) / "model.safetensors"))
-               for side in (group, twin)}
+    written = {
+        side.__class__.__name__: load_file(str(side.export_hf(tmp_path / side.__class__.__name__) / "model.safetensors"))
+        for side in (group, twin)
+    }
     ours, theirs = written["WorkerGroupEngine"], written["Engine"]
     assert set(ours) == set(theirs)
     assert max(float((ours[name] - theirs[name]).abs().max()) for name in ours) < 1e-5

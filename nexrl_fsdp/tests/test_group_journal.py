@@ -27,9 +27,7 @@ def optim_step(lr: float) -> ReplayCall:
 def same(a: ReplayCall, b: ReplayCall) -> bool:
     if a.op != b.op or dict(a.options) != dict(b.options) or (a.datums is None) != (b.datums is None):
         return False
-    return a.datums is None or (
-        a.datums.keys() == b.datums.keys() and all(torch.equal(a.datums[k], b.datums[k]) for k in a.datums)
-    )
+    return a.datums is None or (a.datums.keys() == b.datums.keys() and all(torch.equal(a.datums[k], b.datums[k]) for k in a.datums))
 
 
 def test_calls_read_back_in_order_for_their_restart_point(tmp_path: Path) -> None:

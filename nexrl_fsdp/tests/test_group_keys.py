@@ -83,7 +83,9 @@ def test_a_message_without_its_mac_or_with_another_keys_is_unauthenticated() -> 
 def test_frames_cannot_be_cut_differently_under_the_same_mac() -> None:
     """Two tensor frames merged into one (or a byte moved from one frame to the next) keep
     every byte and their order, but not the frame lengths the MAC binds in."""
-    header, first, second, *rest = [bytes(memoryview(frame)) for frame in wire.encode({"kind": "x"}, {"a": torch.ones(2), "b": torch.ones(2)}, key=KEY)]
+    header, first, second, *rest = [
+        bytes(memoryview(frame)) for frame in wire.encode({"kind": "x"}, {"a": torch.ones(2), "b": torch.ones(2)}, key=KEY)
+    ]
     mac = rest[-1]
     for recut in ([header, first + second, mac], [header, first[:-1], first[-1:] + second, mac], [header + first, second, mac]):
         with pytest.raises(wire.UnauthenticatedMessage):
@@ -126,7 +128,10 @@ def test_a_rank_started_without_the_key_exits_naming_it() -> None:
     env = {name: value for name, value in os.environ.items() if name != ENV_WORKER_KEY}
     done = subprocess.run(
         [sys.executable, "-m", "nexrl_fsdp.worker", "--api-server-url", "http://127.0.0.1:9", "--identifier", "g"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert done.returncode == 1 and f"set {ENV_WORKER_KEY}" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
@@ -252,7 +257,10 @@ def test_the_commands_the_server_publishes_carry_the_keys_mac(server: WorkersApi
 def test_no_generated_authorization_opens_the_api(server: WorkersApiServer, authorization: str) -> None:
     """Whatever the header holds, but the key, the answer is 401 and no group is made."""
     response = httpx.post(
-        f"{server.base_url}/api/v1/groups", json={"identifier": "guessed", "world_size": 1}, headers={"authorization": authorization}, timeout=10
+        f"{server.base_url}/api/v1/groups",
+        json={"identifier": "guessed", "world_size": 1},
+        headers={"authorization": authorization},
+        timeout=10,
     )
     assert response.status_code == 401
     assert server.registry is not None and "guessed" not in server.registry.groups
@@ -271,7 +279,9 @@ def test_fuzzing_every_route_without_the_key_runs_nothing_and_fails_nothing(
         if "identifier" in (case.path_parameters or {}):
             case.path_parameters["identifier"] = ready_group
 
-    report = fuzz_app(create_app(server.registry, KEY).openapi(), server.base_url, headers=headers, max_examples=8, on_case=aim_at_the_group)
+    report = fuzz_app(
+        create_app(server.registry, KEY).openapi(), server.base_url, headers=headers, max_examples=8, on_case=aim_at_the_group
+    )
     print(f"workers API without the key: {report.summary()}")
     assert not report.server_errors and not report.hangs, report.server_errors + report.hangs
     assert spy.calls == [], f"a request without the key reached the registry: {spy.calls}"
@@ -337,7 +347,12 @@ def test_serve_workers_on_the_loopback_without_a_key_makes_one_and_says_so() -> 
                 assert time.monotonic() < deadline and server.poll() is None
                 time.sleep(0.1)
         assert httpx.post(f"{url}/api/v1/groups", json={"identifier": "g", "world_size": 1}, timeout=10).status_code == 401
-        assert httpx.post(f"{url}/api/v1/groups", json={"identifier": "g", "world_size": 1}, headers=bearer_header(key), timeout=10).status_code == 200
+        assert (
+            httpx.post(
+                f"{url}/api/v1/groups", json={"identifier": "g", "world_size": 1}, headers=bearer_header(key), timeout=10
+            ).status_code
+            == 200
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -417,7 +432,9 @@ def test_a_foreign_dealer_on_rank_0s_data_socket_is_neither_acknowledged_nor_run
         foreign.connect(endpoint)
         (first, first_path), (second, second_path) = forged.items()
         wire.send(foreign, {"op": "save_checkpoint", "op_id": first, "options": {"path": str(first_path)}}, key=OTHER_KEY)
-        foreign.send_multipart([json.dumps({"op": "save_checkpoint", "op_id": second, "options": {"path": str(second_path)}, "tensors": []}).encode()])
+        foreign.send_multipart(
+            [json.dumps({"op": "save_checkpoint", "op_id": second, "options": {"path": str(second_path)}, "tensors": []}).encode()]
+        )
         assert not foreign.poll(int(QUIET_S * 1000)), "rank 0 answered a message without the key"
         for op_id in forged:
             group.transport._execute("save_checkpoint", op_id)

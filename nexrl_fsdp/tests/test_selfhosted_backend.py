@@ -55,9 +55,7 @@ def open_backend(config: TrainConfig, work_dir: Path) -> SelfHostedBackend:
         ("backend.options.sampler.device=no-such-device", "backend.options.sampler.device:"),
     ],
 )
-def test_options_the_workers_cannot_honour_are_refused_before_anything_starts(
-    tmp_path: Path, override: str, problem: str
-) -> None:
+def test_options_the_workers_cannot_honour_are_refused_before_anything_starts(tmp_path: Path, override: str, problem: str) -> None:
     with pytest.raises(ConfigError) as error:
         open_backend(recipe(tmp_path, override), tmp_path / "backend")
     assert any(line.startswith(problem) for line in error.value.problems), error.value.problems
@@ -134,7 +132,9 @@ def test_the_sampler_gets_the_cores_the_local_ranks_and_the_driver_leave(monkeyp
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
     assert sampler_threads(SelfHostedBackendConfig(world_size=4)) == "11"
-    assert sampler_threads(SelfHostedBackendConfig(world_size=4, workers_url="http://elsewhere:8000")) == "15", "remote ranks use no core here"
+    assert sampler_threads(SelfHostedBackendConfig(world_size=4, workers_url="http://elsewhere:8000")) == "15", (
+        "remote ranks use no core here"
+    )
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     assert sampler_threads(SelfHostedBackendConfig(world_size=2)) == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
@@ -191,9 +191,23 @@ def test_a_group_started_by_hand_is_driven_through_workers_url(tmp_path: Path, m
                 assert time.monotonic() < deadline and server.poll() is None, (tmp_path / "group.log").read_text()
                 time.sleep(0.2)
         workers = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-             "-m", "nexrl_fsdp.worker", "--api-server-url", url, "--identifier", "remote"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                "-m",
+                "nexrl_fsdp.worker",
+                "--api-server-url",
+                url,
+                "--identifier",
+                "remote",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         options = (f"backend.options.workers_url={url}", "backend.options.identifier=remote", "model.dtype=bf16")
         backend = open_backend(recipe(tmp_path, *options), tmp_path / "backend")
@@ -276,7 +290,9 @@ def test_a_worker_group_that_cannot_start_stops_the_run_in_one_line(tmp_path: Pa
     out = tmp_path / "run"
     command = [str(Path(sys.executable).parent / "nexrl"), "train", str(RECIPE), f"output.dir={out}"]
     started = time.monotonic()
-    result = subprocess.run(command, env={**os.environ, MARKER: marker, "NEXRL_WORKER_DEVICE": "tpu"}, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, env={**os.environ, MARKER: marker, "NEXRL_WORKER_DEVICE": "tpu"}, capture_output=True, text=True, timeout=300
+    )
     assert time.monotonic() - started < 120, "the rank's failure, not the connect timeout (180 s)"
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
@@ -295,10 +311,21 @@ def test_quickstart_fsdp_trains_lora_adapters_end_to_end(tmp_path: Path) -> None
 
     out = tmp_path / "run"
     command = [
-        str(Path(sys.executable).parent / "nexrl"), "train", str(RECIPE), f"output.dir={out}",
-        "schedule.steps=3", "schedule.validate_every=0", "schedule.checkpoint_every=3", "task.val_size=4",
-        "rollout.prompts_per_step=8", "rollout.group_size=4", "algorithm.learning_rate=1e-3",
-        "model.lora.rank=4", "model.lora.alpha=8", "model.lora.train_attn=false", "model.lora.train_unembed=false",
+        str(Path(sys.executable).parent / "nexrl"),
+        "train",
+        str(RECIPE),
+        f"output.dir={out}",
+        "schedule.steps=3",
+        "schedule.validate_every=0",
+        "schedule.checkpoint_every=3",
+        "task.val_size=4",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=4",
+        "algorithm.learning_rate=1e-3",
+        "model.lora.rank=4",
+        "model.lora.alpha=8",
+        "model.lora.train_attn=false",
+        "model.lora.train_unembed=false",
     ]
     result = train_on_the_loopback(command, uuid.uuid4().hex, timeout=480)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

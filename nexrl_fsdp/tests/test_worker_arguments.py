@@ -71,7 +71,9 @@ def test_the_seed_s_flags_are_taken() -> None:
     ],
     ids=["other-backend", "broadcast", "other-dispatch-mode"],
 )
-def test_a_value_the_ranks_cannot_honour_is_refused_by_name(capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str) -> None:
+def test_a_value_the_ranks_cannot_honour_is_refused_by_name(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
     error = refusal(capsys, ["--identifier", "g", "--api-server-url", "h", flag, value], {})
     assert message in error
     if value == "broadcast":

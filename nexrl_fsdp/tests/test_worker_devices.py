@@ -58,5 +58,7 @@ def test_the_collective_check_passes_nexrl_collectives_a_gpu_group_carries() -> 
     and the mutation list shows it failing the whole group at its first command when a
     GPU group is NCCL alone (the first GPU run's bug)."""
     env = {**os.environ, "NEXRL_CHECK_COLLECTIVES": "1"}
-    result = subprocess.run([sys.executable, "-c", _CHECKED_RUN.format(port=_free_port())], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _CHECKED_RUN.format(port=_free_port())], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "{'ok': 1}" in result.stdout, result.stderr[-3000:]

@@ -50,7 +50,11 @@ PACKAGES = [Path(__file__).parents[1] / "nexrl_fsdp" / name for name in ("direct
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerGroup]:
     workers = WorkerGroup(
-        2, tmp_path_factory.mktemp("workers") / "workers.log", heartbeat_s=0.5, dead_after_s=5, op_timeout_s=120,
+        2,
+        tmp_path_factory.mktemp("workers") / "workers.log",
+        heartbeat_s=0.5,
+        dead_after_s=5,
+        op_timeout_s=120,
         extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"},
     )
     try:
@@ -148,7 +152,9 @@ def test_a_malformed_batch_is_refused_and_the_workers_stay_usable(group: WorkerG
 
 def test_bad_update_options_are_refused_by_name(group: WorkerGroup) -> None:
     with pytest.raises(WorkerGroupError, match="'seq-mean-token-avg' is not a valid AggMode"):
-        group.transport.update_actor(training_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-avg"}})
+        group.transport.update_actor(
+            training_batch(), {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "seq-mean-token-avg"}}
+        )
     with pytest.raises(WorkerGroupError, match="unknown update_actor options"):
         group.transport.update_actor(training_batch(), {"loss_fn": "importance_sampling", "epochs": 2})
 
@@ -162,7 +168,9 @@ def test_push_weights_sends_the_policy_from_rank_0_to_a_sampler_process(group: W
         assert group.transport.push_weights(endpoint) == len(gathered)
         exported, _ = load_exported(Path(sampler.request({"kind": "export", "path": str(tmp_path / "hf")}).header["path"]))
         loaded = dict(exported.named_parameters())
-        assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), "the sampler holds the trained weights, exactly"
+        assert all(torch.equal(loaded[name].detach(), gathered[name]) for name in gathered), (
+            "the sampler holds the trained weights, exactly"
+        )
 
 
 def test_no_pickle_on_the_driver_side(group: WorkerGroup, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,7 +192,14 @@ def test_no_module_of_the_transport_or_the_workers_can_pickle() -> None:
             imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
             assert not imported & {"pickle", "cloudpickle", "dill"}, path
             calls = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-            assert not calls & {"send_pyobj", "recv_pyobj", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"}, path
+            assert not calls & {
+                "send_pyobj",
+                "recv_pyobj",
+                "all_gather_object",
+                "broadcast_object_list",
+                "gather_object",
+                "scatter_object_list",
+            }, path
 
 
 def test_a_local_group_listens_on_the_loopback_only(group: WorkerGroup) -> None:
@@ -265,7 +280,9 @@ def test_every_loss_option_reaches_the_workers_gradient(group: WorkerGroup) -> N
 AGGREGATION_CASES = loss_aggregation_cases()
 
 
-@pytest.mark.parametrize(("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES])
+@pytest.mark.parametrize(
+    ("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES]
+)
 def test_the_workers_step_does_not_depend_on_ranks_or_micro_batches(group: WorkerGroup, loss: str, options: dict[str, Any]) -> None:
     """Every registered loss under every aggregation: the 2-rank group's gradient norm and
     loss are the same with one row, every row, or a 20-token budget per pass, and equal to one process's
@@ -313,7 +330,12 @@ def test_runs_sharing_a_prompt_give_the_engines_logprobs_and_gradient(group: Wor
     reference_norm = engine.optim_step(frozen).grad_norm
     metrics = group.transport.update_actor(
         batch,
-        {"loss_fn": "importance_sampling", "loss_fn_config": {"agg_mode": "token-mean"}, "optimizer": frozen.to_json(), "micro_batch_rows": 8},
+        {
+            "loss_fn": "importance_sampling",
+            "loss_fn_config": {"agg_mode": "token-mean"},
+            "optimizer": frozen.to_json(),
+            "micro_batch_rows": 8,
+        },
     )
     assert metrics["actor/grad_norm"] == pytest.approx(reference_norm, rel=1e-4)
     assert metrics["loss:mean"] == pytest.approx(reference.metrics["loss:mean"], rel=1e-4)
@@ -436,7 +458,9 @@ def _checkpoint_tensors(path: Path) -> list[str]:
     """Names of the model tensors a DCP checkpoint holds."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    return [key.removeprefix("model.") for key in FileSystemReader(str(path)).read_metadata().state_dict_metadata if key.startswith("model.")]
+    return [
+        key.removeprefix("model.") for key in FileSystemReader(str(path)).read_metadata().state_dict_metadata if key.startswith("model.")
+    ]
 
 
 def test_the_exported_lora_policy_loads_with_transformers_and_peft(group: WorkerGroup, tmp_path: Path) -> None:
@@ -487,4 +511,6 @@ def test_bad_lora_settings_are_refused_by_name(group: WorkerGroup) -> None:
     with pytest.raises(WorkerGroupError, match=r"unknown init_model lora fields \['dropout'\]"):
         group.transport._call("init_model", {"model": "nexrl-tiny", "lora": {"rank": 4, "dropout": 0.1}})
     with pytest.raises(WorkerGroupError, match="needs at least one of train_mlp, train_attn, train_unembed"):
-        group.transport._call("init_model", {"model": "nexrl-tiny", "lora": {"rank": 4, "train_mlp": False, "train_attn": False, "train_unembed": False}})
+        group.transport._call(
+            "init_model", {"model": "nexrl-tiny", "lora": {"rank": 4, "train_mlp": False, "train_attn": False, "train_unembed": False}}
+        )

@@ -34,8 +34,17 @@ def _batch(seed: int, rows: int = 4) -> Batch:
     runs = []
     for index in range(rows):
         tokens = torch.randint(1, 1000, (8,), generator=generator).tolist()
-        runs.append(Trajectory(tokens=tokens, loss_mask=[0] * 3 + [1] * 5, logprobs=[0.0] * 3 + [-2.0] * 5,
-                               reward=0.0, group_id="g", run_id=index, task_id="t"))
+        runs.append(
+            Trajectory(
+                tokens=tokens,
+                loss_mask=[0] * 3 + [1] * 5,
+                logprobs=[0.0] * 3 + [-2.0] * 5,
+                reward=0.0,
+                group_id="g",
+                run_id=index,
+                task_id="t",
+            )
+        )
     batch = Batch.from_trajectories(runs, pad_token_id=0)
     batch.tensors["advantages"] = batch.tensors["loss_mask"] * torch.linspace(-1, 1, rows)[:, None]
     return batch
@@ -178,8 +187,14 @@ def test_a_frozen_rank_is_a_lost_group_within_the_op_deadline(tmp_path: Path) ->
     `BackendLost`, which the loop answers with a restart, and nothing is left running.
     The group starts and loads under a deadline any machine meets; only the frozen op
     runs under the tight one."""
-    group = WorkerGroup(2, tmp_path / "frozen.log", heartbeat_s=0.5, dead_after_s=3, op_timeout_s=300,
-                             extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "600"})
+    group = WorkerGroup(
+        2,
+        tmp_path / "frozen.log",
+        heartbeat_s=0.5,
+        dead_after_s=3,
+        op_timeout_s=300,
+        extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "600"},
+    )
     try:
         group.transport.init_model("nexrl-tiny")
         group.transport.options = attrs.evolve(group.transport.options, op_timeout_s=6)

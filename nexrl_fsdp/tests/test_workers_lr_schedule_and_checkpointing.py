@@ -40,7 +40,12 @@ def recipe(tmp_path: Path) -> TrainConfig:
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[WorkerGroup]:
     group = WorkerGroup(
-        2, tmp_path / "workers.log", heartbeat_s=0.5, dead_after_s=5, op_timeout_s=120, extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"}
+        2,
+        tmp_path / "workers.log",
+        heartbeat_s=0.5,
+        dead_after_s=5,
+        op_timeout_s=120,
+        extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "60"},
     )
     try:
         yield group

@@ -66,7 +66,9 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerGroup]:
 
 
 def _mixed_engine(lora: LoraSettings | None = None) -> Engine:
-    return Engine(EngineConfig(model="nexrl-tiny", seed=0, share_prefixes=False, dtype="bf16", mixed_precision=True, lora=lora or LoraSettings()))
+    return Engine(
+        EngineConfig(model="nexrl-tiny", seed=0, share_prefixes=False, dtype="bf16", mixed_precision=True, lora=lora or LoraSettings())
+    )
 
 
 def _fp32_engine(lora: LoraSettings) -> Engine:
@@ -189,7 +191,11 @@ def test_a_checkpoint_holds_the_fp32_masters_and_moments_and_resumes_bit_for_bit
     group.transport.update_actor(training_batch(), UPDATE)
     saved = Path(group.transport.save_checkpoint(str(tmp_path / "checkpoint")))
     metadata = FileSystemReader(str(saved)).read_metadata().state_dict_metadata
-    floating = {key: entry.properties.dtype for key, entry in metadata.items() if hasattr(entry, "properties") and entry.properties.dtype.is_floating_point}
+    floating = {
+        key: entry.properties.dtype
+        for key, entry in metadata.items()
+        if hasattr(entry, "properties") and entry.properties.dtype.is_floating_point
+    }
     assert any(key.startswith("optimizer.state.") and "exp_avg" in key for key in floating)
     assert {dtype for key, dtype in floating.items() if not key.endswith(".step")} == {torch.float32}
     from safetensors.torch import load_file

@@ -47,8 +47,15 @@ def _runs() -> list[Trajectory]:
         response = torch.randint(1, 1000, (2 + index % 3,), generator=generator).tolist()
         logprobs = [0.0] * len(prompt) + (-torch.rand(len(response), generator=generator) * 3).tolist()
         runs.append(
-            Trajectory(tokens=prompt + response, loss_mask=[0] * len(prompt) + [1] * len(response), logprobs=logprobs,
-                       reward=advantage, group_id="g", run_id=index, task_id="t")
+            Trajectory(
+                tokens=prompt + response,
+                loss_mask=[0] * len(prompt) + [1] * len(response),
+                logprobs=logprobs,
+                reward=advantage,
+                group_id="g",
+                run_id=index,
+                task_id="t",
+            )
         )
     return runs
 
@@ -90,7 +97,11 @@ def engine() -> Engine:
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda ranks: f"{ranks}-ranks")
 def group(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerGroup]:
     workers = WorkerGroup(
-        request.param, tmp_path_factory.mktemp("uneven") / "workers.log", heartbeat_s=0.5, dead_after_s=10, op_timeout_s=60,
+        request.param,
+        tmp_path_factory.mktemp("uneven") / "workers.log",
+        heartbeat_s=0.5,
+        dead_after_s=10,
+        op_timeout_s=60,
         extra_env={"NEXRL_WORKER_COLLECTIVE_TIMEOUT_S": "30"},
     )
     try:

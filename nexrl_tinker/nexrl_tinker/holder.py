@@ -71,16 +71,18 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
             if self._training is None:
                 self._training = self._retry(
                     "create a training client",
-                    lambda: self._service_client()
-                    .create_lora_training_client(
-                        self.config.model.name,
-                        rank=lora.rank,
-                        seed=self.config.seed,
-                        train_mlp=lora.train_mlp,
-                        train_attn=lora.train_attn,
-                        train_unembed=lora.train_unembed,
-                    )
-                    .result(),
+                    lambda: (
+                        self._service_client()
+                        .create_lora_training_client(
+                            self.config.model.name,
+                            rank=lora.rank,
+                            seed=self.config.seed,
+                            train_mlp=lora.train_mlp,
+                            train_attn=lora.train_attn,
+                            train_unembed=lora.train_unembed,
+                        )
+                        .result()
+                    ),
                 )
             return self._training
 
@@ -158,9 +160,7 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
     def _hosted_loss_config(self, config: TrainStepConfig) -> dict[str, float]:
         return _hosted_loss_config(config)
 
-    def _train_step(
-        self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]
-    ) -> dict[str, float]:
+    def _train_step(self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]) -> dict[str, float]:
         import tinker
 
         adam = tinker.types.AdamParams(**config.optimizer.to_json())
@@ -364,9 +364,7 @@ def _cookbook_renderer(name: str, tokenizer: Any) -> Any:
     try:
         from tinker_cookbook import renderers
     except ImportError as exc:
-        raise ValueError(
-            f"renderer_name {name!r} needs tinker-cookbook: pip install --no-deps tinker-cookbook (see the README)"
-        ) from exc
+        raise ValueError(f"renderer_name {name!r} needs tinker-cookbook: pip install --no-deps tinker-cookbook (see the README)") from exc
     return renderers.get_renderer(name, tokenizer)
 
 

@@ -62,6 +62,8 @@ def sft_data(tokenizer: Any) -> list[Any]:
         tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
         weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
         data.append(
-            types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights}
+            )
         )
     return data

@@ -60,9 +60,7 @@ def test_malformed_json(client: httpx.Client) -> None:
 def test_malformed_protobuf(client: httpx.Client, model_id: str) -> None:
     response = client.post("/api/v1/forward_backward", content=b"\xff\xff\xff garbage", headers=PROTO)
     assert "protobuf" in detail(response, 400)
-    response = client.post(
-        "/api/v1/forward_backward", content=b"\x28\xb5\x2f\xfd garbage", headers={**PROTO, "Content-Encoding": "zstd"}
-    )
+    response = client.post("/api/v1/forward_backward", content=b"\x28\xb5\x2f\xfd garbage", headers={**PROTO, "Content-Encoding": "zstd"})
     assert "zstd" in detail(response, 400)
 
 
@@ -140,9 +138,7 @@ def test_wrong_loss_fn_and_mismatched_lengths(service_client, client: httpx.Clie
     )
     message = detail(response, 400)
     assert "no_such_loss" in message and "cross_entropy" in message
-    response = client.post(
-        "/api/v1/forward_backward", content=fb_request(training.model_id, 2, [1, 2, 3, 4, 5], [2, 3, 4]), headers=PROTO
-    )
+    response = client.post("/api/v1/forward_backward", content=fb_request(training.model_id, 2, [1, 2, 3, 4, 5], [2, 3, 4]), headers=PROTO)
     assert "has shape [3] but the model input has 5 tokens" in detail(response, 400)
     # Through the SDK: a BadRequestError with the reason, and the client's later requests still run.
     bad = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 4]), loss_fn_inputs={"target_tokens": [1, 2]})
@@ -167,9 +163,7 @@ def test_bad_sampling_and_checkpoint_requests(service_client, client: httpx.Clie
         service_client.create_sampling_client(base_model="Qwen/Qwen3-8B").result(timeout=60)
     sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="temperature"):
-        sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2, temperature=-1.0)).result(
-            timeout=60
-        )
+        sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2, temperature=-1.0)).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="empty"):
         sampler.sample(types.ModelInput.from_ints([]), 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
     response = client.post(

@@ -177,4 +177,3 @@ def test_refused_routes_say_why(rest, service_client, base_url: str) -> None:
     assert unknown.status_code == 404 and "this service has no route GET /api/v1/no_such_route" in unknown.json()["detail"]
     wrong_method = httpx.put(f"{base_url}/api/v1/sessions", headers=headers)
     assert wrong_method.status_code == 405 and "PUT /api/v1/sessions is not served here" in wrong_method.json()["detail"]
-

@@ -25,7 +25,12 @@ class TestSixteenClientsAtOnce(ClientsAtOnceContract):
                 training.forward_backward([datum], "cross_entropy").result(timeout=300)
                 metrics = training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=300).metrics
                 counters.append(metrics["step:mean"])
-            sample = training.save_weights_and_get_sampling_client().result(timeout=300).sample(
-                types.ModelInput.from_ints(tokens[:4]), num_samples=1, sampling_params=types.SamplingParams(max_tokens=3, seed=index)
-            ).result(timeout=300)
+            sample = (
+                training.save_weights_and_get_sampling_client()
+                .result(timeout=300)
+                .sample(
+                    types.ModelInput.from_ints(tokens[:4]), num_samples=1, sampling_params=types.SamplingParams(max_tokens=3, seed=index)
+                )
+                .result(timeout=300)
+            )
             return counters, list(sample.sequences[0].tokens), training.model_id

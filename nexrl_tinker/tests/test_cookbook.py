@@ -75,9 +75,7 @@ class AdditionDataset(RLDataset):
         renderer = renderers.get_renderer(RENDERER, tokenizer_utils.get_tokenizer(BASE_MODEL))
         pairs = [(7 * (index * self.batch_size + i) % 90 + 3, 11 * i % 50 + 2) for i in range(self.batch_size)]
         return [
-            ProblemGroupBuilder(
-                env_thunk=lambda a=a, b=b: AdditionEnv(renderer, a, b), num_envs=self.group_size, dataset_name="addition"
-            )
+            ProblemGroupBuilder(env_thunk=lambda a=a, b=b: AdditionEnv(renderer, a, b), num_envs=self.group_size, dataset_name="addition")
             for a, b in pairs
         ]
 
@@ -115,7 +113,10 @@ class PreferenceDataset(SupervisedDataset):
                 tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
                 weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
                 self.data.append(
-                    types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+                    )
                 )
 
     def get_batch(self, index: int) -> list[types.Datum]:

@@ -72,9 +72,7 @@ def test_the_export_is_an_external_weights_checkpoint(trained, export_path: str,
     assert listed[export_path].checkpoint_type == "external" and listed[export_path].size_bytes > 0
 
 
-def test_signed_urls_download_a_model_that_scores_like_the_service(
-    trained, export_path: str, rest, base_url: str, tmp_path: Path
-) -> None:
+def test_signed_urls_download_a_model_that_scores_like_the_service(trained, export_path: str, rest, base_url: str, tmp_path: Path) -> None:
     _, tokenizer, sampling = trained
     signed = rest.get_external_weights_urls(export_path).result()
     assert {"config.json", "model.safetensors", "tokenizer_config.json", "chat_template.jinja"} <= set(signed.urls)
@@ -177,7 +175,9 @@ def test_the_cookbooks_download_of_a_training_checkpoint_gives_its_weights(
     assert written == sorted(p.relative_to(tmp_path / "plain").as_posix() for p in (tmp_path / "plain").rglob("*") if p.is_file())
     for name in written:
         assert (Path(out) / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
-    leftovers = [c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints if c.tinker_path.endswith("/external_weights/download")]
+    leftovers = [
+        c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints if c.tinker_path.endswith("/external_weights/download")
+    ]
     assert leftovers == []  # the temporary export was deleted
 
 

@@ -67,7 +67,9 @@ def test_sequence_numbers_past_what_sql_holds_are_refused_by_name(service: Any) 
         body = {"session_id": session, "model_seq_id": SQL_INT_MAX + 1, "base_model": BASE_MODEL, "lora_config": {"rank": 0}}
         response = client.post("/create_model", json=body)
         assert response.status_code == 422 and "model_seq_id" in response.text
-        response = client.post("/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 2**64, "base_model": BASE_MODEL})
+        response = client.post(
+            "/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 2**64, "base_model": BASE_MODEL}
+        )
         assert response.status_code == 422 and "sampling_session_seq_id" in response.text
         response = client.post("/optim_step", json={"model_id": "x", "seq_id": False})
         assert response.status_code == 422 and "seq_id" in response.text, "a boolean is not a sequence number"
@@ -100,7 +102,11 @@ def test_a_session_and_model_created_used_and_ended_under_fuzzing(service: Any) 
             case.body.update({key: value for key, value in live.items() if key in case.body})
 
     report = fuzz_app(
-        service.create_app(service.state).openapi(), service.base_url, headers=HEADERS, max_examples=MAX_EXAMPLES // 2, on_case=aim_at_the_live_model
+        service.create_app(service.state).openapi(),
+        service.base_url,
+        headers=HEADERS,
+        max_examples=MAX_EXAMPLES // 2,
+        on_case=aim_at_the_live_model,
     )
     print(f"Tinker service, one live session and model: {report.summary()}")
     assert not report.server_errors, "\n".join(report.server_errors)
@@ -110,7 +116,8 @@ def test_a_session_and_model_created_used_and_ended_under_fuzzing(service: Any) 
     after = tinker.ServiceClient(base_url=service.base_url, api_key=TEST_API_KEY)
     trained = after.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(timeout=300)
     datum = tinker.types.Datum(
-        model_input=tinker.types.ModelInput.from_ints([19, 20, 13, 21]), loss_fn_inputs={"target_tokens": [20, 13, 21, 22], "weights": [1.0] * 4}
+        model_input=tinker.types.ModelInput.from_ints([19, 20, 13, 21]),
+        loss_fn_inputs={"target_tokens": [20, 13, 21, 22], "weights": [1.0] * 4},
     )
     assert trained.forward_backward([datum], "cross_entropy").result(timeout=120).metrics["loss:sum"] > 0
     after.close("success").result(timeout=60)

@@ -36,9 +36,7 @@ ADAM = types.AdamParams(learning_rate=5e-4)
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Groups of two ranks that beat every 0.5 s, count as lost after 3 s of silence and
     save their state every second optimizer step."""
-    svc = start_service(
-        tmp_path_factory.mktemp("healing"), workers=2, worker_heartbeat_s=0.5, worker_dead_after_s=3.0, worker_save_every=2
-    )
+    svc = start_service(tmp_path_factory.mktemp("healing"), workers=2, worker_heartbeat_s=0.5, worker_dead_after_s=3.0, worker_save_every=2)
     try:
         yield svc
     finally:

@@ -39,11 +39,7 @@ class TestHostedTinkerLossOptions(HostedSdkHolderLossOptions):
         }
 
     def test_hosted_refusals_name_the_option(self, holder: TinkerServiceHolder, option_cases: Sequence[LossOptionCase]) -> None:
-        refused = {
-            (case.loss, key)
-            for case in option_cases
-            for key in holder.refused_options(case.step(case.other))
-        }
+        refused = {(case.loss, key) for case in option_cases for key in holder.refused_options(case.step(case.other))}
         assert ("gspo", "loss_fn") in refused
         assert ("ppo", "loss_fn_config.dual_clip_c") in refused and ("ppo", "loss_fn_config.entropy_coeff") in refused
         assert ("ppo", "loss_fn_config.agg_mode") in refused and ("cispo", "loss_fn_config.norm_constant") in refused

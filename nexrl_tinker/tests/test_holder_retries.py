@@ -27,7 +27,11 @@ from nexrl_tinker.holder_config import TinkerHolderConfig
 from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 DATUM = RemoteDatum(
-    input_tokens=[19, 20, 13, 21, 22], target_tokens=[20, 13, 21, 22, 31], sampling_logprobs=[0.0] * 5, advantages=[0.0] * 5, loss_mask=[1.0] * 5
+    input_tokens=[19, 20, 13, 21, 22],
+    target_tokens=[20, 13, 21, 22, 31],
+    sampling_logprobs=[0.0] * 5,
+    advantages=[0.0] * 5,
+    loss_mask=[1.0] * 5,
 )
 STEP = TrainStepConfig(loss_fn="cross_entropy", loss_fn_config={}, optimizer=AdamWSettings(learning_rate=1e-2))
 

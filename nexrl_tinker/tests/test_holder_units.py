@@ -131,7 +131,9 @@ def test_with_renderer_name_unset_the_model_gets_the_renderer_the_cookbook_recom
 
 
 def test_pickles_to_config_and_sampling_path() -> None:
-    holder = TinkerServiceHolder(TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9"), sampling_path="tinker://run/sampler_weights/x")
+    holder = TinkerServiceHolder(
+        TinkerHolderConfig(model=TINY, base_url="http://127.0.0.1:9"), sampling_path="tinker://run/sampler_weights/x"
+    )
     clone = pickle.loads(pickle.dumps(holder))
     assert clone.config == holder.config
     assert clone.__getstate__() == {"config": holder.config, "sampling_path": "tinker://run/sampler_weights/x"}

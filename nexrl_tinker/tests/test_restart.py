@@ -24,6 +24,7 @@ GROUP_SAVE_EVERY = 2
 """A group model's whole state is saved every this many optimizer steps; the steps in
 between come back from its journal."""
 
+
 class ServerProcess:
     """``nexrl serve tinker`` in a subprocess, restartable on the same port and database."""
 

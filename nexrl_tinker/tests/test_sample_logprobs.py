@@ -59,9 +59,9 @@ def log_softmax() -> Callable[[list[int]], torch.Tensor]:
 
 def test_topk_prompt_logprobs_are_the_models_top_k_at_every_position(sampler, tokens, log_softmax) -> None:
     params = types.SamplingParams(max_tokens=1, temperature=0.7, top_k=3, top_p=0.9, seed=4)
-    response = sampler.sample(
-        types.ModelInput.from_ints(tokens), 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=K
-    ).result(timeout=60)
+    response = sampler.sample(types.ModelInput.from_ints(tokens), 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=K).result(
+        timeout=60
+    )
     topk, plain = response.topk_prompt_logprobs, response.prompt_logprobs
     assert topk is not None and plain is not None
     assert len(topk) == len(plain) == len(tokens)
@@ -89,9 +89,9 @@ def test_prompt_logprobs_last_n_cuts_the_topk_rows_too(sampler, tokens) -> None:
     prompt = types.ModelInput.from_ints(tokens)
     params = types.SamplingParams(max_tokens=1)
     whole = sampler.sample(prompt, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=2).result(timeout=60)
-    last = sampler.sample(
-        prompt, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=3
-    ).result(timeout=60)
+    last = sampler.sample(prompt, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=3).result(
+        timeout=60
+    )
     assert last.topk_prompt_logprobs is not None and whole.topk_prompt_logprobs is not None
     assert last.topk_prompt_logprobs[:-3] == [None] * (len(tokens) - 3)
     for got, full in zip(last.topk_prompt_logprobs[-3:], whole.topk_prompt_logprobs[-3:]):
@@ -186,11 +186,15 @@ def test_bad_widths_and_targets_are_refused_saying_what_to_change(base_url, samp
         sampler.sample(prompt, 1024, types.SamplingParams(max_tokens=1000), topk_sample_logprobs=MAX_TOPK_LOGPROBS).result(timeout=60)
     rows = len(tokens) - 1
     with pytest.raises(tinker.BadRequestError, match=rf"needs \[len\(prompt\) - 1, K\] = \[{rows}, K\]"):
-        sampler.sample(prompt, 1, params, target_prompt_logprobs=types.TensorData.from_torch(torch.zeros((rows + 1, 2), dtype=torch.int64))).result(timeout=60)
+        sampler.sample(
+            prompt, 1, params, target_prompt_logprobs=types.TensorData.from_torch(torch.zeros((rows + 1, 2), dtype=torch.int64))
+        ).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match="names no token id"):
         sampler.sample(prompt, 1, params, target_prompt_logprobs=types.TensorData.from_torch(torch.full((rows, 2), -1))).result(timeout=60)
     with pytest.raises(tinker.BadRequestError, match=r"neither -1 \(no id\) nor in the vocabulary"):
-        sampler.sample(prompt, 1, params, target_prompt_logprobs=types.TensorData.from_torch(torch.full((rows, 1), 10**6))).result(timeout=60)
+        sampler.sample(prompt, 1, params, target_prompt_logprobs=types.TensorData.from_torch(torch.full((rows, 1), 10**6))).result(
+            timeout=60
+        )
     response = _asample(base_url, tokens, target_prompt_logprobs={"data": [1.5] * rows, "dtype": "float32", "shape": [rows, 1]})
     assert response.status_code == 400 and "int64 token ids" in response.json()["detail"]
     response = _asample(base_url, tokens, prompt_alt_tokens_k=2)

@@ -92,9 +92,9 @@ def test_full_sdk_flow(base_url, service_client, training_client, tokenizer):
     # On-policy ratios are 1, so the importance-sampling loss is -sum(advantages).
     n0, n1 = (d.model_input.length for d in data)
     assert is_out.metrics["loss:sum"] == pytest.approx(-(1.0 * n0 - 0.5 * n1), rel=1e-3)
-    ppo_out = training_client.forward_backward(
-        rl, "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
-    ).result(timeout=120)
+    ppo_out = training_client.forward_backward(rl, "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}).result(
+        timeout=120
+    )
     assert ppo_out.metrics["loss:sum"] == pytest.approx(is_out.metrics["loss:sum"], rel=1e-3)
     training_client.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=120)
 
@@ -188,9 +188,7 @@ def test_sparse_targets_and_multi_target_cross_entropy(training_client, tokenize
     out = training_client.forward([datum], "cross_entropy").result(timeout=120)
     logprobs = np.asarray(out.loss_fn_outputs[0]["logprobs"].data).reshape(out.loss_fn_outputs[0]["logprobs"].shape)
     assert logprobs.shape == (n, k)
-    plain = types.Datum(
-        model_input=types.ModelInput.from_ints(inputs), loss_fn_inputs={"target_tokens": targets, "weights": [1.0] * n}
-    )
+    plain = types.Datum(model_input=types.ModelInput.from_ints(inputs), loss_fn_inputs={"target_tokens": targets, "weights": [1.0] * n})
     dense = training_client.forward([plain], "cross_entropy").result(timeout=120)
     np.testing.assert_allclose(logprobs[:, 0], dense.loss_fn_outputs[0]["logprobs"].tolist(), atol=1e-5)
     expected = -(logprobs[:, 0].sum() + 0.5 * logprobs[n - 1, 1])
@@ -205,9 +203,7 @@ def test_chunked_forward_backward(service_client, tokenizer):
     data = [sft_datum(tokenizer, f"{a}+{a + 1}=", str(2 * a + 1)) for a in range(7)]
     chunked = client.forward(data, "cross_entropy").result(timeout=120)
     assert len(chunked.loss_fn_outputs) == 7
-    single = sum(
-        client.forward([d], "cross_entropy").result(timeout=120).metrics["loss:sum"] for d in data
-    )
+    single = sum(client.forward([d], "cross_entropy").result(timeout=120).metrics["loss:sum"] for d in data)
     assert chunked.metrics["loss:sum"] == pytest.approx(single, rel=1e-4)
 
 

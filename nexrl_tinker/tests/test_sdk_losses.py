@@ -26,7 +26,9 @@ def _answer_datum(tokenizer, question: str, answer: str) -> types.Datum:
     )
     tokens = prompt + tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
     weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights}
+    )
 
 
 def _answer_logprob(datum: types.Datum, logprobs: torch.Tensor) -> torch.Tensor:
@@ -44,9 +46,7 @@ def test_dpo_through_forward_backward_custom_lowers_its_loss(service_client) -> 
 
     def dpo_loss(batch: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         policy = [_answer_logprob(datum, lp) for datum, lp in zip(batch, logprobs)]
-        margins = [
-            BETA * ((policy[i] - reference[i]) - (policy[i + 1] - reference[i + 1])) for i in range(0, len(policy), 2)
-        ]
+        margins = [BETA * ((policy[i] - reference[i]) - (policy[i + 1] - reference[i + 1])) for i in range(0, len(policy), 2)]
         loss = -torch.nn.functional.logsigmoid(torch.stack(margins)).mean()
         return loss, {"dpo_loss": float(loss.detach())}
 
@@ -105,7 +105,10 @@ def test_provenance_spans_are_checked_and_change_nothing(rl_client) -> None:
     datum = _rl_datum(rl_client)
     tiled = datum.with_provenance(
         model_input=[types.PromptProvenanceSpan(sequence_id="s:0", length=4), types.SampledProvenanceSpan(sequence_id="s:0", length=3)],
-        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="s:0", offset=1, length=3), types.SampledProvenanceSpan(sequence_id="s:0", length=4)],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id="s:0", offset=1, length=3),
+            types.SampledProvenanceSpan(sequence_id="s:0", length=4),
+        ],
     )
     plain = rl_client.forward([datum], "ppo").result(timeout=120).metrics["loss:sum"]
     assert rl_client.forward([tiled], "ppo").result(timeout=120).metrics["loss:sum"] == pytest.approx(plain, rel=1e-6)

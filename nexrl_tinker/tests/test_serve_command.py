@@ -66,6 +66,8 @@ def test_bad_options_are_refused_cleanly(tmp_path: Path, args: list[str] | str, 
         taken.listen()
         if args == "taken":
             args = ["--port", str(taken.getsockname()[1])]
-        done = subprocess.run([NEXRL, "serve", "tinker", "--data-dir", str(tmp_path / "data"), *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [NEXRL, "serve", "tinker", "--data-dir", str(tmp_path / "data"), *args], capture_output=True, text=True, timeout=120
+        )
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -155,7 +155,9 @@ def test_the_holder_loads_the_served_tokenizer_from_this_machines_cache_without_
     env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
     env["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"
     try:
-        done = subprocess.run([sys.executable, "-c", HOLDER, base_url, TEST_API_KEY, TEXT], env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", HOLDER, base_url, TEST_API_KEY, TEXT], env=env, capture_output=True, text=True, timeout=120
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("loading the tokenizer did not end within 120 s: it asked a Hub")
     assert done.returncode == 0, done.stderr[-3000:]

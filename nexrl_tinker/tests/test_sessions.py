@@ -30,9 +30,7 @@ def test_heartbeat_finish_and_listing(base_url: str) -> None:
             "user_metadata": {"who": "me"},
             "display_name": None,
         }
-        assert client.post("/api/v1/session_heartbeat", json={"session_id": session_id}).json() == {
-            "type": "session_heartbeat"
-        }
+        assert client.post("/api/v1/session_heartbeat", json={"session_id": session_id}).json() == {"type": "session_heartbeat"}
         assert session_id in client.get("/api/v1/sessions").json()["sessions"]
         finished = client.post(f"/api/v1/sessions/{session_id}/finish", json={"reason": {"type": "success"}, "detail": None})
         assert finished.status_code == 200

@@ -196,7 +196,12 @@ def test_a_lora_model_on_a_group_trains_and_exports_as_the_engine(services, lora
     assert engine[-1]["sft loss"] < engine[0]["sft loss"]
     files = {}
     for workers in WORKERS:
-        urls = tinker.RestClient(base_url=services[workers].base_url).get_external_weights_urls(lora_runs[workers]["export"]).result(timeout=60).urls
+        urls = (
+            tinker.RestClient(base_url=services[workers].base_url)
+            .get_external_weights_urls(lora_runs[workers]["export"])
+            .result(timeout=60)
+            .urls
+        )
         files[workers] = {}
         for name, url in urls.items():
             if name.endswith(".safetensors"):

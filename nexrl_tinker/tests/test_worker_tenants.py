@@ -96,8 +96,12 @@ def replay(tenant: int) -> list[float]:
     one = Datum(input_tokens=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
     params = adam(tenant)
     settings = AdamWSettings(
-        learning_rate=params.learning_rate, beta1=params.beta1, beta2=params.beta2, eps=params.eps,
-        weight_decay=params.weight_decay, grad_clip_norm=params.grad_clip_norm,
+        learning_rate=params.learning_rate,
+        beta1=params.beta1,
+        beta2=params.beta2,
+        eps=params.eps,
+        weight_decay=params.weight_decay,
+        grad_clip_norm=params.grad_clip_norm,
     )
     for _ in range(STEPS):
         engine.forward_backward([one], "cross_entropy")
@@ -131,9 +135,7 @@ def test_a_create_beyond_the_limit_is_refused_at_once(service: Any, trained: lis
         fifth.close("success").result(timeout=60)
 
 
-def test_a_finished_session_stops_its_group_and_frees_its_place(
-    service: Any, tenants: list[Any], trained: list[dict[str, Any]]
-) -> None:
+def test_a_finished_session_stops_its_group_and_frees_its_place(service: Any, tenants: list[Any], trained: list[dict[str, Any]]) -> None:
     pids = service.state.engines.training(trained[0]["training"].model_id).rank_pids()
     tenants[0].close("success").result(timeout=60)
     wait_gone(pids.values())

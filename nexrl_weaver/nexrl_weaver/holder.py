@@ -69,7 +69,9 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
                         f"or point {BASE_URL_ENV} / backend.options.base_url at a service that needs none"
                     )
                 client = ServiceClient(
-                    base_url=self.base_url, api_key=api_key, tensor_transport=self.config.tensor_transport,  # type: ignore[arg-type]
+                    base_url=self.base_url,
+                    api_key=api_key,
+                    tensor_transport=self.config.tensor_transport,  # type: ignore[arg-type]
                     heartbeat_interval=HEARTBEAT_S,
                 )
                 self._retry("connect", client.connect)
@@ -94,9 +96,7 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
                     )
                     options = {"training_mode": "lora", "lora_config": config}
                 service = self._service_client()
-                self._training = self._retry(
-                    "create a model", lambda: service.create_model(base_model=model.name, **options)
-                )
+                self._training = self._retry("create a model", lambda: service.create_model(base_model=model.name, **options))
             return self._training
 
     def _sampling_client_of(self, path: str) -> Any:
@@ -199,9 +199,7 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
     def _hosted_loss_config(self, config: TrainStepConfig) -> dict[str, float]:
         return _hosted_loss_config(config)
 
-    def _train_step(
-        self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]
-    ) -> dict[str, float]:
+    def _train_step(self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]) -> dict[str, float]:
         from weaver._payloads import prepare_forward_backward_operation
         from weaver.tensor_transport import PreparedOperationBody
         from weaver.types import AdamParams
@@ -242,7 +240,9 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
         reference = self._reference_client()
         results = []
         for tokens in sequences:
-            values = self._retry("compute reference logprobs", lambda: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens))))  # noqa: B023 - _retry calls it now
+            values = self._retry(
+                "compute reference logprobs", lambda tokens=tokens: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens)))
+            )
             results.append([0.0 if value is None else float(value) for value in values])
         return results
 

@@ -16,7 +16,9 @@ class WeaverHolderConfig(SdkHolderConfig):
     SDK's hosted default; ``api_key`` None reads ``WEAVER_API_KEY``. ``model.lora.rank``
     0 creates a ``full_ft`` model, a rank > 0 a ``lora`` one."""
 
-    tensor_transport: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(["default", "http-binary"])))
+    tensor_transport: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(["default", "http-binary"]))
+    )
     """``default`` (JSON tensors) or ``http-binary`` (binary tensor packs); None reads
     ``WEAVER_TENSOR_TRANSPORT``."""
     operation_timeout_s: float = attrs.field(default=3600.0, validator=attrs.validators.gt(0))

@@ -43,11 +43,25 @@ def test_malformed_bodies_are_400(keyed_base_url: str, model_id: str) -> None:
     _error(_post(keyed_base_url, path, content=b"{not json", headers={"content-type": "application/json"}), 400, "malformed JSON")
     _error(_post(keyed_base_url, path, json=[1, 2]), 400, "JSON object")
     _error(_post(keyed_base_url, path, json={"payload": {"seq_id": 50}}), 400, "forward_backward_input is required")
-    bad_datum = {"payload": {"seq_id": 51, "forward_backward_input": {"loss_fn": "cross_entropy", "data": [{"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}, "loss_fn_inputs": {"target_tokens": [1]}}]}}}
+    bad_datum = {
+        "payload": {
+            "seq_id": 51,
+            "forward_backward_input": {
+                "loss_fn": "cross_entropy",
+                "data": [
+                    {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}, "loss_fn_inputs": {"target_tokens": [1]}}
+                ],
+            },
+        }
+    }
     _error(_post(keyed_base_url, path, json=bad_datum), 400, "each position needs one value")
-    _error(_post(keyed_base_url, f"/models/{model_id}/optimizer-steps", json={"payload": {"seq_id": 52, "adam_params": {"beta9": 1}}}), 400, "unknown fields ['beta9']")
+    _error(
+        _post(keyed_base_url, f"/models/{model_id}/optimizer-steps", json={"payload": {"seq_id": 52, "adam_params": {"beta9": 1}}}),
+        400,
+        "unknown fields ['beta9']",
+    )
     _error(_post(keyed_base_url, f"/models/{model_id}/load", json={"path": "s3://x"}), 400, "weaver://")
-    multipart = b"--b\r\nContent-Disposition: form-data; name=\"manifest\"\r\n\r\n{}\r\n--b--\r\n"
+    multipart = b'--b\r\nContent-Disposition: form-data; name="manifest"\r\n\r\n{}\r\n--b--\r\n'
     _error(_post(keyed_base_url, path, content=multipart, headers={"content-type": "multipart/form-data; boundary=b"}), 400, "tensor_pack")
     _error(_post(keyed_base_url, "/sessions/nope/models", json={"base_model": "nexrl-tiny"}), 404, "unknown session")
 
@@ -57,7 +71,13 @@ def test_another_tenants_model_is_403(base_url: str) -> None:
     owner.connect()
     try:
         model = owner.create_model(base_model="nexrl-tiny", training_mode="full_ft")
-        _error(_post(base_url, f"/models/{model.model_id}/optimizer-steps", key="sk-intruder", json={"payload": {"seq_id": 1, "adam_params": {}}}), 403, "another")
+        _error(
+            _post(
+                base_url, f"/models/{model.model_id}/optimizer-steps", key="sk-intruder", json={"payload": {"seq_id": 1, "adam_params": {}}}
+            ),
+            403,
+            "another",
+        )
         anonymous = httpx.get(f"{base_url}/api/v1/models/{model.model_id}", timeout=30)
         _error(anonymous, 403, "another")
     finally:

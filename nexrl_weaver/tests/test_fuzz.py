@@ -116,7 +116,9 @@ def test_a_session_and_model_created_used_and_closed_under_fuzzing(service: Any)
     after = sdk_client(service.base_url)
     after.connect()
     trained = after.create_model(base_model=BASE_MODEL, training_mode="lora", lora_config={"rank": 4})
-    datum = Datum(model_input=ModelInput.from_ints([19, 20, 13, 21]), loss_fn_inputs={"target_tokens": [20, 13, 21, 22], "weights": [1.0] * 4})
+    datum = Datum(
+        model_input=ModelInput.from_ints([19, 20, 13, 21]), loss_fn_inputs={"target_tokens": [20, 13, 21, 22], "weights": [1.0] * 4}
+    )
     result = trained.forward_backward([datum], "cross_entropy")
     assert result is not None
     after.close()

@@ -27,7 +27,9 @@ class TestWeaverLoraHolderContract(ServiceHolderContract):
 
     @pytest.fixture
     def holder(self, holder_kit: SdkHolderKit, keyed_base_url: str) -> Iterator[WeaverServiceHolder]:
-        holder = holder_kit.holder(keyed_base_url, ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=8)), tensor_transport="http-binary")
+        holder = holder_kit.holder(
+            keyed_base_url, ModelConfig(name="nexrl-tiny", lora=LoraSettings(rank=8)), tensor_transport="http-binary"
+        )
         try:
             yield holder
         finally:

@@ -25,7 +25,11 @@ from nexrl_weaver.holder_config import WeaverHolderConfig
 from nexrl_weaver.testing import TEST_API_KEY, start_service
 
 DATUM = RemoteDatum(
-    input_tokens=[19, 20, 13, 21, 22], target_tokens=[20, 13, 21, 22, 31], sampling_logprobs=[0.0] * 5, advantages=[0.0] * 5, loss_mask=[1.0] * 5
+    input_tokens=[19, 20, 13, 21, 22],
+    target_tokens=[20, 13, 21, 22, 31],
+    sampling_logprobs=[0.0] * 5,
+    advantages=[0.0] * 5,
+    loss_mask=[1.0] * 5,
 )
 STEP = TrainStepConfig(loss_fn="cross_entropy", loss_fn_config={}, optimizer=AdamWSettings(learning_rate=1e-2))
 SDK_CONNECTION_ATTEMPTS = 3
@@ -47,7 +51,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def train_one_step(base_url: str, tensor_transport: str | None = None) -> dict[str, float]:
     """One step of a new model, as a run's first step."""
     config = WeaverHolderConfig(
-        model=ModelConfig(name="nexrl-tiny"), base_url=base_url, api_key=TEST_API_KEY, retry_backoff_s=0.05, tensor_transport=tensor_transport
+        model=ModelConfig(name="nexrl-tiny"),
+        base_url=base_url,
+        api_key=TEST_API_KEY,
+        retry_backoff_s=0.05,
+        tensor_transport=tensor_transport,
     )
     holder = WeaverServiceHolder(config)
     try:
@@ -100,7 +108,10 @@ def finished_optimizer_step() -> Callable[[Exchange], bool]:
     "drop, tensor_transport, step_posts",
     [
         pytest.param(
-            lambda: losing(SDK_CONNECTION_ATTEMPTS, optimizer_step_submission), None, SDK_CONNECTION_ATTEMPTS + 1, id="optimizer-step-submission"
+            lambda: losing(SDK_CONNECTION_ATTEMPTS, optimizer_step_submission),
+            None,
+            SDK_CONNECTION_ATTEMPTS + 1,
+            id="optimizer-step-submission",
         ),
         pytest.param(lambda: losing(SDK_CONNECTION_ATTEMPTS, finished_optimizer_step()), None, 1, id="optimizer-step-result"),
         pytest.param(lambda: losing(1, forward_backward_submission), "http-binary", 1, id="binary-forward-backward-submission"),

@@ -22,7 +22,9 @@ from nexrl_weaver.server.operations import PACKED_CONTENT_TYPE
 def step_answers(service: Any, transport: str) -> tuple[dict[str, float], list[str | None]]:
     """One frozen step of a new holder; its metrics, and the content type the service
     stored for each of its model's forward-backward answers."""
-    holder = WeaverServiceHolder(WeaverHolderConfig(model=ModelConfig(name="nexrl-tiny"), base_url=service.base_url, tensor_transport=transport))
+    holder = WeaverServiceHolder(
+        WeaverHolderConfig(model=ModelConfig(name="nexrl-tiny"), base_url=service.base_url, tensor_transport=transport)
+    )
     try:
         metrics = holder.train(probe_datums(holder), TrainStepConfig(loss_fn="ppo", optimizer=FROZEN))
         model_id = holder._training_client().model_id

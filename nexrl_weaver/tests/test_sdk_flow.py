@@ -33,7 +33,9 @@ def test_whole_flow(client) -> None:
     assert client.get_model(full.model_id)["training_mode"] == "full_ft"
     assert client.get_model(lora.model_id)["lora_config"]["rank"] == 4
     tokenizer = lora.get_tokenizer()
-    prompt = [int(t) for t in tokenizer.apply_chat_template([{"role": "user", "content": "12+7="}], add_generation_prompt=True, return_dict=False)]
+    prompt = [
+        int(t) for t in tokenizer.apply_chat_template([{"role": "user", "content": "12+7="}], add_generation_prompt=True, return_dict=False)
+    ]
 
     path = lora.save_weights_for_sampler(name="initial")
     assert path == f"weaver://{lora.model_id}/sampler_weights/initial"
@@ -48,7 +50,8 @@ def test_whole_flow(client) -> None:
         assert scored[len(prompt) :] == pytest.approx(sequence["logprobs"], abs=1e-4)
 
     stopped = sampler.sample(
-        prompt=ModelInput.from_ints(prompt), sampling_params=SamplingParams(max_tokens=8, temperature=0.0, stop=[tokenizer.eos_token_id or 2])
+        prompt=ModelInput.from_ints(prompt),
+        sampling_params=SamplingParams(max_tokens=8, temperature=0.0, stop=[tokenizer.eos_token_id or 2]),
     )["sequences"][0]
     assert stopped["stop_reason"] == "stop" and stopped["tokens"][-1] == (tokenizer.eos_token_id or 2)
     by_length = sampler.sample(prompt=ModelInput.from_ints(prompt), sampling_params=SamplingParams(max_tokens=2, stop=[]))
@@ -129,8 +132,7 @@ def test_surrogate_applies_exactly_the_gradient_it_carries(base_url: str) -> Non
         for model in (reference, surrogate):
             model.optim_step(AdamParams(learning_rate=1e-3))
         after = [
-            model.forward([_datum(tokens)], "forward_logprob")["loss_fn_outputs"][0]["logprobs"]["data"]
-            for model in (reference, surrogate)
+            model.forward([_datum(tokens)], "forward_logprob")["loss_fn_outputs"][0]["logprobs"]["data"] for model in (reference, surrogate)
         ]
         assert after[1] == pytest.approx(after[0], abs=1e-5)
         assert after[0] != pytest.approx(ce["loss_fn_outputs"][0]["logprobs"]["data"], abs=1e-4)

@@ -106,7 +106,9 @@ def train(client: Any, lora_rank: int = 0) -> dict[str, Any]:
     for _ in range(STEPS):
         current = model.forward(data, "forward_logprob")
         sft = model.forward_backward(data, "cross_entropy")
-        ppo = model.forward_backward(rl_data(data, _logprobs(current)), "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1})
+        ppo = model.forward_backward(
+            rl_data(data, _logprobs(current)), "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+        )
         custom = model.forward_backward_custom(data[:1], custom_loss)
         optim = model.optim_step(ADAM)
         steps.append(

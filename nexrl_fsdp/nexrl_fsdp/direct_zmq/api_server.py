@@ -256,7 +256,9 @@ def create_app(registry: GroupRegistry, key: str) -> Any:
         if request.url.path in OPEN_PATHS or bearer_matches(request.headers.get("authorization"), key):
             return await call_next(request)
         client = f"{request.client.host}:{request.client.port}" if request.client else "an unknown client"
-        logger.warning("refused %s %s from %s: no Authorization: Bearer header with the group's key", request.method, request.url.path, client)
+        logger.warning(
+            "refused %s %s from %s: no Authorization: Bearer header with the group's key", request.method, request.url.path, client
+        )
         return JSONResponse(
             {"detail": f"the workers' API needs the header Authorization: Bearer <key>, with the key its workers have as {ENV_WORKER_KEY}"},
             status_code=401,
@@ -402,8 +404,11 @@ class WorkersApiServer:
     def serve_forever(self) -> None:
         server = self._prepare()
         if self.generated_key:
-            print(f"NexRL workers API: no key given, so it made one; give it to the workers and the driver as {ENV_WORKER_KEY}={self.key}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"NexRL workers API: no key given, so it made one; give it to the workers and the driver as {ENV_WORKER_KEY}={self.key}",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"NexRL workers API serving at {self.base_url}", file=sys.stderr, flush=True)
         try:
             server.run()

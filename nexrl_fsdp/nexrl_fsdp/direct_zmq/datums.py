@@ -81,7 +81,4 @@ def tensor_datums(tensors: Mapping[str, torch.Tensor]) -> list[Datum]:
             if present:
                 inputs[index][key] = values[offset : offset + lengths[index]]
                 offset += lengths[index]
-    return [
-        Datum(input_tokens=tokens[start : start + n], loss_fn_inputs=values)
-        for start, n, values in zip(starts, lengths, inputs)
-    ]
+    return [Datum(input_tokens=tokens[start : start + n], loss_fn_inputs=values) for start, n, values in zip(starts, lengths, inputs)]

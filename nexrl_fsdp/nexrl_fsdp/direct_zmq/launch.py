@@ -73,8 +73,15 @@ class WorkerGroup:
                 )
             )
             self.transport = DirectZmqTransport(
-                DirectZmqOptions(api_server_url=url, key=self.key, identifier=identifier, world_size=nproc,
-                                 connect_timeout_s=connect_timeout_s, op_timeout_s=op_timeout_s, log_path=str(self.log_path))
+                DirectZmqOptions(
+                    api_server_url=url,
+                    key=self.key,
+                    identifier=identifier,
+                    world_size=nproc,
+                    connect_timeout_s=connect_timeout_s,
+                    op_timeout_s=op_timeout_s,
+                    log_path=str(self.log_path),
+                )
             )
             self.transport.initialize_worker()
         except BaseException:

@@ -105,7 +105,9 @@ class DirectZmqTransport:
             if info["status"] == "ready":
                 break
             if info["status"] in ("dead", "destroyed"):
-                raise WorkerGroupError(f"worker group {self.options.identifier!r} is {info['status']}: {info['reason']}{self._output_hint()}")
+                raise WorkerGroupError(
+                    f"worker group {self.options.identifier!r} is {info['status']}: {info['reason']}{self._output_hint()}"
+                )
             if time.monotonic() > deadline:
                 missing = info["missing_ranks"]
                 raise WorkerGroupError(

@@ -84,7 +84,10 @@ class WeightsInbox:
             request_id = message.header.get("id")
             if message.header.get("kind") != "load_weights":
                 wire.send(
-                    self._socket, {"kind": "error", "id": request_id, "error": "this inbox only takes load_weights"}, key=self._key, prefix=prefix
+                    self._socket,
+                    {"kind": "error", "id": request_id, "error": "this inbox only takes load_weights"},
+                    key=self._key,
+                    prefix=prefix,
                 )
                 continue
             try:

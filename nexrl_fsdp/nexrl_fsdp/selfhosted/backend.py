@@ -375,7 +375,11 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
     key = _group_key(options)
     trainer = _check(setup, options)
     try:
-        placer = None if options.workers_url is not None else open_placer(options.placement, options.placement_options, "backend.options.placement")
+        placer = (
+            None
+            if options.workers_url is not None
+            else open_placer(options.placement, options.placement_options, "backend.options.placement")
+        )
     except BaseException:
         trainer.close()
         raise
@@ -408,7 +412,9 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         run_info = {"dtype": str(info["dtype"]), "device": str(info["device"]), "world_size": str(info["world_size"])}
         if "master_dtype" in info:
             run_info["master_dtype"] = str(info["master_dtype"])
-        backend = SelfHostedBackend(trainer, transport, chat, work_dir=setup.work_dir, group=group, placer=placer, run_info=run_info, setup=setup)
+        backend = SelfHostedBackend(
+            trainer, transport, chat, work_dir=setup.work_dir, group=group, placer=placer, run_info=run_info, setup=setup
+        )
         backend.publish()
         return backend
     except BaseException:

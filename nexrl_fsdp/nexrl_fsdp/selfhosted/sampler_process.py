@@ -61,8 +61,17 @@ class SamplerProcess:
         self._log: IO[bytes] | None = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop()
         self._log_start = self._log.tell()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "nexrl_fsdp.selfhosted.sampler_server", "--settings", settings.to_json(),
-             "--ready-file", str(self._ready_file), "--parent", str(os.getpid())],
+            [
+                sys.executable,
+                "-m",
+                "nexrl_fsdp.selfhosted.sampler_server",
+                "--settings",
+                settings.to_json(),
+                "--ready-file",
+                str(self._ready_file),
+                "--parent",
+                str(os.getpid()),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -109,7 +118,9 @@ class SamplerProcess:
                     f"{self.settings.engine.model!r}; last output ({self.log_path}):\n{self.log_tail()}"
                 )
             if time.monotonic() > deadline:
-                raise SamplerError(f"the sampler process did not start within {timeout_s:.0f} s; last output ({self.log_path}):\n{self.log_tail()}")
+                raise SamplerError(
+                    f"the sampler process did not start within {timeout_s:.0f} s; last output ({self.log_path}):\n{self.log_tail()}"
+                )
             time.sleep(0.05)
         self.endpoint = str(json.loads(self._ready_file.read_text())["endpoint"])
 
@@ -127,7 +138,9 @@ class SamplerProcess:
             wire.send(socket, {**header, "id": request_id}, tensors, key=self.key)
         except zmq.Again:
             self.check_alive(kind)
-            raise SamplerError(f"the sampler process (pid {self.pid}) did not take a {kind} request for {_SEND_TIMEOUT_MS / 1000:.0f} s") from None
+            raise SamplerError(
+                f"the sampler process (pid {self.pid}) did not take a {kind} request for {_SEND_TIMEOUT_MS / 1000:.0f} s"
+            ) from None
         while True:
             if socket.poll(int(_POLL_S * 1000)):
                 try:

@@ -80,8 +80,10 @@ class SamplerSettings:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"engine": {"model": self.engine.model, "dtype": self.engine.dtype, "seed": self.engine.seed, "device": self.engine.device},
-             "batching": attrs.asdict(self.batching)}
+            {
+                "engine": {"model": self.engine.model, "dtype": self.engine.dtype, "seed": self.engine.seed, "device": self.engine.device},
+                "batching": attrs.asdict(self.batching),
+            }
         )
 
     @classmethod
@@ -153,8 +155,19 @@ class SamplerServer:
                 future = self.chat.compute.submit(lambda: self.engine.export_hf(path))
                 self._answer_when_done(identity, request_id, future, lambda done: {"kind": "exported", "path": str(done)})
             elif kind == "info":
-                wire.send(self.socket, {"kind": "info", "id": request_id, "pid": os.getpid(), "endpoint": self.endpoint,
-                                        "threads": torch.get_num_threads(), **attrs.asdict(self.batching)}, key=self.key, prefix=[identity])
+                wire.send(
+                    self.socket,
+                    {
+                        "kind": "info",
+                        "id": request_id,
+                        "pid": os.getpid(),
+                        "endpoint": self.endpoint,
+                        "threads": torch.get_num_threads(),
+                        **attrs.asdict(self.batching),
+                    },
+                    key=self.key,
+                    prefix=[identity],
+                )
             elif kind == "close":
                 wire.send(self.socket, {"kind": "closing", "id": request_id}, key=self.key, prefix=[identity])
                 return True

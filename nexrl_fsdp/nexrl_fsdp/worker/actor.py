@@ -107,7 +107,9 @@ class ModelOptions:
     @mixed_precision.validator
     def _bfloat16_only(self, attribute: attrs.Attribute, value: bool) -> None:
         if value and self.dtype != "bfloat16":
-            raise BatchError(f"init_model option mixed_precision needs dtype bfloat16 (fp32 masters under bfloat16 compute), got {self.dtype!r}")
+            raise BatchError(
+                f"init_model option mixed_precision needs dtype bfloat16 (fp32 masters under bfloat16 compute), got {self.dtype!r}"
+            )
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> ModelOptions:
@@ -304,7 +306,9 @@ class FsdpActor:
                         continue
                     metrics.add({"loss": float(result.loss.detach()), **result.metrics}, float(batch.loss_mask.sum()))
                 step = self.optimizer.step(options.optimizer)
-                steps.append({"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped), "lr": step.learning_rate})
+                steps.append(
+                    {"grad_norm": step.grad_norm, "skipped": float(step.skipped), "clipped": float(step.clipped), "lr": step.learning_rate}
+                )
         return {**self._reduced(metrics, steps, options), "actor/passes": float(passes_run)}
 
     def chunk_logprobs(
@@ -441,7 +445,9 @@ class FsdpActor:
         frozen base is loaded again by ``init_model``) and of its optimizer state."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer.optimizer, options=StateDictOptions(ignore_frozen_params=True))
+        model_state, optimizer_state = get_state_dict(
+            self.model, self.optimizer.optimizer, options=StateDictOptions(ignore_frozen_params=True)
+        )
         trained = {name for name, p in self.model.named_parameters(remove_duplicate=False) if p.requires_grad}
         return {"model": {name: value for name, value in model_state.items() if name in trained}, "optimizer": optimizer_state}
 
@@ -469,7 +475,9 @@ class FsdpActor:
             raise BatchError(f"{str(path)!r} is not a worker checkpoint: {_STEP_FILE} is missing")
         record = json.loads(record_path.read_text())
         if record.get("model") != self.options.model:
-            raise BatchError(f"checkpoint {str(path)!r} was saved from model {record.get('model')!r}; the workers run {self.options.model!r}")
+            raise BatchError(
+                f"checkpoint {str(path)!r} was saved from model {record.get('model')!r}; the workers run {self.options.model!r}"
+            )
         saved_lora = record.get("lora", LoraSettings().to_json())
         if saved_lora != self.options.lora.to_json():
             raise BatchError(
@@ -480,6 +488,11 @@ class FsdpActor:
         state = self._sharded_state()
         dcp.load(state, checkpoint_id=str(path))
         # Not strict: the frozen base stays the model's own (DCP has checked that every trained tensor was saved).
-        set_state_dict(self.model, self.optimizer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(strict=False))
+        set_state_dict(
+            self.model,
+            self.optimizer.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(strict=False),
+        )
         self.optimizer.steps = int(record["steps"])

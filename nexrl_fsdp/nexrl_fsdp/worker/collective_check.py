@@ -27,7 +27,17 @@ from nexrl_fsdp.worker.devices import carried_device_types, process_group_backen
 __all__ = ["ENV_CHECK_COLLECTIVES", "CollectiveDeviceError", "install"]
 
 ENV_CHECK_COLLECTIVES = "NEXRL_CHECK_COLLECTIVES"
-_COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all")
+_COLLECTIVES = (
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all",
+)
 
 
 class CollectiveDeviceError(RuntimeError):

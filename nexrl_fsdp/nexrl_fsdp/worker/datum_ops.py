@@ -153,7 +153,9 @@ class DatumOps:
             if op == "load_state":
                 self._read_state(Path(options["path"]), options[flag])
 
-    def run(self, op: str, options: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def run(
+        self, op: str, options: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Run one of `ENGINE_OPS` on every rank; the header and tensors rank 0 answers."""
         if op == "forward":
             return self.forward(options, tensors)

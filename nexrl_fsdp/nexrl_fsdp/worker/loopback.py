@@ -111,7 +111,9 @@ def launch(nproc: int, command: list[str]) -> int:
             codes = [process.poll() for process in ranks]
             failed = [code for code in codes if code not in (None, 0)]
             if failed:
-                print(f"nexrl_fsdp.worker.loopback: a rank exited with status {failed[0]}; stopping the others", file=sys.stderr, flush=True)
+                print(
+                    f"nexrl_fsdp.worker.loopback: a rank exited with status {failed[0]}; stopping the others", file=sys.stderr, flush=True
+                )
                 return failed[0] if failed[0] > 0 else 128 - failed[0]
             if all(code == 0 for code in codes):
                 return 0
@@ -128,7 +130,9 @@ def main() -> None:
         description="Start a worker group's ranks on this machine, every socket on 127.0.0.1 (torchrun --standalone listens on all interfaces).",
     )
     parser.add_argument("--nproc", type=int, required=True, help="ranks to start (one per GPU, or CPU processes)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: what each rank runs with python, e.g. -m nexrl_fsdp.worker ...")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="after --: what each rank runs with python, e.g. -m nexrl_fsdp.worker ..."
+    )
     args = parser.parse_args()
     if args.nproc < 1:
         parser.error(f"--nproc must be at least 1, got {args.nproc}")

@@ -45,7 +45,9 @@ def check_batch(tensors: Mapping[str, torch.Tensor], needed: set[str], world_siz
         if str(tensor.dtype).removeprefix("torch.") != allowed[name]:
             raise BatchError(f"tensor {name!r} has dtype {str(tensor.dtype).removeprefix('torch.')}; it must be {allowed[name]}")
         if tuple(tensor.shape) != shape:
-            raise BatchError(f"tensor {name!r} has shape {list(tensor.shape)} but input_ids has {list(shape)}; every [B, L] tensor must match")
+            raise BatchError(
+                f"tensor {name!r} has shape {list(tensor.shape)} but input_ids has {list(shape)}; every [B, L] tensor must match"
+            )
     if shape[0] % world_size:
         raise BatchError(f"the batch has {shape[0]} rows, which do not divide over {world_size} ranks; pad it with Batch.pad_to_world_size")
     if vocab_size is not None:

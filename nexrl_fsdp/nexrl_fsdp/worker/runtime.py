@@ -129,8 +129,21 @@ class WorkerRank:
             {"rank": self.rank, "endpoint": f"tcp://{host}:{port}", "pid": os.getpid(), "host": socket.gethostname()},
         )
         self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "nexrl_fsdp.worker.watchdog", "--pid", str(os.getpid()), "--parent", str(os.getppid()), "--rank", str(self.rank),
-             "--group-url", f"{self.api}/groups/{self.identifier}", "--interval", str(self.heartbeat_s)],
+            [
+                sys.executable,
+                "-m",
+                "nexrl_fsdp.worker.watchdog",
+                "--pid",
+                str(os.getpid()),
+                "--parent",
+                str(os.getppid()),
+                "--rank",
+                str(self.rank),
+                "--group-url",
+                f"{self.api}/groups/{self.identifier}",
+                "--interval",
+                str(self.heartbeat_s),
+            ],
             stdin=subprocess.DEVNULL,
         )
 
@@ -181,7 +194,10 @@ class WorkerRank:
             self._check(header, message.tensors)
         except (BatchError, ValueError, TypeError) as error:
             wire.send(
-                self.data, {"kind": "refused", "op_id": op_id, "error": f"{header.get('op')} refused: {error}"}, key=self.key, prefix=[identity]
+                self.data,
+                {"kind": "refused", "op_id": op_id, "error": f"{header.get('op')} refused: {error}"},
+                key=self.key,
+                prefix=[identity],
             )
             return
         self.pending[op_id] = (identity, message)
@@ -256,8 +272,11 @@ class WorkerRank:
             if stored is not None:
                 identity, message = stored
                 tensors = message.tensors
-                header = {**message.header, "shapes": {name: list(t.shape) for name, t in tensors.items()},
-                          "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()}}
+                header = {
+                    **message.header,
+                    "shapes": {name: list(t.shape) for name, t in tensors.items()},
+                    "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()},
+                }
         encoded = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8) if self.rank == 0 else None
         length = torch.tensor([encoded.numel() if encoded is not None else 0], dtype=torch.int64)
         dist.broadcast(length, 0)
@@ -329,10 +348,10 @@ class WorkerRank:
         if op == "update_actor":
             return {"metrics": actor.update(shard, ActorOptions.from_json(options))}, {}
         if op in ("compute_log_prob", "compute_ref_log_prob"):
-            limits = ActorOptions.from_json({key: options[key] for key in ("micro_batch_rows", "max_tokens_per_microbatch") if key in options})
-            local = actor.log_probs(
-                shard, op == "compute_ref_log_prob", limits.micro_batch_rows, limits.max_tokens_per_microbatch
+            limits = ActorOptions.from_json(
+                {key: options[key] for key in ("micro_batch_rows", "max_tokens_per_microbatch") if key in options}
             )
+            local = actor.log_probs(shard, op == "compute_ref_log_prob", limits.micro_batch_rows, limits.max_tokens_per_microbatch)
             gathered = [torch.empty_like(local) for _ in range(self.world_size)] if self.rank == 0 else None
             dist.gather(local, gathered, dst=0)
             return {}, ({"log_probs": torch.cat(gathered)} if gathered is not None else {})

@@ -383,9 +383,7 @@ def decode_forward_backward_json(body: Mapping[str, Any], forward_only: bool = F
             raise BadRequest(f"{where}: a token id does not fit a 64-bit integer") from None
         data.append(FwdBwdDatum(token_array, inputs))
     config = fb_input.get("loss_fn_config") or {}
-    if not isinstance(config, Mapping) or not all(
-        isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in config.values()
-    ):
+    if not isinstance(config, Mapping) or not all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in config.values()):
         raise BadRequest("loss_fn_config must map names to numbers or strings")
     return FwdBwdRequest(
         model_id=model_id,

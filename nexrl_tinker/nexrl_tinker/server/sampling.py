@@ -97,7 +97,11 @@ class SamplingService:
 
     def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
         sampler = self.state.own_sampler(owner, sampler_id)
-        return {"sampler_id": sampler.sampler_id, "base_model": self.state.served_name(sampler.base_model), "model_path": sampler.model_path}
+        return {
+            "sampler_id": sampler.sampler_id,
+            "base_model": self.state.served_name(sampler.base_model),
+            "model_path": sampler.model_path,
+        }
 
     # --- asample --------------------------------------------------------------------------------
 
@@ -116,8 +120,7 @@ class SamplingService:
         for index, chunk in enumerate(body.prompt.chunks):
             if chunk.type != "encoded_text" or chunk.tokens is None:
                 raise BadRequest(
-                    f"prompt chunk {index} is {chunk.type!r}; this server runs a text-only model and accepts "
-                    f"encoded_text chunks only"
+                    f"prompt chunk {index} is {chunk.type!r}; this server runs a text-only model and accepts encoded_text chunks only"
                 )
             tokens.extend(chunk.tokens)
         self.ops.check_prompt(tokens, body.num_samples)
@@ -128,9 +131,7 @@ class SamplingService:
             )
         targets = None
         if body.target_prompt_logprobs is not None:
-            targets = decode_target_prompt_ids(
-                body.target_prompt_logprobs, len(tokens), self.state.base.vocab_size, MAX_LOGPROB_CELLS
-            )
+            targets = decode_target_prompt_ids(body.target_prompt_logprobs, len(tokens), self.state.base.vocab_size, MAX_LOGPROB_CELLS)
         prompt_logprobs = bool(body.prompt_logprobs)
         last_n = body.prompt_logprobs_last_n
         if last_n is not None:

@@ -71,9 +71,7 @@ class LoraConfigBody(Body):
 
     def settings(self) -> LoraSettings:
         """The engine's LoRA record (Tinker's wire has no alpha: the default applies)."""
-        return LoraSettings(
-            rank=self.rank, train_mlp=self.train_mlp, train_attn=self.train_attn, train_unembed=self.train_unembed
-        )
+        return LoraSettings(rank=self.rank, train_mlp=self.train_mlp, train_attn=self.train_attn, train_unembed=self.train_unembed)
 
 
 class OptimizerConfigBody(BaseModel):
@@ -113,9 +111,7 @@ class AdamParamsBody(Body):
 class OptimStepBody(Body):
     model_id: str
     seq_id: SeqId | None = None
-    adam_params: AdamParamsBody | None = Field(
-        default=None, validation_alias=AliasChoices("adam_params", "optim_params")
-    )
+    adam_params: AdamParamsBody | None = Field(default=None, validation_alias=AliasChoices("adam_params", "optim_params"))
     optimizer_params: dict[str, Any] | None = None
 
 

@@ -223,8 +223,7 @@ class TrainingService:
         def prepare() -> Callable[[], Outcome]:
             if body.optimizer_params is not None and body.adam_params is None:
                 raise BadRequest(
-                    f"optimizer {body.optimizer_params.get('type')!r} is not supported; this server trains with AdamW "
-                    f"(send adam_params)"
+                    f"optimizer {body.optimizer_params.get('type')!r} is not supported; this server trains with AdamW (send adam_params)"
                 )
             params = (body.adam_params or AdamParamsBody()).settings()
 
@@ -275,8 +274,7 @@ class TrainingService:
             existing = self.state.store.sampler_by_seq(model.session_id, seq)
             if existing is not None:
                 raise BadRequest(
-                    f"sampling_session_seq_id {seq} is already used in session {model.session_id!r} "
-                    f"by {existing.sampler_id!r}"
+                    f"sampling_session_seq_id {seq} is already used in session {model.session_id!r} by {existing.sampler_id!r}"
                 )
 
             def run_ephemeral() -> Outcome:

@@ -136,7 +136,13 @@ class WeaverArtifacts:
         signed = self.state.downloads.sign(_files_dir(row), base_url)
         expires = _iso(signed.expires_at)
         files = [
-            {"name": entry["name"], "url": signed.urls[entry["name"]], "size": entry["size"], "sha256": entry["sha256"], "url_expires_at": expires}
+            {
+                "name": entry["name"],
+                "url": signed.urls[entry["name"]],
+                "size": entry["size"],
+                "sha256": entry["sha256"],
+                "url_expires_at": expires,
+            }
             for entry in manifest["files"]
         ]
         return {"artifact_id": artifact_id, "kind": _kind_of(row), "files": files, "expires_at": expires}

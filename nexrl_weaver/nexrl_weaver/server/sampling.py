@@ -86,9 +86,7 @@ class WeaverSampling:
             raise BadRequest("a sampling session needs model_path or base_model")
         if seq is None:
             seq = len(self.state.store.samplers_of_session(session.session_id)) + 1_000_000
-        sampler = self.ops.create_sampler(
-            owner, session.session_id, seq, new_id(), base_model=base, weights=weights, model_path=model_path
-        )
+        sampler = self.ops.create_sampler(owner, session.session_id, seq, new_id(), base_model=base, weights=weights, model_path=model_path)
         return self.session_json(sampler)
 
     def get_session(self, owner: str, sampler_id: str) -> dict[str, Any]:

@@ -63,4 +63,3 @@ class WeaverSessions:
 
     def heartbeat(self, owner: str, session_id: str) -> None:
         self.sessions.heartbeat(owner, session_id)
-

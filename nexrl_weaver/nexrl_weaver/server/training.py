@@ -185,7 +185,9 @@ class WeaverTraining:
         if mode == "lora":
             rank = optional_int(lora, "rank", "body.lora_config", 1)
             if rank is None:
-                raise BadRequest("body.lora_config.rank is required for training_mode 'lora' (use training_mode 'full_ft' to train every weight)")
+                raise BadRequest(
+                    "body.lora_config.rank is required for training_mode 'lora' (use training_mode 'full_ft' to train every weight)"
+                )
         else:
             rank = 0
         spec = TrainingSpec(
@@ -242,7 +244,7 @@ class WeaverTraining:
     def forward(self, owner: str, model_id: str, body: dict[str, Any], pack: TensorPack | None, backward: bool) -> str:
         payload = obj(body.get("payload"), "payload")
         if not payload:
-            raise BadRequest("the body must be {\"payload\": {model_id, seq_id, forward_input | forward_backward_input}}")
+            raise BadRequest('the body must be {"payload": {model_id, seq_id, forward_input | forward_backward_input}}')
         model = self.model(owner, model_id)
         seq = optional_int(payload, "seq_id", "payload", 0)
         kind = "ForwardBackward" if backward else "Forward"
@@ -411,6 +413,7 @@ class WeaverTraining:
         checkpoint = self.state.own_checkpoint(owner, parsed.path)
         if include_optimizer and not checkpoint.has_optimizer:
             raise BadRequest(f"checkpoint {parsed.path!r} has no optimizer state; load it with load_state")
+
         def prepare() -> Callable[[], Outcome]:
             def run() -> Outcome:
                 self.ops.load_state(model, checkpoint, include_optimizer)
@@ -419,5 +422,3 @@ class WeaverTraining:
             return run
 
         return self.ops.submit_after(owner, model, "Load", prepare)
-
-

@@ -147,10 +147,7 @@ def read_for_loading(
     """
     manifest = read_manifest(directory)
     if manifest.base_model != base_model:
-        raise ValueError(
-            f"checkpoint {str(directory)!r} was saved from base model {manifest.base_model!r}, "
-            f"this model runs {base_model!r}"
-        )
+        raise ValueError(f"checkpoint {str(directory)!r} was saved from base model {manifest.base_model!r}, this model runs {base_model!r}")
     if manifest.lora != lora:
         raise ValueError(f"checkpoint {str(directory)!r} has LoRA settings {manifest.lora}, this model has {lora}")
     if load_optimizer and not manifest.has_optimizer:

@@ -280,8 +280,7 @@ class Engine:
             raise ValueError(f"prompt {index} has token ids {sorted(set(bad))[:5]} outside the vocabulary [0, {self.vocab_size})")
         if len(tokens) >= self.max_positions:
             raise ValueError(
-                f"prompt {index} has {len(tokens)} tokens; the model's context is {self.max_positions}, "
-                f"leaving no room for a new token"
+                f"prompt {index} has {len(tokens)} tokens; the model's context is {self.max_positions}, leaving no room for a new token"
             )
         return tokens
 
@@ -373,14 +372,20 @@ class Engine:
             for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
                 k = getattr(request, name)
                 if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= self.vocab_size:
-                    raise ValueError(f"logprobs[{index}].{name} must be an integer from 0 to the vocabulary size {self.vocab_size}, got {k!r}")
+                    raise ValueError(
+                        f"logprobs[{index}].{name} must be an integer from 0 to the vocabulary size {self.vocab_size}, got {k!r}"
+                    )
             targets = request.target_prompt_logprobs
             if targets is None:
                 continue
             if len(targets.positions) != len(targets.token_ids):
-                raise ValueError(f"logprobs[{index}].target_prompt_logprobs has {len(targets.positions)} positions for {len(targets.token_ids)} token ids")
+                raise ValueError(
+                    f"logprobs[{index}].target_prompt_logprobs has {len(targets.positions)} positions for {len(targets.token_ids)} token ids"
+                )
             if any(not 1 <= p < len(prompt) for p in targets.positions):
-                raise ValueError(f"logprobs[{index}].target_prompt_logprobs positions must be from 1 to len(prompt) - 1 = {len(prompt) - 1}")
+                raise ValueError(
+                    f"logprobs[{index}].target_prompt_logprobs positions must be from 1 to len(prompt) - 1 = {len(prompt) - 1}"
+                )
             if any(not 0 <= t < self.vocab_size for t in targets.token_ids):
                 raise ValueError(f"logprobs[{index}].target_prompt_logprobs token ids must be in the vocabulary [0, {self.vocab_size})")
         return requests
@@ -460,21 +465,15 @@ class Engine:
             self._loss_cache[key] = fn
         return fn
 
-    def forward(
-        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None
-    ) -> ForwardResult:
+    def forward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None) -> ForwardResult:
         """Loss and per-token target logprobs without touching gradients."""
         return self._run(datums, loss_fn, loss_fn_config, backward=False)
 
-    def forward_backward(
-        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None
-    ) -> ForwardResult:
+    def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, Any] | None = None) -> ForwardResult:
         """Like `forward`, then back-propagate; gradients add up until `optim_step`."""
         return self._run(datums, loss_fn, loss_fn_config, backward=True)
 
-    def _run(
-        self, datums: Sequence[Datum], loss_name: str, loss_fn_config: Mapping[str, Any] | None, backward: bool
-    ) -> ForwardResult:
+    def _run(self, datums: Sequence[Datum], loss_name: str, loss_fn_config: Mapping[str, Any] | None, backward: bool) -> ForwardResult:
         fn = self._loss_fn(loss_name, loss_fn_config)
         checked = check_datums(datums, fn, self.vocab_size)
         metrics = MetricSum(ADDITIVE_METRICS, additive_reduction(fn))
@@ -667,4 +666,3 @@ class Engine:
     def __repr__(self) -> str:
         mode = f"lora rank {self.config.lora.rank}" if self.is_lora else "full fine-tuning"
         return f"Engine(model={self.base_model_id!r}, dtype={self.config.dtype}, {mode}, step={self.step})"
-

@@ -78,10 +78,7 @@ def resolve_model_dir(model: str | Path) -> Path:
     if text in SHIPPED_MODELS:
         path = shipped_model_dir(text)
         if not (path / "config.json").is_file():
-            raise ValueError(
-                f"shipped model {text!r} is missing at {path}; rebuild it with "
-                f"`python -m nexrl_engine.tiny.build`"
-            )
+            raise ValueError(f"shipped model {text!r} is missing at {path}; rebuild it with `python -m nexrl_engine.tiny.build`")
         return path
     path = Path(text).expanduser()
     if path.is_dir():

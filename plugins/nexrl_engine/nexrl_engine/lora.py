@@ -54,8 +54,7 @@ def lora_target_modules(model: torch.nn.Module, settings: LoraSettings) -> list[
     targets = [name for name in wanted if name in present]
     if not targets:
         raise ValueError(
-            f"none of the LoRA target modules {wanted} exist in {type(model).__name__}; "
-            f"its Linear layers are named {sorted(present)}"
+            f"none of the LoRA target modules {wanted} exist in {type(model).__name__}; its Linear layers are named {sorted(present)}"
         )
     return targets
 

@@ -133,8 +133,7 @@ def build_loss_fn(name: str, loss_fn_config: Mapping[str, Any] | None = None) ->
     valid = sorted(set(fields) | (set(_THRESHOLD_KEYS) if {"clip_low", "clip_high"} <= set(fields) else set()))
     if unknown:
         raise ValueError(
-            f"loss_fn_config keys {sorted(unknown)} are not options of loss_fn {name!r}; "
-            f"valid keys: {', '.join(valid) or 'none'}"
+            f"loss_fn_config keys {sorted(unknown)} are not options of loss_fn {name!r}; valid keys: {', '.join(valid) or 'none'}"
         )
     for key, value in given.items():
         if key in _THRESHOLD_KEYS:
@@ -330,9 +329,7 @@ def target_logprobs(model: Any, batch: PaddedBatch, with_entropy: bool = False) 
     ).logits
     logits = at_least_float32(logits)
     rows, width, vocab = logits.shape
-    logprobs = -torch.nn.functional.cross_entropy(
-        logits.reshape(-1, vocab), batch.targets.reshape(-1), reduction="none"
-    ).view(rows, width)
+    logprobs = -torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), batch.targets.reshape(-1), reduction="none").view(rows, width)
     entropy = None
     if with_entropy:
         log_p = torch.log_softmax(logits, dim=-1)

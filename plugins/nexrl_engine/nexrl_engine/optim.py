@@ -103,8 +103,7 @@ class AdamW:
             for key in ("exp_avg", "exp_avg_sq"):
                 if tuple(state[key].shape) != tuple(parameter.shape):
                     raise ValueError(
-                        f"optimizer state {name}::{key} has shape {tuple(state[key].shape)}, "
-                        f"parameter has {tuple(parameter.shape)}"
+                        f"optimizer state {name}::{key} has shape {tuple(state[key].shape)}, parameter has {tuple(parameter.shape)}"
                     )
             self.optimizer.state[parameter] = {
                 "step": state["step"].to(torch.float32).reshape(()),

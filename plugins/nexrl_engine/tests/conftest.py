@@ -24,9 +24,7 @@ def quickstart(tmp_path: Path, *overrides: str, name: str = "run") -> TrainConfi
     """The built-in quickstart recipe on the ``inprocess`` backend, writing under
     ``tmp_path / name``; ``overrides`` as on the command line."""
     with as_file(files("nexrl_core").joinpath("recipes", "quickstart.yaml")) as path:
-        return load_config(
-            path, [f"output.dir={tmp_path / name}", "backend.name=inprocess", "backend.options={}", *overrides]
-        )
+        return load_config(path, [f"output.dir={tmp_path / name}", "backend.name=inprocess", "backend.options={}", *overrides])
 
 
 def open_backend(config: TrainConfig, work_dir: Path) -> HolderBackend:

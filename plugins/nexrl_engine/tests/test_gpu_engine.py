@@ -27,8 +27,14 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_inprocess
 )
 def test_the_inprocess_backend_on_cuda_raises_held_out_reward(tmp_path: Path, precision: list[str], steps: int, rise: float) -> None:
     rows = train(
-        tmp_path / "run", "backend.options.device=cuda", *precision, f"schedule.steps={steps}",
-        f"schedule.validate_every={steps}", f"schedule.checkpoint_every={steps}", "task.val_size=128", recipe=RECIPE,
+        tmp_path / "run",
+        "backend.options.device=cuda",
+        *precision,
+        f"schedule.steps={steps}",
+        f"schedule.validate_every={steps}",
+        f"schedule.checkpoint_every={steps}",
+        "task.val_size=128",
+        recipe=RECIPE,
     )
     assert rows[0]["backend/device"].startswith("cuda")
     rewards = held_out_rewards(rows)

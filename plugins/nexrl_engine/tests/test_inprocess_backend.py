@@ -78,7 +78,9 @@ def test_recipe_settings_reach_the_engine(tmp_path: Path) -> None:
         (("model.lora.train_attn=false", "model.lora.train_unembed=false"), ("mlp",), ("self_attn", "lm_head")),
     ],
 )
-def test_lora_settings_reach_the_engine(tmp_path: Path, flags: tuple[str, ...], adapted: tuple[str, ...], untouched: tuple[str, ...]) -> None:
+def test_lora_settings_reach_the_engine(
+    tmp_path: Path, flags: tuple[str, ...], adapted: tuple[str, ...], untouched: tuple[str, ...]
+) -> None:
     config = quickstart(tmp_path, "model.lora.rank=4", "model.lora.alpha=8", *flags)
     backend = open_backend(config, tmp_path / "backend")
     try:
@@ -181,7 +183,12 @@ def test_prompt_and_response_limits_hold_through_a_whole_run(tmp_path: Path, mon
         lambda self, prompt, options: sampled.append((len(prompt), options.max_tokens)) or sample(self, prompt, options),
     )
     settings = ("schedule.steps=1", "schedule.validate_every=1", "task.val_size=32", "rollout.prompts_per_step=16", "rollout.group_size=2")
-    limits = ("rollout.max_prompt_tokens=13", f"rollout.prompt_overflow={overflow}", "rollout.max_response_tokens=2", "rollout.error_budget=0")
+    limits = (
+        "rollout.max_prompt_tokens=13",
+        f"rollout.prompt_overflow={overflow}",
+        "rollout.max_response_tokens=2",
+        "rollout.error_budget=0",
+    )
     run_training(quickstart(tmp_path, *settings, *limits), progress_bar=False)
     validation, step = reward_rows(tmp_path / "run")[:2]
     assert {length for length, _ in sampled} <= {12, 13} and {cap for _, cap in sampled} == {2}

@@ -101,7 +101,9 @@ def test_one_mixed_precision_step_is_the_fp32_step_within_bf16_rounding() -> Non
     expected = fp32.forward_backward(datums, "importance_sampling")
     got = mixed.forward_backward(datums, "importance_sampling")
     masks = [datum.loss_fn_inputs["mask"] for datum in datums]
-    gap = max_logprob_gap(trained_tokens([o.logprobs for o in got.outputs], masks), trained_tokens([o.logprobs for o in expected.outputs], masks))
+    gap = max_logprob_gap(
+        trained_tokens([o.logprobs for o in got.outputs], masks), trained_tokens([o.logprobs for o in expected.outputs], masks)
+    )
     assert BF16_VISIBLE < gap <= LOGPROB_TOLERANCE, "the pass computes in bfloat16, within its rounding"
     assert abs(got.metrics["loss:sum"] - expected.metrics["loss:sum"]) <= loss_tolerance(terms, gap), "the loss is of these log-probs"
     masters, reference = mixed.trained_parameters(), fp32.trained_parameters()

@@ -126,9 +126,7 @@ def test_seeds_fall_back_to_the_call_seed_by_position(shared_engine: Engine, cha
     assert [s.tokens for s in mixed[1].sequences] == [s.tokens for s in alone.sequences]
 
 
-def test_sample_j_of_seed_s_is_the_only_sample_of_seed_s_plus_j(
-    shared_engine: Engine, chat_prompts: list[list[int]]
-) -> None:
+def test_sample_j_of_seed_s_is_the_only_sample_of_seed_s_plus_j(shared_engine: Engine, chat_prompts: list[list[int]]) -> None:
     """The contract that lets a client merge single-sample requests with consecutive
     seeds into one ``num_samples`` request (and split it again) without changing a sample."""
     params = SamplingParams(max_tokens=8, temperature=1.2)
@@ -207,8 +205,7 @@ def test_logprobs_match_teacher_forcing_left_padded(shared_engine: Engine, chat_
     assert worst <= 1e-4
     # The training forward pass agrees too.
     datums = [
-        Datum(input_tokens=seq[:-1], loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)})
-        for seq in sequences
+        Datum(input_tokens=seq[:-1], loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)}) for seq in sequences
     ]
     outputs = shared_engine.forward(datums, "cross_entropy").outputs
     index = 0

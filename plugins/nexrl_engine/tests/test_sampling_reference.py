@@ -156,15 +156,45 @@ def cases(engine: Engine, chat: list[list[int]]) -> list[tuple[str, list[list[in
         ("top-k", mixed, SamplingParams(max_tokens=10, temperature=1.5, top_k=5, seed=5), {"num_samples": 3}),
         ("top-p", mixed, SamplingParams(max_tokens=10, temperature=1.5, top_p=0.8, seed=6), {"num_samples": 3}),
         ("top-k and top-p", mixed, SamplingParams(max_tokens=10, temperature=0.9, top_k=20, top_p=0.9, seed=7), {"num_samples": 3}),
-        ("stop ids", chat[:6], SamplingParams(max_tokens=10, temperature=1.2, stop=[19, 26, *printable_tokens(engine, 8, 1)], seed=8), {"num_samples": 3}),
+        (
+            "stop ids",
+            chat[:6],
+            SamplingParams(max_tokens=10, temperature=1.2, stop=[19, 26, *printable_tokens(engine, 8, 1)], seed=8),
+            {"num_samples": 3},
+        ),
         ("greedy, stop ids", mixed, SamplingParams(max_tokens=10, temperature=0.0, stop=[18, 19, 25]), {"num_samples": 1}),
         ("stop strings", chat[:6], SamplingParams(max_tokens=12, temperature=1.4, stop=["1", "<|im_end|>"], seed=9), {"num_samples": 3}),
-        ("stop strings across tokens", chat[:6], SamplingParams(max_tokens=16, temperature=2.0, stop=["12", "im_e", "\n", *words], seed=10), {"num_samples": 4}),
+        (
+            "stop strings across tokens",
+            chat[:6],
+            SamplingParams(max_tokens=16, temperature=2.0, stop=["12", "im_e", "\n", *words], seed=10),
+            {"num_samples": 4},
+        ),
         ("greedy, stop string", mixed, SamplingParams(max_tokens=12, temperature=0.0, stop=["end|>"]), {"num_samples": 1}),
-        ("own counts and seeds", chat[:3], SamplingParams(max_tokens=8, temperature=1.1), {"num_samples": [2, 1, 4], "prompt_seeds": [50, None, 70]}),
-        ("prompt logprobs", [chat[0], chat[3][:5], [7]], SamplingParams(max_tokens=3, seed=0), {"num_samples": 2, "include_prompt_logprobs": True}),
-        ("context limit", mixed, SamplingParams(max_tokens=None, temperature=1.0, stop=[], seed=12), {"num_samples": 2, "max_positions": len(long) + 6}),
-        ("context limit, EOS", mixed, SamplingParams(max_tokens=None, temperature=1.0, seed=13), {"num_samples": 2, "max_positions": len(long) + 9}),
+        (
+            "own counts and seeds",
+            chat[:3],
+            SamplingParams(max_tokens=8, temperature=1.1),
+            {"num_samples": [2, 1, 4], "prompt_seeds": [50, None, 70]},
+        ),
+        (
+            "prompt logprobs",
+            [chat[0], chat[3][:5], [7]],
+            SamplingParams(max_tokens=3, seed=0),
+            {"num_samples": 2, "include_prompt_logprobs": True},
+        ),
+        (
+            "context limit",
+            mixed,
+            SamplingParams(max_tokens=None, temperature=1.0, stop=[], seed=12),
+            {"num_samples": 2, "max_positions": len(long) + 6},
+        ),
+        (
+            "context limit, EOS",
+            mixed,
+            SamplingParams(max_tokens=None, temperature=1.0, seed=13),
+            {"num_samples": 2, "max_positions": len(long) + 9},
+        ),
         ("one token", mixed, SamplingParams(max_tokens=1, seed=14), {"num_samples": 2}),
         ("one row", [chat[2]], SamplingParams(max_tokens=20, temperature=1.0, seed=15), {"num_samples": 1}),
         ("many rows", chat, SamplingParams(max_tokens=12, temperature=1.0, seed=16), {"num_samples": 3}),
@@ -181,7 +211,9 @@ POLICIES = {
 }
 
 
-def run(engine: Engine, model: Any, prompts: list[list[int]], params: SamplingParams, options: dict, sampler: Callable, **extra: Any) -> list[PromptSamples]:
+def run(
+    engine: Engine, model: Any, prompts: list[list[int]], params: SamplingParams, options: dict, sampler: Callable, **extra: Any
+) -> list[PromptSamples]:
     options = dict(options)
     max_positions = options.pop("max_positions", engine.max_positions)
     rule = make_stop_rule(params.stop, engine.eos_token_ids, engine.vocab_size)

@@ -90,9 +90,11 @@ def test_logprobs_entropy_and_gradients_equal_the_plain_pass(
             entropy = torch.where(real, entropy.double(), 0.0)
             loss = loss + 0.1 * entropy.sum()
         loss.backward()
-        return logprobs.detach(), None if entropy is None else entropy.detach(), [
-            p.grad.clone() for p in model.parameters() if p.grad is not None
-        ]
+        return (
+            logprobs.detach(),
+            None if entropy is None else entropy.detach(),
+            [p.grad.clone() for p in model.parameters() if p.grad is not None],
+        )
 
     plain, shared = run(False), run(True)
     assert torch.allclose(plain[0], shared[0], atol=1e-10)

@@ -26,7 +26,10 @@ MANY_PASSES = 40
 
 @pytest.fixture(scope="module")
 def engines() -> dict[int, Engine]:
-    return {limit: Engine(model="nexrl-tiny", seed=0, share_prefixes=False, max_tokens_per_microbatch=limit) for limit in (ONE_PASS, MANY_PASSES)}
+    return {
+        limit: Engine(model="nexrl-tiny", seed=0, share_prefixes=False, max_tokens_per_microbatch=limit)
+        for limit in (ONE_PASS, MANY_PASSES)
+    }
 
 
 def _step(engine: Engine) -> list[Datum]:
@@ -78,7 +81,9 @@ def test_micro_batches_do_not_change_the_step(engines: dict[int, Engine], loss: 
     whole_grad = torch.cat([grad.flatten() for grad in grads[ONE_PASS].values()])
     split_grad = torch.cat([grads[MANY_PASSES][name].flatten() for name in grads[ONE_PASS]])
     error = float((split_grad - whole_grad).norm() / whole_grad.norm())
-    assert error < 1e-5, f"the gradient changes with the split: relative error {error:.3g} (norms {float(split_grad.norm()):.4g} vs {float(whole_grad.norm()):.4g})"
+    assert error < 1e-5, (
+        f"the gradient changes with the split: relative error {error:.3g} (norms {float(split_grad.norm()):.4g} vs {float(whole_grad.norm()):.4g})"
+    )
 
 
 def _per_token_nll(engine: Engine, datums: list[Datum]) -> list[list[float]]:
@@ -139,7 +144,13 @@ def test_signed_weights_cross_entropy_is_minus_sum_w_logp_whatever_the_split(eng
     when the engine splits the step into micro-batches; NaN weights are still refused."""
     rng = random.Random(11)
     datums = [
-        Datum(input_tokens=d.input_tokens, loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"], "weights": [m * rng.choice((-1.5, -0.5, 0.7, 2.0)) for m in d.loss_fn_inputs["mask"]]})
+        Datum(
+            input_tokens=d.input_tokens,
+            loss_fn_inputs={
+                "target_tokens": d.loss_fn_inputs["target_tokens"],
+                "weights": [m * rng.choice((-1.5, -0.5, 0.7, 2.0)) for m in d.loss_fn_inputs["mask"]],
+            },
+        )
         for d in _step(engines[ONE_PASS])
     ]
     assert any(w < 0 for d in datums for w in d.loss_fn_inputs["weights"])

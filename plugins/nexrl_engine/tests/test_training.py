@@ -46,7 +46,13 @@ def test_each_loss(engine: Engine, loss_fn: str) -> None:
     rng = random.Random(0)
     datums = [_rl_datum(engine, rng, n) for n in (7, 12, 4)]
     if loss_fn == "cross_entropy":
-        datums = [Datum(input_tokens=d.input_tokens, loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"], "weights": d.loss_fn_inputs["sequence_ratio_mask"]}) for d in datums]
+        datums = [
+            Datum(
+                input_tokens=d.input_tokens,
+                loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"], "weights": d.loss_fn_inputs["sequence_ratio_mask"]},
+            )
+            for d in datums
+        ]
     plain = engine.compute_logprobs([list(d.input_tokens) + [d.loss_fn_inputs["target_tokens"][-1]] for d in datums])
     result = engine.forward_backward(datums, loss_fn)
     assert result.loss_fn == loss_fn
@@ -67,7 +73,10 @@ def test_dro_on_tinker_datums_is_its_published_objective(shared_engine: Engine, 
     ``beta`` from ``loss_fn_config``."""
     rng = random.Random(5)
     datums = [_rl_datum(shared_engine, rng, n) for n in (7, 12, 4)]
-    datums = [Datum(input_tokens=d.input_tokens, loss_fn_inputs={k: v for k, v in d.loss_fn_inputs.items() if k != "sequence_ratio_mask"}) for d in datums]
+    datums = [
+        Datum(input_tokens=d.input_tokens, loss_fn_inputs={k: v for k, v in d.loss_fn_inputs.items() if k != "sequence_ratio_mask"})
+        for d in datums
+    ]
     result = shared_engine.forward(datums, "dro", {"beta": beta})
     expected = 0.0
     for datum, output in zip(datums, result.outputs):
@@ -93,9 +102,7 @@ def test_rl_mask_defaults_to_the_positions_with_an_advantage(shared_engine: Engi
         input_tokens=datum.input_tokens,
         loss_fn_inputs={k: v for k, v in datum.loss_fn_inputs.items() if k != "sequence_ratio_mask"},
     )
-    everywhere = Datum(
-        input_tokens=datum.input_tokens, loss_fn_inputs={**unmasked.loss_fn_inputs, "mask": [1.0] * 10}
-    )
+    everywhere = Datum(input_tokens=datum.input_tokens, loss_fn_inputs={**unmasked.loss_fn_inputs, "mask": [1.0] * 10})
     for loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
         a = shared_engine.forward([datum], loss_fn).metrics
         b = shared_engine.forward([unmasked], loss_fn).metrics
@@ -138,9 +145,7 @@ def test_on_policy_metrics_cover_the_response_only(shared_engine: Engine, chat_p
 
 def test_cross_entropy_is_a_weighted_sum(engine: Engine) -> None:
     tokens = [1, 40, 50, 60, 70, 80, 90]
-    datum = Datum(
-        input_tokens=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0, 0.5, 1.0, 1.0, 2.0, 0.0]}
-    )
+    datum = Datum(input_tokens=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0, 0.5, 1.0, 1.0, 2.0, 0.0]})
     result = engine.forward([datum], "cross_entropy")
     logprobs = result.outputs[0].logprobs
     expected = -sum(w * lp for w, lp in zip(datum.loss_fn_inputs["weights"], logprobs))

@@ -177,9 +177,7 @@ class EpisodeBook:
 
     # --- the training side
 
-    def register(
-        self, requests: Sequence[RunRequest], sampling: SamplingDefaults
-    ) -> list[concurrent.futures.Future[RunResult]]:
+    def register(self, requests: Sequence[RunRequest], sampling: SamplingDefaults) -> list[concurrent.futures.Future[RunResult]]:
         """Queue an episode per request; a request whose episode already ended (in an
         earlier life of this server) is answered from the store without running again."""
         keys = [request_key(request) for request in requests]
@@ -202,8 +200,11 @@ class EpisodeBook:
                     continue
                 if row is not None:
                     episode = LiveEpisode(
-                        episode_id=row["episode_id"], request=request, sampling=sampling,
-                        policy_version=version, attempt=row["attempt"] + 1,
+                        episode_id=row["episode_id"],
+                        request=request,
+                        sampling=sampling,
+                        policy_version=version,
+                        attempt=row["attempt"] + 1,
                     )
                     requeued.append((episode.episode_id, episode.attempt, version))
                 else:
@@ -350,9 +351,7 @@ class EpisodeBook:
             episode.next_call += count
             return first
 
-    def plan_call(
-        self, episode: LiveEpisode, attempt: int, prompt: Sequence[int], options: SamplingOptions, call: int
-    ) -> TurnPlan:
+    def plan_call(self, episode: LiveEpisode, attempt: int, prompt: Sequence[int], options: SamplingOptions, call: int) -> TurnPlan:
         """What model call ``call`` of the episode samples within the run's limits. A
         prompt over ``rollout.max_prompt_tokens`` (``error`` or ``skip``) ends the episode
         and is answered with a 400 carrying the refusal's line (not a 409, which OpenAI
@@ -381,9 +380,7 @@ class EpisodeBook:
         """Keep a finished call's samples for the episode's trajectory (refused if the claim was lost meanwhile)."""
         with self._lock:
             if episode.attempt != attempt or episode.status != "claimed":
-                raise EpisodeError(
-                    409, f"episode {episode.episode_id} lost its claim while the model was answering; claim a new episode"
-                )
+                raise EpisodeError(409, f"episode {episode.episode_id} lost its claim while the model was answering; claim a new episode")
             episode.calls.extend(samples)
             for sample in samples:
                 episode.budget.add(sample)
@@ -408,7 +405,12 @@ class EpisodeBook:
             episode = self._held(episode, claim.attempt)
             calls = list(episode.calls)
             if not self.store.end(
-                episode.episode_id, episode.attempt, value, metrics, [_sample_to_json(call) for call in calls], time.time(),
+                episode.episode_id,
+                episode.attempt,
+                value,
+                metrics,
+                [_sample_to_json(call) for call in calls],
+                time.time(),
                 episode.client_id,
             ):
                 raise EpisodeError(409, f"episode {episode.episode_id} is not claimed in the store; claim a new episode")
@@ -445,8 +447,7 @@ class EpisodeBook:
             behind = self.policy_version - episode.policy_version
             if behind > self.max_staleness:
                 return False, (
-                    f"the policy moved {behind} updates past this episode's weights, more than "
-                    f"rollout.max_staleness={self.max_staleness}"
+                    f"the policy moved {behind} updates past this episode's weights, more than rollout.max_staleness={self.max_staleness}"
                 )
             return True, ""
 

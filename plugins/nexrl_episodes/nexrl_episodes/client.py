@@ -74,9 +74,7 @@ class Episode:
         if self._openai is None:
             import openai
 
-            self._openai = openai.OpenAI(
-                base_url=self.base_url, api_key=self.api_key, http_client=self.client.http, max_retries=2
-            )
+            self._openai = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, http_client=self.client.http, max_retries=2)
         return self._openai
 
     def end(self, reward: float, **metadata: Any) -> bool:

@@ -38,8 +38,23 @@ from nexrl_core.types import SampleResult
 from nexrl_episodes.book import EpisodeBook, EpisodeError, LiveEpisode
 
 CHAT_ARGUMENTS = frozenset(
-    {"messages", "model", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-     "stop", "n", "seed", "stream", "logprobs", "top_logprobs", "user"}
+    {
+        "messages",
+        "model",
+        "tools",
+        "tool_choice",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "n",
+        "seed",
+        "stream",
+        "logprobs",
+        "top_logprobs",
+        "user",
+    }
 )
 COMPLETION_ARGUMENTS = frozenset(
     {"prompt", "model", "max_tokens", "temperature", "top_p", "stop", "n", "seed", "stream", "logprobs", "echo", "user"}
@@ -50,9 +65,7 @@ MAX_N = 16
 def _check_arguments(body: dict[str, Any], allowed: frozenset[str], route: str) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise EpisodeError(
-            400, f"{route} does not support {', '.join(unknown)}; supported: {', '.join(sorted(allowed))}"
-        )
+        raise EpisodeError(400, f"{route} does not support {', '.join(unknown)}; supported: {', '.join(sorted(allowed))}")
     if body.get("stream"):
         raise EpisodeError(400, "stream=true is not supported: leave stream unset (responses come whole)")
 
@@ -109,9 +122,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         role = message.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise EpisodeError(
-                400, f"messages[{index}].role must be system, user, assistant or tool, got {role!r}"
-            )
+            raise EpisodeError(400, f"messages[{index}].role must be system, user, assistant or tool, got {role!r}")
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" for part in content):
@@ -153,10 +164,27 @@ class OpenAIEndpoints:
         async def models(episode_id: str) -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.book.model, "object": "model", "owned_by": "nexrl"}]}
 
-        chat_body = json_body({"messages": {"type": "array", "items": OBJECT}, "max_tokens": {"type": "integer"}, "n": {"type": "integer"},
-                               "temperature": {"type": "number"}, "top_p": {"type": "number"}, "tools": {"type": "array"}}, required=("messages",))
-        completion_body = json_body({"prompt": {"type": "string"}, "max_tokens": {"type": "integer"}, "n": {"type": "integer"},
-                                     "temperature": {"type": "number"}, "top_p": {"type": "number"}}, required=("prompt",))
+        chat_body = json_body(
+            {
+                "messages": {"type": "array", "items": OBJECT},
+                "max_tokens": {"type": "integer"},
+                "n": {"type": "integer"},
+                "temperature": {"type": "number"},
+                "top_p": {"type": "number"},
+                "tools": {"type": "array"},
+            },
+            required=("messages",),
+        )
+        completion_body = json_body(
+            {
+                "prompt": {"type": "string"},
+                "max_tokens": {"type": "integer"},
+                "n": {"type": "integer"},
+                "temperature": {"type": "number"},
+                "top_p": {"type": "number"},
+            },
+            required=("prompt",),
+        )
 
         @app.post("/episodes/{episode_id}/v1/chat/completions", openapi_extra=chat_body)
         async def chat_completions(episode_id: str, request: Request) -> dict[str, Any]:
@@ -278,9 +306,7 @@ class OpenAIEndpoints:
             tokenizer = getattr(self.model, "tokenizer", None)
             tokenizer = tokenizer() if callable(tokenizer) and not hasattr(tokenizer, "encode") else tokenizer
             if tokenizer is None or not hasattr(tokenizer, "encode"):
-                raise EpisodeError(
-                    400, "this backend's model cannot tokenise raw text: send prompt as a list of token ids"
-                )
+                raise EpisodeError(400, "this backend's model cannot tokenise raw text: send prompt as a list of token ids")
             return list(tokenizer.encode(prompt, add_special_tokens=False))
         raise EpisodeError(400, "prompt must be a non-empty string or a non-empty list of token ids (one prompt per call)")
 

@@ -80,7 +80,9 @@ def recipe_problems(recipe: Any, options: EpisodesOptions) -> list[str]:
         )
     script = options.local_workers.script
     if options.local_workers.processes and script and script.endswith(".py") and not Path(script).is_file():
-        problems.append(f"rollout.source.options.local_workers.script: {script!r} does not exist (paths are relative to the current directory)")
+        problems.append(
+            f"rollout.source.options.local_workers.script: {script!r} does not exist (paths are relative to the current directory)"
+        )
     return problems
 
 

@@ -92,8 +92,13 @@ class EpisodeSource:
             "recipe": dump_config(recipe),
         }
         server = EpisodeServer(
-            book, setup.model, host=options.host, port=options.port, public_url=options.public_url,
-            api_key=options.api_key, train_config=train_config,
+            book,
+            setup.model,
+            host=options.host,
+            port=options.port,
+            public_url=options.public_url,
+            api_key=options.api_key,
+            train_config=train_config,
         )
         try:
             base_url = server.start()
@@ -120,8 +125,15 @@ class EpisodeSource:
         if options.api_key:
             env["NEXRL_EPISODES_API_KEY"] = options.api_key
         command = [
-            sys.executable, "-m", "nexrl_episodes.worker", "worker", base_url, workers.script,
-            "--concurrency", str(workers.concurrency), "--exit-with-parent",
+            sys.executable,
+            "-m",
+            "nexrl_episodes.worker",
+            "worker",
+            base_url,
+            workers.script,
+            "--concurrency",
+            str(workers.concurrency),
+            "--exit-with-parent",
         ]
         for _ in range(workers.processes):
             self.workers.append(
@@ -132,8 +144,10 @@ class EpisodeSource:
         """Queue every request as an episode; ``temperature`` replaces the recipe's (validation)."""
         if requests and not requests[0].is_val:
             self.book.set_policy_version(max(self.book.policy_version, step - 1 - self.max_staleness))
-        defaults = self.defaults if temperature is None else SamplingDefaults(
-            max_tokens=self.defaults.max_tokens, temperature=temperature, top_p=self.defaults.top_p
+        defaults = (
+            self.defaults
+            if temperature is None
+            else SamplingDefaults(max_tokens=self.defaults.max_tokens, temperature=temperature, top_p=self.defaults.top_p)
         )
         return PendingBatch(step, self.book.register(requests, defaults))
 

@@ -226,8 +226,13 @@ class EpisodeStore:
         now = time.time()
         rows = [
             {
-                **attrs.asdict(episode), "item": json.dumps(episode.item), "sampling": json.dumps(episode.sampling),
-                "status": "queued", "attempt": 0, "end_calls": 0, "created_at": now,
+                **attrs.asdict(episode),
+                "item": json.dumps(episode.item),
+                "sampling": json.dumps(episode.sampling),
+                "status": "queued",
+                "attempt": 0,
+                "end_calls": 0,
+                "created_at": now,
             }
             for episode in new
         ]
@@ -251,8 +256,13 @@ class EpisodeStore:
 
         Claims are not stored (the book holds them), so the row of a claimed episode still says ``queued``."""
         row = {
-            "b_episode_id": episode_id, "b_attempt": attempt, "b_reward": reward, "b_metrics": json.dumps(metrics),
-            "b_calls": json.dumps(calls), "b_now": now, "b_client_id": client_id,
+            "b_episode_id": episode_id,
+            "b_attempt": attempt,
+            "b_reward": reward,
+            "b_metrics": json.dumps(metrics),
+            "b_calls": json.dumps(calls),
+            "b_now": now,
+            "b_client_id": client_id,
         }
         return self._write("end", row) == 1
 
@@ -283,18 +293,25 @@ def _write_statements(dialect: Any) -> dict[str, Prepared]:
     # Not IN (...): SQLAlchemy renders that list only at execution time.
     open_statuses = (episodes.c.status == "queued") | (episodes.c.status == "claimed")
     statements = {
-        "queue_again": update(episodes).where(by_id).values(
-            status="queued", attempt=bindparam("b_attempt"), policy_version=bindparam("b_version"), client_id=None
-        ),
+        "queue_again": update(episodes)
+        .where(by_id)
+        .values(status="queued", attempt=bindparam("b_attempt"), policy_version=bindparam("b_version"), client_id=None),
         "requeue": update(episodes).where(by_id).values(status="queued", attempt=bindparam("b_attempt"), client_id=None),
         "end": update(episodes)
         .where(by_id & open_statuses & (episodes.c.attempt == bindparam("b_attempt")))
         .values(
-            status="ended", reward=bindparam("b_reward"), metrics=bindparam("b_metrics"), calls=bindparam("b_calls"),
-            ended_at=bindparam("b_now"), end_calls=1, client_id=bindparam("b_client_id"),
+            status="ended",
+            reward=bindparam("b_reward"),
+            metrics=bindparam("b_metrics"),
+            calls=bindparam("b_calls"),
+            ended_at=bindparam("b_now"),
+            end_calls=1,
+            client_id=bindparam("b_client_id"),
         ),
         "count_duplicate_end": update(episodes).where(by_id).values(end_calls=episodes.c.end_calls + 1),
-        "finish": update(episodes).where(by_id).values(status=bindparam("b_status"), error=bindparam("b_error"), ended_at=bindparam("b_now")),
+        "finish": update(episodes)
+        .where(by_id)
+        .values(status=bindparam("b_status"), error=bindparam("b_error"), ended_at=bindparam("b_now")),
         "drop_unfinished": update(episodes)
         .where(open_statuses)
         .values(status="dropped", error="the server that queued it stopped before it ended"),

@@ -35,8 +35,14 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def requests_for(count: int, step: int = 1, is_val: bool = False) -> list[RunRequest]:
     return [
         RunRequest(
-            step=step, item_index=index, run_id=0, group_id=f"s{step}-p{index}", task_id=f"t{index}",
-            item={"a": index, "b": 7}, seed=1000 + index, is_val=is_val,
+            step=step,
+            item_index=index,
+            run_id=0,
+            group_id=f"s{step}-p{index}",
+            task_id=f"t{index}",
+            item={"a": index, "b": 7},
+            seed=1000 + index,
+            is_val=is_val,
         )
         for index in range(count)
     ]
@@ -48,7 +54,12 @@ class Served:
     (``max_staleness``, and the prompt and response limits in ``rollout``)."""
 
     def __init__(
-        self, directory: Path, model: Any, url: str, max_staleness: int = 0, rollout: RolloutConfig | None = None,
+        self,
+        directory: Path,
+        model: Any,
+        url: str,
+        max_staleness: int = 0,
+        rollout: RolloutConfig | None = None,
         **source_options: Any,
     ) -> None:
         self.directory = directory

@@ -76,7 +76,11 @@ def test_an_episode_claimed_used_and_ended_under_fuzzing(server: Any) -> None:
                 case.path_parameters["episode_id"] = episode_id
 
         report = fuzz_app(
-            server.app.openapi(), server.base_url, headers={"Authorization": f"Bearer {key}"}, max_examples=MAX_EXAMPLES // 2, on_case=aim_at_the_episode
+            server.app.openapi(),
+            server.base_url,
+            headers={"Authorization": f"Bearer {key}"},
+            max_examples=MAX_EXAMPLES // 2,
+            on_case=aim_at_the_episode,
         )
         print(f"episode server, one claimed episode: {report.summary()}")
         assert not report.server_errors, "\n".join(report.server_errors)

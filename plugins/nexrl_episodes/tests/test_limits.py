@@ -48,12 +48,16 @@ def test_a_prompt_of_the_limit_passes_and_one_token_more_does_not(limited: Any, 
             assert reply.usage.prompt_tokens == limit
             over.end(0.5)
         else:
-            with pytest.raises(openai.BadRequestError, match=rf"rollout.max_prompt_tokens: .*{limit + 1} tokens, over the limit of {limit}"):
+            with pytest.raises(
+                openai.BadRequestError, match=rf"rollout.max_prompt_tokens: .*{limit + 1} tokens, over the limit of {limit}"
+            ):
                 over.openai.chat.completions.create(model=over.model, messages=LONGER)
     assert futures[0].result(timeout=5).reward == 1.0
     assert [prompt for prompt, _ in model.sampled][0] == chat_model.apply_chat_template(QUESTION, tokenize=True)
     if overflow is PromptOverflow.ERROR:
-        with pytest.raises(RolloutError, match=r"^rollout.max_prompt_tokens: the prompt of model call 1 of task 't1' \(step 1, run 0\), episode"):
+        with pytest.raises(
+            RolloutError, match=r"^rollout.max_prompt_tokens: the prompt of model call 1 of task 't1' \(step 1, run 0\), episode"
+        ):
             futures[1].result(timeout=5)
         assert served.store.counts() == {"ended": 1, "failed": 1} and len(model.sampled) == 1
     elif overflow is PromptOverflow.SKIP:
@@ -81,7 +85,7 @@ def test_an_episodes_turns_share_one_response_budget(limited: Any, budget: int) 
             messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
         episode.end(1.0)
     result = futures[0].result(timeout=5)
-    assert [options.max_tokens for _, options in model.sampled] == [1, 1, 1][: budget]
+    assert [options.max_tokens for _, options in model.sampled] == [1, 1, 1][:budget]
     assert [reply.usage.completion_tokens for reply in replies][:2] == [1, 1]
     if budget == 2:
         last = replies[2].choices[0]

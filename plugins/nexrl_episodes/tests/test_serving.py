@@ -16,14 +16,15 @@ def test_an_episode_records_every_model_call_into_its_trajectory(served: Any) ->
     with EpisodeClient(served.url) as client:
         episode = client.claim(timeout_s=5)
         assert episode.task == {"a": 0, "b": 7}
-        first = episode.openai.chat.completions.create(
-            model=episode.model, messages=[{"role": "user", "content": "0+7="}], logprobs=True
-        )
+        first = episode.openai.chat.completions.create(model=episode.model, messages=[{"role": "user", "content": "0+7="}], logprobs=True)
         reply = first.choices[0].message
         second = episode.openai.chat.completions.create(
             model=episode.model,
-            messages=[{"role": "user", "content": "0+7="}, {"role": "assistant", "content": reply.content},
-                      {"role": "user", "content": "again"}],
+            messages=[
+                {"role": "user", "content": "0+7="},
+                {"role": "assistant", "content": reply.content},
+                {"role": "user", "content": "again"},
+            ],
         )
         assert first.usage.completion_tokens == len(first.choices[0].logprobs.content) > 0
         assert episode.end(0.5, tries=2) is False
@@ -118,9 +119,7 @@ def test_openai_errors_reach_the_openai_client_with_the_reason(served: Any) -> N
     with EpisodeClient(served.url) as client:
         episode = client.claim(timeout_s=5)
         with pytest.raises(openai.BadRequestError, match="does not support frequency_penalty"):
-            episode.openai.chat.completions.create(
-                model=episode.model, messages=[{"role": "user", "content": "x"}], frequency_penalty=0.5
-            )
+            episode.openai.chat.completions.create(model=episode.model, messages=[{"role": "user", "content": "x"}], frequency_penalty=0.5)
         episode.end(0.0)
         with pytest.raises(openai.ConflictError, match="is ended: its key no longer works"):
             episode.openai.chat.completions.create(model=episode.model, messages=[{"role": "user", "content": "x"}])

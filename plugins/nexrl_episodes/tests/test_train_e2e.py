@@ -69,7 +69,8 @@ def test_the_episodes_quickstart_raises_held_out_reward(tmp_path: Path, backend:
 def _start_worker(url: str, script: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "nexrl_episodes.worker", "worker", url, str(script), "--concurrency", "16"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -82,7 +83,7 @@ def _server_url(out: Path, trainer: subprocess.Popen[str], deadline: float) -> s
     return json.loads(info.read_text())["base_url"]
 
 
-DOUBLE_ENDER = '''
+DOUBLE_ENDER = """
 import sys
 sys.path.insert(0, {worker_dir!r})
 from addition_worker import rollout as solve
@@ -92,7 +93,7 @@ def rollout(episode):
     assert episode.client.end(episode, reward) is False
     assert episode.client.end(episode, 1.0 - reward) is True  # a repeat: acknowledged, ignored
     return reward
-'''
+"""
 
 
 @pytest.mark.slow
@@ -103,9 +104,16 @@ def test_killed_clients_and_a_killed_trainer_lose_no_episode(tmp_path: Path) -> 
     script.write_text(DOUBLE_ENDER.format(worker_dir=str(WORKER.parent)))
     out = tmp_path / "run"
     command = [
-        NEXRL, "train", str(RECIPE), f"output.dir={out}", "rollout.source.options.local_workers.processes=0",
-        "rollout.source.options.claim_timeout_s=3", "schedule.steps=8", "schedule.validate_every=0",
-        "schedule.checkpoint_every=4", "--no-progress",
+        NEXRL,
+        "train",
+        str(RECIPE),
+        f"output.dir={out}",
+        "rollout.source.options.local_workers.processes=0",
+        "rollout.source.options.claim_timeout_s=3",
+        "schedule.steps=8",
+        "schedule.validate_every=0",
+        "schedule.checkpoint_every=4",
+        "--no-progress",
     ]
     trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     workers: list[subprocess.Popen[bytes]] = []

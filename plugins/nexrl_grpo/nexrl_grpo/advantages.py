@@ -58,10 +58,7 @@ def _check(name: str, requires: frozenset[str], inputs: AdvantageInputs) -> torc
         raise ValueError(f"{_WHAT} {name!r}: token_rewards must be [B, T], got shape {tuple(rewards.shape)}")
     batch = rewards.shape[0]
     if mask.shape != rewards.shape:
-        raise ValueError(
-            f"{_WHAT} {name!r}: loss_mask must have token_rewards' shape {tuple(rewards.shape)}, "
-            f"got {tuple(mask.shape)}"
-        )
+        raise ValueError(f"{_WHAT} {name!r}: loss_mask must have token_rewards' shape {tuple(rewards.shape)}, got {tuple(mask.shape)}")
     if valid.shape != (batch,):
         raise ValueError(f"{_WHAT} {name!r}: valid_rows must be [B] = [{batch}], got shape {tuple(valid.shape)}")
     for field in ("group_ids", "run_ids"):
@@ -198,11 +195,7 @@ def _group_stats(scores: torch.Tensor, counted: torch.Tensor, inputs: AdvantageI
 
     # Identical row scores are checked as well as identical run means: averaging equal
     # scores over runs of different sizes can round them apart by one ulp.
-    degenerate = (
-        (runs_per_group < 2)
-        | spread_is_zero(row_scores, group_of_row_t)
-        | spread_is_zero(run_means, group_of_run_t)
-    )
+    degenerate = (runs_per_group < 2) | spread_is_zero(row_scores, group_of_row_t) | spread_is_zero(run_means, group_of_run_t)
     return _GroupStats(
         rows=rows,
         scores=row_scores,
@@ -238,9 +231,7 @@ def _outcome_output(
     return AdvantageOutput(advantages=advantages, returns=advantages, metrics=metrics)
 
 
-def _group_relative(
-    name: str, requires: frozenset[str], inputs: AdvantageInputs
-) -> tuple[torch.Tensor, _GroupStats]:
+def _group_relative(name: str, requires: frozenset[str], inputs: AdvantageInputs) -> tuple[torch.Tensor, _GroupStats]:
     counted = _check(name, requires, inputs)
     scores = _masked_rewards(inputs, _trained(inputs, counted)).sum(dim=-1).cpu()
     return counted, _group_stats(scores, counted, inputs)

@@ -56,8 +56,7 @@ def aggregate(
         raise ValueError(f"unknown aggregation mode {mode!r}; choose one of {valid}") from None
     if loss_tokens.dim() != 2 or mask.shape != loss_tokens.shape:
         raise ValueError(
-            f"aggregate needs loss_tokens and mask of the same [B, T] shape, "
-            f"got {tuple(loss_tokens.shape)} and {tuple(mask.shape)}"
+            f"aggregate needs loss_tokens and mask of the same [B, T] shape, got {tuple(loss_tokens.shape)} and {tuple(mask.shape)}"
         )
     if norm_constant is not None and not norm_constant > 0:
         raise ValueError(f"norm_constant must be > 0, got {norm_constant!r}")

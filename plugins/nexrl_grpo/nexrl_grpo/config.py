@@ -58,12 +58,7 @@ def _number(requirement: str, check: Callable[[float], bool]) -> Callable[[Any, 
     """Build a validator that names the class, the field, the rule and the bad value."""
 
     def validate(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        ok = (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and check(value)
-        )
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and check(value)
         if not ok:
             raise ValueError(f"{type(instance).__name__}.{attribute.name} must be {requirement}, got {value!r}")
 
@@ -90,7 +85,9 @@ _to_agg_mode = _enum_converter(AggMode)
 def _read_when_dividing_by_std(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     """``eps`` is added to the std, so without ``norm_by_std`` it would be accepted and ignored."""
     if not instance.norm_by_std and value != attribute.default:
-        raise ValueError(f"{type(instance).__name__}.{attribute.name} is read only with norm_by_std true; set it or remove {attribute.name}")
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} is read only with norm_by_std true; set it or remove {attribute.name}"
+        )
 
 
 @attrs.frozen(kw_only=True)

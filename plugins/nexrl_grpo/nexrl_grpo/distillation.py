@@ -74,9 +74,7 @@ class OnPolicyDistillationEstimator:
         values = values.detach().to(trained.device, torch.float64)
         bad = torch.nonzero((trained & ~torch.isfinite(values)).any(dim=-1).cpu() & counted).flatten()
         if bad.numel():
-            raise ValueError(
-                f"advantage estimator {self.name!r}: {field} is NaN or infinite on trained tokens of rows {_row_list(bad)}"
-            )
+            raise ValueError(f"advantage estimator {self.name!r}: {field} is NaN or infinite on trained tokens of rows {_row_list(bad)}")
         return torch.where(trained, values, torch.zeros_like(values))
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageOutput:

@@ -100,8 +100,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLPenal
         raise ValueError(f"unknown KL penalty kind {kind!r}; choose one of {valid}") from None
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(
-            f"kl_penalty needs logprobs and ref_logprobs of the same shape, "
-            f"got {tuple(logprobs.shape)} and {tuple(ref_logprobs.shape)}"
+            f"kl_penalty needs logprobs and ref_logprobs of the same shape, got {tuple(logprobs.shape)} and {tuple(ref_logprobs.shape)}"
         )
     log_ratio = logprobs - ref_logprobs
     if kind is KLPenaltyKind.KL:

@@ -79,12 +79,8 @@ class RemoteApiGrpoTrainer(RemoteApiTrainer):
         ref_logprobs = batch.token_values(trajectories, references)
         return self.kl_in_reward.apply(token_rewards, logprobs, ref_logprobs, batch.tensors["loss_mask"], len(trajectories))
 
-    def extra_metrics(
-        self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]
-    ) -> dict[str, float]:
-        return group_metrics(
-            [t.group_id for t in trajectories], [t.run_id for t in trajectories], [t.reward for t in trajectories]
-        )
+    def extra_metrics(self, trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]]) -> dict[str, float]:
+        return group_metrics([t.group_id for t in trajectories], [t.run_id for t in trajectories], [t.reward for t in trajectories])
 
     def state(self) -> dict[str, Any]:
         return self.kl_in_reward.state() if self.kl_in_reward is not None else {}
@@ -129,9 +125,9 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
         tensors["token_level_scores"] = inputs.token_rewards
         token_rewards = inputs.token_rewards
         if self.kl_in_reward is not None:
-            tensors["ref_logprobs"] = self.transport.compute_ref_log_prob(
-                batch, self.update.micro_batch_rows, self.update.max_tokens_per_microbatch
-            ) * loss_mask
+            tensors["ref_logprobs"] = (
+                self.transport.compute_ref_log_prob(batch, self.update.micro_batch_rows, self.update.max_tokens_per_microbatch) * loss_mask
+            )
             token_rewards, kl_metrics = self.kl_in_reward.apply(
                 token_rewards, tensors["old_logprobs"], tensors["ref_logprobs"], loss_mask, int(valid.sum())
             )

@@ -37,9 +37,7 @@ def test_enum_fields_accept_their_string_values() -> None:
 def test_cattrs_structures_yaml_values() -> None:
     raw = {"clip_high": 0.28, "dual_clip_c": 3, "agg_mode": "seq-mean-token-sum-norm", "norm_constant": 4096}
     config = cattrs.structure(raw, PPOLossConfig)
-    assert config == PPOLossConfig(
-        clip_high=0.28, dual_clip_c=3.0, agg_mode=AggMode.SEQ_MEAN_TOKEN_SUM_NORM, norm_constant=4096.0
-    )
+    assert config == PPOLossConfig(clip_high=0.28, dual_clip_c=3.0, agg_mode=AggMode.SEQ_MEAN_TOKEN_SUM_NORM, norm_constant=4096.0)
 
 
 def test_configs_are_frozen() -> None:

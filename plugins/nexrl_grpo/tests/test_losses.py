@@ -225,9 +225,7 @@ def test_dro_is_its_published_objective(beta: float) -> None:
     inputs = random_inputs(seed=31, log_ratio_scale=0.8)
     out = DroLoss(DroLossConfig(beta=beta, agg_mode="token-sum"))(inputs)
     rows = zip(inputs.logprobs.tolist(), inputs.old_logprobs.tolist(), inputs.advantages.tolist(), inputs.loss_mask.tolist())
-    expected = -sum(
-        m * (lp * a - 0.5 * beta * (lp - lq) ** 2) for lps, lqs, advs, ms in rows for lp, lq, a, m in zip(lps, lqs, advs, ms)
-    )
+    expected = -sum(m * (lp * a - 0.5 * beta * (lp - lq) ** 2) for lps, lqs, advs, ms in rows for lp, lq, a, m in zip(lps, lqs, advs, ms))
     assert out.loss.item() == pytest.approx(expected, rel=1e-12)
     out.loss.backward()
     expected_grad = inputs.loss_mask * (-inputs.advantages + beta * (inputs.logprobs.detach() - inputs.old_logprobs))
@@ -502,9 +500,7 @@ def test_shape_mismatch_is_rejected(field: str) -> None:
 
 def test_logprobs_must_be_two_dimensional() -> None:
     with pytest.raises(ValueError, match=r"logprobs must be \[B, T\]"):
-        CrossEntropyLoss(CrossEntropyLossConfig())(
-            PolicyLossInputs(logprobs=torch.zeros(4), loss_mask=torch.ones(4))
-        )
+        CrossEntropyLoss(CrossEntropyLossConfig())(PolicyLossInputs(logprobs=torch.zeros(4), loss_mask=torch.ones(4)))
 
 
 @pytest.mark.parametrize("name", ["ppo", "importance_sampling", "cispo", "gspo"])

@@ -37,9 +37,7 @@ def test_version() -> None:
 
 def test_importing_the_plugin_loads_neither_torch_nor_numpy() -> None:
     code = (
-        "import sys, nexrl_grpo.plugin, nexrl_grpo.config\n"
-        "heavy = sorted({'torch', 'numpy'} & set(sys.modules))\n"
-        "assert not heavy, heavy\n"
+        "import sys, nexrl_grpo.plugin, nexrl_grpo.config\nheavy = sorted({'torch', 'numpy'} & set(sys.modules))\nassert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

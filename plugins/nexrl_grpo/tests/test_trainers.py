@@ -73,7 +73,7 @@ def test_kl_in_the_reward_separates_runs_of_equal_outcome_by_their_kl() -> None:
     # equal outcome rewards; run 1 is longer, so it carries more KL (0.5 per trained token)
     metrics = trainer.train(holder, [trajectory("g", 0, 1.0, response=2), trajectory("g", 1, 1.0, response=4)], step=1)
     assert metrics["kl/mean"] == pytest.approx(0.5) and metrics["kl/coef"] == 0.5
-    (datums, _), = holder.calls
+    ((datums, _),) = holder.calls
     by_length = {len(datum.input_tokens): datum for datum in datums}
     short, long = by_length[3], by_length[5]
     # returns 1 - 0.5*0.5*2 = 0.5 and 1 - 0.5*0.5*4 = 0.0: the shorter run is the better one
@@ -173,9 +173,7 @@ def test_nothing_to_learn_sends_nothing_and_syncs_nothing() -> None:
 
 
 def test_order_of_arrival_does_not_change_what_is_sent() -> None:
-    batch = [
-        trajectory(g, r, float((r + len(g)) % 2), index=i) for g in ("x", "yy") for r in range(3) for i in range(2)
-    ]
+    batch = [trajectory(g, r, float((r + len(g)) % 2), index=i) for g in ("x", "yy") for r in range(3) for i in range(2)]
     sent = []
     for order in (batch, batch[::-1], batch[3:] + batch[:3]):
         holder = RecordingHolder()

@@ -208,7 +208,12 @@ class RayPlacer:
             if isinstance(error, Exception) and not isinstance(error, PlacementError):
                 raise PlacementError(f"could not start the ranks of group {request.group!r} on Ray: {error}") from error
             raise
-        log.info("group %s placed on Ray as %s: %s", request.group, name, ", ".join(f"rank {p.rank} on {p.node[:12]} ({p.address})" for p in places))
+        log.info(
+            "group %s placed on Ray as %s: %s",
+            request.group,
+            name,
+            ", ".join(f"rank {p.rank} on {p.node[:12]} ({p.address})" for p in places),
+        )
         return RayRanks(group, actors, places, Path(request.log_path))
 
     def _start(self, request: PlacementRequest, actors: list[Any], where: list[tuple[str, str, list[str]]], port: int) -> list[RankPlace]:

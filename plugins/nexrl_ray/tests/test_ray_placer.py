@@ -49,7 +49,9 @@ def _request(tmp_path: Path, ranks: int = 2, linger_s: float = 0.0, **fields: An
 def _nexrl_placement_groups() -> list[dict[str, Any]]:
     import ray
 
-    return [group for group in ray.util.placement_group_table().values() if group["name"].startswith("nexrl-") and group["state"] != "REMOVED"]
+    return [
+        group for group in ray.util.placement_group_table().values() if group["name"].startswith("nexrl-") and group["state"] != "REMOVED"
+    ]
 
 
 def _nexrl_actors() -> list[str]:
@@ -155,8 +157,19 @@ def test_without_a_cluster_the_placer_says_how_to_start_one_at_once() -> None:
 def test_without_the_ray_plugin_a_service_refuses_the_placement_at_start_naming_the_extra(tmp_path: Path) -> None:
     import subprocess
 
-    command = [str(Path(sys.executable).with_name("nexrl")), "serve", "tinker", "--port", "0", "--workers", "1", "--placement", "ray",
-               "--data-dir", str(tmp_path)]
+    command = [
+        str(Path(sys.executable).with_name("nexrl")),
+        "serve",
+        "tinker",
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        "--placement",
+        "ray",
+        "--data-dir",
+        str(tmp_path),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "NEXRL_DISABLE_PLUGINS": "ray"})
     assert result.returncode == 2, result.stderr[-2000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("nexrl serve tinker:")]

@@ -59,7 +59,11 @@ def test_the_self_hosted_quickstart_on_ray_trains_like_on_this_machine(ray_clust
 
 
 def test_the_embedded_services_worker_group_is_placed_on_ray(ray_cluster: Any, tmp_path: Path) -> None:
-    placement = ["backend.options.workers=2", "backend.options.placement=ray", f"backend.options.placement_options.address={ray_cluster.address}"]
+    placement = [
+        "backend.options.workers=2",
+        "backend.options.placement=ray",
+        f"backend.options.placement_options.address={ray_cluster.address}",
+    ]
     rows = _train(tmp_path / "embedded", *placement, "schedule.steps=2", "schedule.validate_every=0", recipe=None)
     assert [row["step"] for row in rows if "reward/mean" in row] == [1, 2]
     (group,) = _run_groups(ray_cluster.address, "model-")

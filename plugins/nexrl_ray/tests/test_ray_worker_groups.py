@@ -102,7 +102,11 @@ def test_lora_sft_on_a_ray_placed_group_is_the_in_process_engines(cluster: Any, 
 def _nexrl_leftovers() -> tuple[list[str], list[str]]:
     import ray
 
-    groups = [group["name"] for group in ray.util.placement_group_table().values() if group["name"].startswith("nexrl-") and group["state"] != "REMOVED"]
+    groups = [
+        group["name"]
+        for group in ray.util.placement_group_table().values()
+        if group["name"].startswith("nexrl-") and group["state"] != "REMOVED"
+    ]
     actors = [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True) if actor["name"].startswith("nexrl-")]
     return groups, actors
 
@@ -116,9 +120,24 @@ def test_sigterm_to_a_service_holding_ray_groups_ends_it_and_leaves_the_cluster_
     port_file = tmp_path / "log"
     with open(port_file, "wb") as log:
         server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "nexrl"), "serve", "tinker", "--port", "0", "--workers", "2", "--placement", "ray",
-             "--placement-option", f"address={cluster.address}", "--data-dir", str(tmp_path / "data")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(Path(sys.executable).parent / "nexrl"),
+                "serve",
+                "tinker",
+                "--port",
+                "0",
+                "--workers",
+                "2",
+                "--placement",
+                "ray",
+                "--placement-option",
+                f"address={cluster.address}",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         url = _served_url(port_file, server)
@@ -152,7 +171,9 @@ def _served_url(log: Path, server: subprocess.Popen[bytes], timeout_s: float = 1
     raise AssertionError(f"the service did not say where it serves: {log.read_text()[-3000:]}")
 
 
-def test_a_lost_node_rebuilds_the_group_on_the_nodes_left_and_the_curve_goes_on(cluster: Any, in_process: dict[str, Any], tmp_path: Path) -> None:
+def test_a_lost_node_rebuilds_the_group_on_the_nodes_left_and_the_curve_goes_on(
+    cluster: Any, in_process: dict[str, Any], tmp_path: Path
+) -> None:
     """Last in the module: it takes a node away for good."""
     service = _service(tmp_path, cluster, worker_heartbeat_s=0.5, worker_dead_after_s=3.0, worker_save_every=1)
     try:

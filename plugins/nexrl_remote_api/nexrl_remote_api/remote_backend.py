@@ -115,14 +115,10 @@ def holder_config(config_class: type, setup: BackendSetup, base_url: str | None,
     :raises ConfigError: for a holder whose config is not a `HolderTarget`, or bad options.
     """
     if not (isinstance(config_class, type) and issubclass(config_class, HolderTarget)):
-        raise ConfigError(
-            [f"backend.options.service_holder: its config class {config_class.__name__} must subclass HolderTarget"]
-        )
+        raise ConfigError([f"backend.options.service_holder: its config class {config_class.__name__} must subclass HolderTarget"])
     taken = sorted(set(setup.options.holder) & {field.name for field in attrs.fields(HolderTarget)})
     if taken:
-        raise ConfigError(
-            [f"backend.options.holder.{key}: set by the recipe (model.*, seed) and this backend, not here" for key in taken]
-        )
+        raise ConfigError([f"backend.options.holder.{key}: set by the recipe (model.*, seed) and this backend, not here" for key in taken])
     target = {
         "model": attrs.asdict(setup.recipe.model), "seed": setup.recipe.seed, "teacher": setup.recipe.teacher.model,
         "base_url": base_url, "api_key": api_key,
@@ -174,27 +170,35 @@ def _refuse_what_the_service_decides(options: RemoteApiBackendConfig, base_url: 
     ``base_url`` (it decides them itself), and a placement without embedded workers."""
     if base_url is not None and options.workers:
         raise ConfigError(
-            [f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
-             f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"]
+            [
+                f"backend.options.workers: {options.workers} applies to the embedded service only; the service at "
+                f"{base_url} decides its own workers (nexrl serve NAME --workers N), so leave it out or set base_url: null"
+            ]
         )
     if (options.placement is not None or options.placement_options) and (base_url is not None or not options.workers):
         raise ConfigError(
-            ["backend.options.placement: a placer starts the ranks of the embedded service's worker groups, so it "
-             "needs base_url: null and workers: N (a service at base_url decides its own placement: nexrl serve NAME "
-             "--workers N --placement NAME)"]
+            [
+                "backend.options.placement: a placer starts the ranks of the embedded service's worker groups, so it "
+                "needs base_url: null and workers: N (a service at base_url decides its own placement: nexrl serve NAME "
+                "--workers N --placement NAME)"
+            ]
         )
     if base_url is not None and options.device != DEFAULT_DEVICE:
         raise ConfigError(
-            [f"backend.options.device: {options.device} applies to the embedded service only; the service at "
-             f"{base_url} decides its own device (nexrl serve NAME --device {options.device}), so leave it out or "
-             "set base_url: null"]
+            [
+                f"backend.options.device: {options.device} applies to the embedded service only; the service at "
+                f"{base_url} decides its own device (nexrl serve NAME --device {options.device}), so leave it out or "
+                "set base_url: null"
+            ]
         )
     if base_url is not None and options.max_tokens_per_microbatch is not None:
         budget = options.max_tokens_per_microbatch
         raise ConfigError(
-            [f"backend.options.max_tokens_per_microbatch: {budget} applies to the embedded service only; the service at "
-             f"{base_url} decides its own (nexrl serve NAME --max-tokens-per-microbatch {budget}), so leave it out or "
-             "set base_url: null"]
+            [
+                f"backend.options.max_tokens_per_microbatch: {budget} applies to the embedded service only; the service at "
+                f"{base_url} decides its own (nexrl serve NAME --max-tokens-per-microbatch {budget}), so leave it out or "
+                "set base_url: null"
+            ]
         )
 
 

@@ -222,8 +222,7 @@ class SdkServiceHolder(TemplateChatModel, Generic[ConfigT]):
         sequence = self._coalescer.sample(prompt, options)
         if len(sequence.logprobs) != len(sequence.tokens):
             raise RuntimeError(
-                f"{self.api} returned {len(sequence.tokens)} tokens but {len(sequence.logprobs)} logprobs; "
-                "sampling logprobs are required"
+                f"{self.api} returned {len(sequence.tokens)} tokens but {len(sequence.logprobs)} logprobs; sampling logprobs are required"
             )
         finish_reason = "length" if sequence.stop_reason == "length" else "stop"
         return self._chat.sample_result(prompt, sequence.tokens, sequence.logprobs, finish_reason)
@@ -249,9 +248,7 @@ class SdkServiceHolder(TemplateChatModel, Generic[ConfigT]):
         refused the rest)."""
         raise NotImplementedError
 
-    def _train_step(
-        self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]
-    ) -> dict[str, float]:
+    def _train_step(self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]) -> dict[str, float]:
         """One forward-backward and optimizer step with ``config.optimizer``; their metrics."""
         raise NotImplementedError
 

@@ -97,7 +97,9 @@ class SdkHolderContract(ServiceHolderContract, ToolCallContract):
         config = load_config(None, ["model.name=nexrl-tiny", "model.gradient_checkpointing=true"])
         holder = holder_kit.holder(model=config.model)
         trainer = type("T", (), {"train_step": holder_kit.option_cases[0].step("token-sum")})()
-        expected = f"model.gradient_checkpointing: backend 'remote_api' cannot honour it: the {holder_kit.api} API has no activation-checkpointing"
+        expected = (
+            f"model.gradient_checkpointing: backend 'remote_api' cannot honour it: the {holder_kit.api} API has no activation-checkpointing"
+        )
         with pytest.raises(ConfigError, match=expected):
             HolderBackend(holder, trainer, name="remote_api", work_dir=Path("unused"))  # type: ignore[arg-type]
 
@@ -266,8 +268,12 @@ class WorkerGroupLossContract:
             for holder in built.values():
                 holder.close()
 
-    @pytest.mark.parametrize(("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES])
-    def test_every_loss_and_aggregation_on_a_group(self, holders: dict[int, SdkServiceHolder[Any]], loss: str, options: dict[str, Any]) -> None:
+    @pytest.mark.parametrize(
+        ("loss", "options"), AGGREGATION_CASES, ids=[f"{loss}-{o.get('agg_mode', 'none')}" for loss, o in AGGREGATION_CASES]
+    )
+    def test_every_loss_and_aggregation_on_a_group(
+        self, holders: dict[int, SdkServiceHolder[Any]], loss: str, options: dict[str, Any]
+    ) -> None:
         step = TrainStepConfig(loss_fn=loss, loss_fn_config=with_entropy_bonus(loss, options), optimizer=FROZEN)
         engine_side, group_side = sorted(holders)
         datums = probe_datums(holders[engine_side])

@@ -65,9 +65,7 @@ class SignedDownloads:
         for path in sorted(p for p in directory.rglob("*") if p.is_file()):
             below_root = path.relative_to(self.root).as_posix()
             query = urlencode({"expires": expires, "signature": self._signature(below_root, expires)})
-            urls[path.relative_to(directory).as_posix()] = (
-                f"{base_url.rstrip('/')}{DOWNLOAD_ROUTE}/{quote(below_root)}?{query}"
-            )
+            urls[path.relative_to(directory).as_posix()] = f"{base_url.rstrip('/')}{DOWNLOAD_ROUTE}/{quote(below_root)}?{query}"
         return SignedUrls(urls=urls, expires_at=float(expires))
 
     def resolve(self, relative: str, expires: int, signature: str, now: float | None = None) -> Path:

@@ -179,7 +179,9 @@ def add_hub_routes(app: Any, repo: HubRepo, api_key: str | None) -> None:
             return JSONResponse({"error": message}, status_code=404, headers={"X-Error-Code": "RepoNotFound", "X-Error-Message": message})
         if revision not in ("main", repo.commit):
             message = f"revision {revision!r} of {name!r} is not served here; served: main ({repo.commit})"
-            return JSONResponse({"error": message}, status_code=404, headers={"X-Error-Code": "RevisionNotFound", "X-Error-Message": message})
+            return JSONResponse(
+                {"error": message}, status_code=404, headers={"X-Error-Code": "RevisionNotFound", "X-Error-Message": message}
+            )
         return None
 
     def missing(path: str) -> Response:

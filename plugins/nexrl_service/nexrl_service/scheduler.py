@@ -279,7 +279,10 @@ class Scheduler:
                     first = min(lane.waiting)
                     log.warning(
                         "lane %s: seq_id %s never arrived within %.0f s; continuing at %s",
-                        lane_id, lane.next_seq, self.gap_timeout_s, first,
+                        lane_id,
+                        lane.next_seq,
+                        self.gap_timeout_s,
+                        first,
                     )
                     lane.next_seq = first
                     lane.blocked_since = None

@@ -265,9 +265,7 @@ class LocalService:
             return
         reason = self.failure() or f"{self.title} stopped"
         log.error("%s; every request is now refused with 410", reason)
-        self._tombstone = Tombstone(
-            sock, f"{reason}; start it again (a run: nexrl train ... --resume)", accepted=self.background_answers
-        )
+        self._tombstone = Tombstone(sock, f"{reason}; start it again (a run: nexrl train ... --resume)", accepted=self.background_answers)
 
     def _child_log_tail(self, limit: int = 4000) -> str:
         try:
@@ -338,8 +336,7 @@ class LocalService:
             code = self._process.poll()
             if code is not None:
                 return (
-                    f"{self.title} (pid {self._process.pid}) died (exit status {code}; "
-                    f"its output: {self.settings.data_dir / _CHILD_LOG})"
+                    f"{self.title} (pid {self._process.pid}) died (exit status {code}; its output: {self.settings.data_dir / _CHILD_LOG})"
                 )
         elif self._server is not None and self._server.thread_died():
             return f"{self.title} stopped serving: its server thread exited"

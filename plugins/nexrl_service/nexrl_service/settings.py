@@ -37,9 +37,7 @@ class ServerSettings:
     """The protocol's short name: default data directory and database file."""
     host: str = "127.0.0.1"
     port: int = 8000
-    data_dir: Path = attrs.field(
-        default=attrs.Factory(lambda self: default_data_dir(self.name), takes_self=True), converter=_path
-    )
+    data_dir: Path = attrs.field(default=attrs.Factory(lambda self: default_data_dir(self.name), takes_self=True), converter=_path)
     db_url: str = ""
     """SQLAlchemy URL; empty means ``sqlite:///<data_dir>/<name>.db``."""
     model: str = "nexrl-tiny"

@@ -44,6 +44,7 @@ def warm_up_imports() -> None:
     """
     import nexrl_engine.engine
     import nexrl_engine.loss_fns  # noqa: F401
+
     # isort: split
     import peft  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
@@ -84,7 +85,9 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
     try:
         placer = open_placer(name, settings.placement_options, "placement")
     except ConfigError as error:  # problems named as the command line spells them
-        problems = [problem.replace("placement.name: ", "").replace("placement.options.", "--placement-option ") for problem in error.problems]
+        problems = [
+            problem.replace("placement.name: ", "").replace("placement.options.", "--placement-option ") for problem in error.problems
+        ]
         raise ServiceStartError(f"--placement {name}: {'; '.join(problems)}", option="placement") from None
     except PlacementError as error:
         raise ServiceStartError(f"--placement {name}: {error}", option="placement") from None
@@ -265,6 +268,8 @@ class ServiceState:
         still owns what it made; answers report `BaseModelInfo.name`."""
         if base_model not in self.base.aliases:
             if any(base_model in model.aliases for model in self.sampling_models):
-                raise BadRequest(f"{base_model!r} is served for sampling and scoring only (--sampling-model); the trained model is {self.base.name!r}")
+                raise BadRequest(
+                    f"{base_model!r} is served for sampling and scoring only (--sampling-model); the trained model is {self.base.name!r}"
+                )
             raise BadRequest(f"unknown base model {base_model!r}; this server serves {self.base.name!r}")
         return self.base.source

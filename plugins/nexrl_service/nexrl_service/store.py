@@ -273,7 +273,9 @@ def add_missing_columns(engine: SqlEngine) -> list[str]:
                 if column.name in present:
                     continue
                 kind = column.type.compile(dialect=engine.dialect)
-                default = f" DEFAULT {column.server_default.arg.compile(dialect=engine.dialect)}" if column.server_default is not None else ""
+                default = (
+                    f" DEFAULT {column.server_default.arg.compile(dialect=engine.dialect)}" if column.server_default is not None else ""
+                )
                 connection.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{default}'))
                 added.append(f"{table.name}.{column.name}")
     return added
@@ -350,9 +352,7 @@ class Store:
         self._forget(SessionRow, session_id)
         with self.tx() as s:
             s.execute(
-                update(SessionRow)
-                .where(SessionRow.session_id == session_id)
-                .values(last_heartbeat=now if now is not None else time.time())
+                update(SessionRow).where(SessionRow.session_id == session_id).values(last_heartbeat=now if now is not None else time.time())
             )
 
     def finish_session(self, session_id: str, reason: str | None) -> None:
@@ -371,9 +371,7 @@ class Store:
 
     def sessions_of(self, owner: str) -> list[SessionRow]:
         with self.tx() as s:
-            return list(
-                s.scalars(select(SessionRow).where(SessionRow.owner == owner).order_by(SessionRow.created_at))
-            )
+            return list(s.scalars(select(SessionRow).where(SessionRow.owner == owner).order_by(SessionRow.created_at)))
 
     def sessions_page(self, owner: str, limit: int, offset: int) -> list[SessionRow]:
         """One page of the owner's sessions, newest first.
@@ -399,11 +397,7 @@ class Store:
     def stale_sessions(self, older_than: float) -> list[SessionRow]:
         """Sessions not yet expired whose last heartbeat is before ``older_than``."""
         with self.tx() as s:
-            return list(
-                s.scalars(
-                    select(SessionRow).where(SessionRow.last_heartbeat < older_than, SessionRow.status != "expired")
-                )
-            )
+            return list(s.scalars(select(SessionRow).where(SessionRow.last_heartbeat < older_than, SessionRow.status != "expired")))
 
     # --- models ---------------------------------------------------------------------------
 
@@ -426,9 +420,7 @@ class Store:
 
     def models_of_session(self, session_id: str) -> list[ModelRow]:
         with self.tx() as s:
-            return list(
-                s.scalars(select(ModelRow).where(ModelRow.session_id == session_id).order_by(ModelRow.model_seq_id))
-            )
+            return list(s.scalars(select(ModelRow).where(ModelRow.session_id == session_id).order_by(ModelRow.model_seq_id)))
 
     def models_of(self, owner: str) -> list[ModelRow]:
         with self.tx() as s:
@@ -445,15 +437,11 @@ class Store:
 
     def sampler_by_seq(self, session_id: str, seq: int) -> SamplerRow | None:
         with self.tx() as s:
-            return s.scalars(
-                select(SamplerRow).where(SamplerRow.session_id == session_id, SamplerRow.seq == seq)
-            ).first()
+            return s.scalars(select(SamplerRow).where(SamplerRow.session_id == session_id, SamplerRow.seq == seq)).first()
 
     def samplers_of_session(self, session_id: str) -> list[SamplerRow]:
         with self.tx() as s:
-            return list(
-                s.scalars(select(SamplerRow).where(SamplerRow.session_id == session_id).order_by(SamplerRow.seq))
-            )
+            return list(s.scalars(select(SamplerRow).where(SamplerRow.session_id == session_id).order_by(SamplerRow.seq)))
 
     def ephemeral_samplers_of_model(self, model_id: str) -> list[SamplerRow]:
         with self.tx() as s:
@@ -494,9 +482,7 @@ class Store:
     def lane_last_seq(self, model_id: str) -> int:
         """Highest ``seq_id`` ever used on a model: where its queue resumes after a restart."""
         with self.engine.begin() as connection:
-            recorded = connection.execute(
-                select(ModelRow.__table__.c.last_seq).where(ModelRow.__table__.c.model_id == model_id)
-            ).scalar()
+            recorded = connection.execute(select(ModelRow.__table__.c.last_seq).where(ModelRow.__table__.c.model_id == model_id)).scalar()
             submitted = connection.execute(
                 select(func.max(FutureRow.__table__.c.seq_id)).where(FutureRow.__table__.c.lane == model_id)
             ).scalar()
@@ -547,9 +533,7 @@ class Store:
             return
         with self.tx() as s:
             s.execute(
-                update(FutureRow)
-                .where(FutureRow.request_id.in_(list(request_ids)), FutureRow.fetched_at.is_(None))
-                .values(fetched_at=now)
+                update(FutureRow).where(FutureRow.request_id.in_(list(request_ids)), FutureRow.fetched_at.is_(None)).values(fetched_at=now)
             )
 
     def fail_orphaned_futures(self, epoch: str, message: str) -> int:
@@ -565,9 +549,7 @@ class Store:
     def bump_last_seq(self, model_id: str, seq_id: int) -> None:
         """Record that ``seq_id`` was used (a refused submission still consumes its number)."""
         with self.tx() as s:
-            s.execute(
-                update(ModelRow).where(ModelRow.model_id == model_id, ModelRow.last_seq < seq_id).values(last_seq=seq_id)
-            )
+            s.execute(update(ModelRow).where(ModelRow.model_id == model_id, ModelRow.last_seq < seq_id).values(last_seq=seq_id))
         self._forget(ModelRow, model_id)
 
     def prune_futures(self, fetched_before: float, created_before: float) -> int:
@@ -579,7 +561,9 @@ class Store:
         with self.tx() as s:
             s.execute(
                 update(models)
-                .where(select(futures.c.request_id).where(futures.c.lane == models.c.model_id, futures.c.seq_id > models.c.last_seq).exists())
+                .where(
+                    select(futures.c.request_id).where(futures.c.lane == models.c.model_id, futures.c.seq_id > models.c.last_seq).exists()
+                )
                 .values(last_seq=highest)
             )
             result = s.execute(
@@ -626,11 +610,7 @@ class Store:
 
     def checkpoints_of_model(self, model_id: str) -> list[CheckpointRow]:
         with self.tx() as s:
-            return list(
-                s.scalars(
-                    select(CheckpointRow).where(CheckpointRow.model_id == model_id).order_by(CheckpointRow.created_at)
-                )
-            )
+            return list(s.scalars(select(CheckpointRow).where(CheckpointRow.model_id == model_id).order_by(CheckpointRow.created_at)))
 
     def update_checkpoint(self, path: str, **values: Any) -> CheckpointRow | None:
         """Change columns of one checkpoint; returns the row as it is now (None if unknown)."""
@@ -652,11 +632,7 @@ class Store:
 
     def expired_checkpoints(self, now: float) -> list[CheckpointRow]:
         with self.tx() as s:
-            return list(
-                s.scalars(
-                    select(CheckpointRow).where(CheckpointRow.expires_at.is_not(None), CheckpointRow.expires_at < now)
-                )
-            )
+            return list(s.scalars(select(CheckpointRow).where(CheckpointRow.expires_at.is_not(None), CheckpointRow.expires_at < now)))
 
     def add_restart(self, row: RestartRow) -> None:
         with self.tx() as s:

@@ -26,8 +26,8 @@ class Tombstone:
 
     def __init__(self, sock: socket.socket, reason: str, accepted: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """:param accepted: route -> answer, for routes clients post to in the background
-            and only log about when refused (the tinker SDK's telemetry); they get ``200``
-            and their answer, so what a client reports is the refusal of a call it waits on."""
+        and only log about when refused (the tinker SDK's telemetry); they get ``200``
+        and their answer, so what a client reports is the refusal of a call it waits on."""
         answers = {path: json.dumps(answer).encode() for path, answer in (accepted or {}).items()}
         gone = json.dumps({"detail": reason, "message": reason}).encode()
 
@@ -55,7 +55,9 @@ class Tombstone:
         self._server = ThreadingHTTPServer(sock.getsockname()[:2], Gone, bind_and_activate=False)
         self._server.socket = sock
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="service-tombstone")
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="service-tombstone"
+        )
         self._thread.start()
 
     def close(self) -> None:

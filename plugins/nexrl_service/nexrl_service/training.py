@@ -132,7 +132,9 @@ class TrainingOps:
                 replayed = engine.recover(model.state_dir or None, with_optimizer=model.state_has_optimizer)
                 log.warning(
                     "rebuilt the worker group of %s from %s and the %d calls journaled after it",
-                    model_id, model.state_dir or "its initial weights", replayed,
+                    model_id,
+                    model.state_dir or "its initial weights",
+                    replayed,
                 )
             elif model.state_dir:
                 engine.load_state(model.state_dir, load_optimizer=model.state_has_optimizer)
@@ -290,9 +292,7 @@ class TrainingOps:
             raise BadRequest(f"the training run that saved {checkpoint.path!r} no longer exists")
         return source
 
-    def create_from_checkpoint(
-        self, new: NewModel, checkpoint: CheckpointRow, load_optimizer: bool, answer: Callable[[], Outcome]
-    ) -> str:
+    def create_from_checkpoint(self, new: NewModel, checkpoint: CheckpointRow, load_optimizer: bool, answer: Callable[[], Outcome]) -> str:
         """Create a model configured like the one that saved ``checkpoint`` and load it;
         without user metadata of its own it inherits the source model's."""
         if load_optimizer and not checkpoint.has_optimizer:
@@ -305,17 +305,13 @@ class TrainingOps:
 
         def run() -> Outcome:
             try:
-                engine = self.state.engines.training_or_build(
-                    model_id, lambda: self._new_engine(model_id, spec)
-                )
+                engine = self.state.engines.training_or_build(model_id, lambda: self._new_engine(model_id, spec))
                 engine.load_state(checkpoint.storage_dir, load_optimizer=load_optimizer)
             except Exception as exc:
                 self.state.engines.release_training(model_id)
                 self.state.store.update_model(model_id, status="failed", error=str(exc))
                 raise
-            self.state.store.update_model(
-                model_id, status="ready", state_dir=checkpoint.storage_dir, state_has_optimizer=load_optimizer
-            )
+            self.state.store.update_model(model_id, status="ready", state_dir=checkpoint.storage_dir, state_has_optimizer=load_optimizer)
             return answer()
 
         return self._create(new, spec, "LoadWeights", run)
@@ -359,9 +355,7 @@ class TrainingOps:
 
     # --- engine work (on compute threads) ---------------------------------------------------------
 
-    def forward(
-        self, model_id: str, datums: Sequence[Any], loss_fn: str, loss_fn_config: Mapping[str, Any], backward: bool
-    ) -> Any:
+    def forward(self, model_id: str, datums: Sequence[Any], loss_fn: str, loss_fn_config: Mapping[str, Any], backward: bool) -> Any:
         """``Engine.forward_backward`` (or ``forward``) on the model's engine."""
         engine = self.engine_for(model_id)
         call = engine.forward_backward if backward else engine.forward
@@ -384,9 +378,7 @@ class TrainingOps:
         directory = self.state.files.new_checkpoint_dir(model.model_id, "training", name)
         engine.save_state(directory, include_optimizer=True)
         self._register_checkpoint(model, "training", name, path, directory, ttl_seconds, user_metadata, True)
-        self.state.store.update_model(
-            model.model_id, state_dir=str(directory), state_has_optimizer=True, last_request_time=time.time()
-        )
+        self.state.store.update_model(model.model_id, state_dir=str(directory), state_has_optimizer=True, last_request_time=time.time())
 
     def export_sampler(
         self,

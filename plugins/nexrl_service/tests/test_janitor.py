@@ -26,18 +26,22 @@ def state(tmp_path: Path) -> Iterator[ServiceState]:
         state.close()
 
 
-def _add_session_with_resources(
-    state: ServiceState, heartbeat: float, expires_at: float | None = None
-) -> tuple[Path, Path]:
+def _add_session_with_resources(state: ServiceState, heartbeat: float, expires_at: float | None = None) -> tuple[Path, Path]:
     """A session with one model, an ephemeral sampler and a named checkpoint, each with files."""
     now = time.time()
-    state.store.add_session(
-        SessionRow(session_id="s1", owner="o1", created_at=now, last_heartbeat=heartbeat, status="active")
-    )
+    state.store.add_session(SessionRow(session_id="s1", owner="o1", created_at=now, last_heartbeat=heartbeat, status="active"))
     state.store.add_model(
         ModelRow(
-            model_id="m1", session_id="s1", model_seq_id=0, owner="o1", base_model="nexrl-tiny", created_at=now,
-            last_request_time=now, create_request_id="req-0", status="ready", last_seq=0,
+            model_id="m1",
+            session_id="s1",
+            model_seq_id=0,
+            owner="o1",
+            base_model="nexrl-tiny",
+            created_at=now,
+            last_request_time=now,
+            create_request_id="req-0",
+            status="ready",
+            last_seq=0,
         )
     )
     snapshot = state.files.ephemeral_dir("m1", "sp1")
@@ -47,14 +51,28 @@ def _add_session_with_resources(
         (directory / "weights.bin").write_bytes(b"0" * 16)
     state.store.add_sampler(
         SamplerRow(
-            sampler_id="sp1", session_id="s1", seq=0, owner="o1", base_model="nexrl-tiny", model_id="m1",
-            weights_kind="state", weights_dir=str(snapshot), ephemeral=True, created_at=now,
+            sampler_id="sp1",
+            session_id="s1",
+            seq=0,
+            owner="o1",
+            base_model="nexrl-tiny",
+            model_id="m1",
+            weights_kind="state",
+            weights_dir=str(snapshot),
+            ephemeral=True,
+            created_at=now,
         )
     )
     state.store.put_checkpoint(
         CheckpointRow(
-            path="scheme://m1/weights/keep", model_id="m1", owner="o1", kind="training", name="keep",
-            storage_dir=str(named), created_at=now, expires_at=expires_at,
+            path="scheme://m1/weights/keep",
+            model_id="m1",
+            owner="o1",
+            kind="training",
+            name="keep",
+            storage_dir=str(named),
+            created_at=now,
+            expires_at=expires_at,
         )
     )
     state.engines.training_or_build("m1", object)  # stands in for a loaded engine

@@ -49,7 +49,9 @@ class _FullCluster:
 
 def test_a_group_the_cluster_has_no_room_for_is_a_429_and_frees_its_place(tmp_path: Path) -> None:
     settings = GroupSettings(ranks=2, threads_per_rank=1, log_dir=tmp_path, placer=_FullCluster())
-    pool = EnginePool(BaseModelInfo.load("nexrl-tiny"), 2, groups=GroupLimits(engines=open_group_engines(), settings=settings, max_groups=1))
+    pool = EnginePool(
+        BaseModelInfo.load("nexrl-tiny"), 2, groups=GroupLimits(engines=open_group_engines(), settings=settings, max_groups=1)
+    )
     for _ in range(2):  # the place is free again after each refusal
         with pytest.raises(TooManyRequests, match="no room for 2 ranks") as refused:
             pool.new_training_engine("m", TrainingSpec(base_model="nexrl-tiny"))

@@ -134,8 +134,13 @@ def test_fifo_jobs_with_the_same_key_run_as_one_batch(book: FutureBook) -> None:
         ids = []
         for n, key in enumerate(["a", "a", "a", "b", "a"]):
             row, _ = book.create("owner", "fifo", None, "Test")
-            job = Job(row.request_id, lambda n=n: run_batch([Job("", lambda: Outcome.json({}), payload=n)])[0],
-                      batch_key=key, run_batch=run_batch, payload=n)
+            job = Job(
+                row.request_id,
+                lambda n=n: run_batch([Job("", lambda: Outcome.json({}), payload=n)])[0],
+                batch_key=key,
+                run_batch=run_batch,
+                payload=n,
+            )
             scheduler.submit_fifo("fifo", job)
             ids.append(row.request_id)
         gate.set()

@@ -14,30 +14,58 @@ from nexrl_service.store import CheckpointRow, FutureRow, ModelRow, SamplerRow, 
 def _session(session_id: str = "s1", owner: str = "o1", heartbeat: float | None = None) -> SessionRow:
     now = time.time()
     return SessionRow(
-        session_id=session_id, owner=owner, tags=["t"], user_metadata={"k": "v"}, created_at=now,
-        last_heartbeat=heartbeat if heartbeat is not None else now, status="active",
+        session_id=session_id,
+        owner=owner,
+        tags=["t"],
+        user_metadata={"k": "v"},
+        created_at=now,
+        last_heartbeat=heartbeat if heartbeat is not None else now,
+        status="active",
     )
 
 
 def _model(model_id: str = "m1", session_id: str = "s1", owner: str = "o1") -> ModelRow:
     now = time.time()
     return ModelRow(
-        model_id=model_id, session_id=session_id, model_seq_id=0, owner=owner, base_model="nexrl-tiny",
-        lora_rank=4, created_at=now, last_request_time=now, create_request_id="req-create", status="ready", last_seq=0,
+        model_id=model_id,
+        session_id=session_id,
+        model_seq_id=0,
+        owner=owner,
+        base_model="nexrl-tiny",
+        lora_rank=4,
+        created_at=now,
+        last_request_time=now,
+        create_request_id="req-create",
+        status="ready",
+        last_seq=0,
     )
 
 
 def _future(request_id: str, lane: str = "m1", seq_id: int | None = None, epoch: str = "e1", **values) -> FutureRow:
     return FutureRow(
-        request_id=request_id, owner="o1", lane=lane, seq_id=seq_id, kind="Test", status="pending", epoch=epoch,
-        created_at=values.pop("created_at", time.time()), **values,
+        request_id=request_id,
+        owner="o1",
+        lane=lane,
+        seq_id=seq_id,
+        kind="Test",
+        status="pending",
+        epoch=epoch,
+        created_at=values.pop("created_at", time.time()),
+        **values,
     )
 
 
 def _checkpoint(path: str, storage_dir: str, expires_at: float | None = None) -> CheckpointRow:
     return CheckpointRow(
-        path=path, model_id="m1", owner="o1", kind="training", name=path.rsplit("/", 1)[-1], storage_dir=storage_dir,
-        has_optimizer=True, created_at=time.time(), expires_at=expires_at,
+        path=path,
+        model_id="m1",
+        owner="o1",
+        kind="training",
+        name=path.rsplit("/", 1)[-1],
+        storage_dir=storage_dir,
+        has_optimizer=True,
+        created_at=time.time(),
+        expires_at=expires_at,
     )
 
 
@@ -54,8 +82,14 @@ def test_rows_survive_a_restart_on_the_same_file(url: str) -> None:
     assert not store.add_model(_model()), "a second insert of the same model id is a resubmission"
     store.add_sampler(
         SamplerRow(
-            sampler_id="sp1", session_id="s1", seq=0, owner="o1", base_model="nexrl-tiny", weights_kind="base",
-            ephemeral=False, created_at=time.time(),
+            sampler_id="sp1",
+            session_id="s1",
+            seq=0,
+            owner="o1",
+            base_model="nexrl-tiny",
+            weights_kind="base",
+            ephemeral=False,
+            created_at=time.time(),
         )
     )
     store.add_future(_future("req-1", seq_id=1))

@@ -31,9 +31,7 @@ def import_sdk(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise SinkUnavailable(
-            f"the {module} package is not installed ({error}); install it with: pip install 'nexrl[{extra}]'"
-        ) from None
+        raise SinkUnavailable(f"the {module} package is not installed ({error}); install it with: pip install 'nexrl[{extra}]'") from None
 
 
 @attrs.frozen
@@ -69,9 +67,7 @@ def resumed_run(work_dir: Path, resumed_from: int | None) -> TrackerRun | None:
 def numbers_of(row: Mapping[str, Any]) -> dict[str, float]:
     """The row's metrics a tracker plots: real numbers, ``step`` and nulls left out."""
     return {
-        key: float(value)
-        for key, value in row.items()
-        if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)
+        key: float(value) for key, value in row.items() if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)
     }
 
 

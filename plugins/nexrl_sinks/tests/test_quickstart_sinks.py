@@ -315,7 +315,9 @@ def test_a_resumed_tracker_run_gets_no_step_twice(tmp_path: Path) -> None:
         for choice in chosen:
             work_dir = tmp_path / "run" / "sinks" / choice.name
             work_dir.mkdir(parents=True, exist_ok=True)
-            setup = SinkSetup(recipe=config, options=choice.options, output_dir=tmp_path / "run", work_dir=work_dir, resumed_from=resumed_from)
+            setup = SinkSetup(
+                recipe=config, options=choice.options, output_dir=tmp_path / "run", work_dir=work_dir, resumed_from=resumed_from
+            )
             sinks.append(find_spec("metrics_sinks", choice.name).open(setup))
         return sinks
 

@@ -122,9 +122,7 @@ def test_a_resumed_trackio_run_gets_no_step_twice(tmp_path: Path) -> None:
     resumed process sends 2 and 3 again. Trackio stores each log as a new row, so only
     the sink can keep a step from being recorded twice (the tracker keeps the first)."""
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
-    completed = subprocess.run(
-        [sys.executable, "-c", RESEND, str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300
-    )
+    completed = subprocess.run([sys.executable, "-c", RESEND, str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300)
     assert completed.returncode == 0, completed.stderr
     (line,) = [line for line in completed.stdout.splitlines() if line.startswith("logged: ")]
     logged = json.loads(line.removeprefix("logged: "))

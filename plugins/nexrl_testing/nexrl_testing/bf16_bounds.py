@@ -20,7 +20,16 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BF16_UNIT_ROUNDOFF", "BF16_VISIBLE", "GRAD_NORM_RELATIVE", "LOGPROB_TOLERANCE", "abs_advantages", "loss_tolerance", "max_logprob_gap", "trained_tokens"]
+__all__ = [
+    "BF16_UNIT_ROUNDOFF",
+    "BF16_VISIBLE",
+    "GRAD_NORM_RELATIVE",
+    "LOGPROB_TOLERANCE",
+    "abs_advantages",
+    "loss_tolerance",
+    "max_logprob_gap",
+    "trained_tokens",
+]
 
 BF16_UNIT_ROUNDOFF = 2.0**-8
 """Half the gap between 1 and the next bfloat16 (8 bits of significand)."""

@@ -57,7 +57,12 @@ def _test_id(item: pytest.Item) -> str:
     return f"{item.path}::{item.nodeid.partition('::')[2]}"
 
 
-_SHARED_BY: dict[str, type[pytest.Node] | None] = {"class": pytest.Class, "module": pytest.Module, "package": pytest.Package, "session": None}
+_SHARED_BY: dict[str, type[pytest.Node] | None] = {
+    "class": pytest.Class,
+    "module": pytest.Module,
+    "package": pytest.Package,
+    "session": None,
+}
 """Fixture scope → the node its value is shared by (None: the session)."""
 
 

@@ -346,13 +346,17 @@ def _instrument(module: Any) -> None:
 
         def build_registry(*args: Any, **kwargs: Any) -> Any:
             registry = build(*args, **kwargs)
-            _record_constructions(spec.config_class for specs in registry.specs.values() for spec in specs.values() if attrs.has(spec.config_class))
+            _record_constructions(
+                spec.config_class for specs in registry.specs.values() for spec in specs.values() if attrs.has(spec.config_class)
+            )
             return registry
 
         build_registry._nexrl_records_keys = True  # type: ignore[attr-defined]
         module.build_registry = build_registry
         if module._default is not None:
-            _record_constructions(spec.config_class for specs in module._default.specs.values() for spec in specs.values() if attrs.has(spec.config_class))
+            _record_constructions(
+                spec.config_class for specs in module._default.specs.values() for spec in specs.values() if attrs.has(spec.config_class)
+            )
 
 
 def start_recording(directory: str | os.PathLike[str]) -> None:

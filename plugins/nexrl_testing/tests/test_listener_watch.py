@@ -38,7 +38,9 @@ def test_every_listener_of_the_run_is_seen_however_briefly_and_no_other() -> Non
     with socket.socket() as foreign, ListenerWatch(marker) as watch:
         foreign.bind(("0.0.0.0", 0))
         foreign.listen()  # this process's: not the run's
-        done = subprocess.run([sys.executable, "-c", LISTEN_BRIEFLY, "127.0.0.1", "::1", "0.0.0.0"], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", LISTEN_BRIEFLY, "127.0.0.1", "::1", "0.0.0.0"], env=env, capture_output=True, text=True
+        )
         clean = subprocess.run([sys.executable, "-c", GRANDCHILD, LISTEN_BRIEFLY, "127.0.0.1"], env=env, capture_output=True, text=True)
     ports = [int(port) for port in done.stdout.split()]
     assert done.returncode == 0 and len(ports) == 3, done.stderr
@@ -88,7 +90,9 @@ def test_both_ways_of_reading_the_listening_sockets_agree(through: str) -> None:
         v6.bind(("::", 0))
         for server in (v4, v6):
             server.listen()
-        expected = {str(os.fstat(v4.fileno()).st_ino): ("127.0.0.1", v4.getsockname()[1]),
-                    str(os.fstat(v6.fileno()).st_ino): ("::", v6.getsockname()[1])}
+        expected = {
+            str(os.fstat(v4.fileno()).st_ino): ("127.0.0.1", v4.getsockname()[1]),
+            str(os.fstat(v6.fileno()).st_ino): ("::", v6.getsockname()[1]),
+        }
         found = processes._listening_here() if through == "sock_diag" else processes._listening(f"/proc/{os.getpid()}/net")
     assert {inode: found.get(inode) for inode in expected} == expected

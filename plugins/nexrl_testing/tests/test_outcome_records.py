@@ -11,7 +11,7 @@ import pytest
 
 from nexrl_testing.recipe_key_records import SUITES_ENDED_ENV, read_records, record_of, run_recording, wait_for_the_suites
 
-CASES = '''
+CASES = """
 import pytest
 
 def test_passes():
@@ -35,7 +35,7 @@ def broken_teardown():
 
 def test_passes_but_its_teardown_fails(broken_teardown):
     pass
-'''
+"""
 
 
 def test_a_test_counts_as_passed_only_when_every_phase_of_every_case_passed(tmp_path: Path) -> None:

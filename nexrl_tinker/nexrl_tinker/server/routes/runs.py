@@ -41,9 +41,7 @@ def router(runs: RunService, copies: CopyService, owner: Owner) -> APIRouter:
         return runs.checkpoints(who, training_run_id)
 
     @routes.get("/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
-    def external_weights_urls(
-        training_run_id: str, checkpoint_id: str, request: Request, who: str = Depends(owner)
-    ) -> dict[str, Any]:
+    def external_weights_urls(training_run_id: str, checkpoint_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return runs.external_weights_urls(who, training_run_id, checkpoint_id, str(request.base_url))
 
     # Segment and name as two parameters: ``DELETE .../weights/publish`` deletes a checkpoint

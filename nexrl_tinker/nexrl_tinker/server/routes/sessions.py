@@ -36,9 +36,7 @@ def router(state: ServiceState, sessions: SessionService, owner: Owner) -> APIRo
         return sessions.finish(who, session_id, body)
 
     @routes.get("/api/v1/sessions")
-    def list_sessions(
-        limit: int = 20, offset: int = 0, access_scope: str = "owned", who: str = Depends(owner)
-    ) -> dict[str, Any]:
+    def list_sessions(limit: int = 20, offset: int = 0, access_scope: str = "owned", who: str = Depends(owner)) -> dict[str, Any]:
         check_access_scope(access_scope)
         return sessions.list(who, Page.of(limit, offset))
 

@@ -20,7 +20,12 @@ __all__ = ["error", "install_error_handlers"]
 log = logging.getLogger("nexrl_weaver.server")
 
 ERROR_CODES = {
-    400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 410: "gone", 422: "invalid_request",
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    410: "gone",
+    422: "invalid_request",
     429: "limit_reached",
     501: "not_supported",
 }

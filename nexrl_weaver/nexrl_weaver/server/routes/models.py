@@ -17,9 +17,7 @@ from nexrl_weaver.server.training import WeaverTraining
 __all__ = ["router"]
 
 
-async def _forward(
-    training: WeaverTraining, bodies: Bodies, model_id: str, request: Request, who: str, backward: bool
-) -> dict[str, Any]:
+async def _forward(training: WeaverTraining, bodies: Bodies, model_id: str, request: Request, who: str, backward: bool) -> dict[str, Any]:
     """A pass's body as JSON, or as ``http-binary`` multipart with its tensor pack."""
     content_type = request.headers.get("content-type", "")
     pack: TensorPack | None = None
@@ -61,9 +59,7 @@ def router(state: ServiceState, training: WeaverTraining, bodies: Bodies, owner:
     async def forward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward(training, bodies, model_id, request, who, False)
 
-    @routes.post(
-        "/api/v1/models/{model_id}/forward-backward-passes", openapi_extra=payload_body({"forward_backward_input": FORWARD_INPUT})
-    )
+    @routes.post("/api/v1/models/{model_id}/forward-backward-passes", openapi_extra=payload_body({"forward_backward_input": FORWARD_INPUT}))
     async def forward_backward(model_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await _forward(training, bodies, model_id, request, who, True)
 

@@ -33,7 +33,10 @@ def router(sampling: WeaverSampling, bodies: Bodies, owner: Owner) -> APIRouter:
     async def sample(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await bodies.submitted(sampling.sample, who, sampler_id, await bodies.json(request))
 
-    @routes.post("/api/v1/sampling-sessions/{sampler_id}/logprobs", openapi_extra=described_body({"prompt": model_input(INTEGERS)}, required=("prompt",)))
+    @routes.post(
+        "/api/v1/sampling-sessions/{sampler_id}/logprobs",
+        openapi_extra=described_body({"prompt": model_input(INTEGERS)}, required=("prompt",)),
+    )
     async def logprobs(sampler_id: str, request: Request, who: str = Depends(owner)) -> dict[str, Any]:
         return await bodies.submitted(sampling.logprobs, who, sampler_id, await bodies.json(request))
 

@@ -29,7 +29,11 @@ TENSOR = {
         {"type": "array", "items": NUMBER},
         {
             "type": "object",
-            "properties": {"data": {"type": "array", "items": NUMBER}, "dtype": {"type": "string", "enum": sorted(DTYPES)}, "shape": INTEGERS},
+            "properties": {
+                "data": {"type": "array", "items": NUMBER},
+                "dtype": {"type": "string", "enum": sorted(DTYPES)},
+                "shape": INTEGERS,
+            },
             "required": ["data"],
         },
     ]
@@ -39,7 +43,11 @@ TENSOR = {
 
 def model_input(tokens: Mapping[str, Any]) -> dict[str, Any]:
     """``{"chunks": [{"type": "encoded_text", "tokens": ...}]}`` with ``tokens`` as given."""
-    chunk = {"type": "object", "properties": {"type": {"type": "string", "enum": ["encoded_text"]}, "tokens": tokens}, "required": ["tokens"]}
+    chunk = {
+        "type": "object",
+        "properties": {"type": {"type": "string", "enum": ["encoded_text"]}, "tokens": tokens},
+        "required": ["tokens"],
+    }
     return {"type": "object", "properties": {"chunks": {"type": "array", "items": chunk}}, "required": ["chunks"]}
 
 

@@ -33,10 +33,14 @@ def router(state: ServiceState, sessions: WeaverSessions, bodies: Bodies, owner:
         sessions.heartbeat(who, session_id)
         return Response(status_code=204)
 
-    @routes.post("/api/v1/sessions/{session_id}/metrics", responses={501: {"description": "not supported here: the run's files hold its metrics"}})
+    @routes.post(
+        "/api/v1/sessions/{session_id}/metrics", responses={501: {"description": "not supported here: the run's files hold its metrics"}}
+    )
     async def log_metrics(session_id: str, who: str = Depends(owner)) -> JSONResponse:
         """Not kept here (NexRL writes its metrics to the run directory): refused, not dropped."""
         await run_in_threadpool(state.own_session, who, session_id)
-        return error(501, "log_metrics is not supported by NexRL's local Weaver service; the run's metrics.jsonl and TensorBoard files hold them")
+        return error(
+            501, "log_metrics is not supported by NexRL's local Weaver service; the run's metrics.jsonl and TensorBoard files hold them"
+        )
 
     return routes

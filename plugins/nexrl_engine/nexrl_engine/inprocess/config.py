@@ -16,6 +16,7 @@ from nexrl_engine.config import EngineConfig
 
 __all__ = ["EngineHolderConfig", "EngineOptions", "InProcessBackendConfig"]
 
+
 @attrs.frozen(kw_only=True)
 class EngineOptions(BatchedSamplingOptions):
     """How the engine runs in the training process, beyond what the recipe's ``model`` says."""

@@ -99,9 +99,7 @@ class EngineHolder(TemplateChatModel):
         self._teacher = None if config.teacher is None else self._load_teacher(config.teacher)
         trained = dict(self.engine.model.named_parameters())
         published = set(self.engine.trainable_parameter_names())
-        self._published = [
-            (parameter, trained[name]) for name, parameter in self.sampler.model.named_parameters() if name in published
-        ]
+        self._published = [(parameter, trained[name]) for name, parameter in self.sampler.model.named_parameters() if name in published]
         """(sampler parameter, training parameter) pairs that publishing copies: every
         weight for full fine-tuning, the adapters for LoRA (the base is the same); with
         mixed precision the training model's bfloat16 compute copy of the masters."""

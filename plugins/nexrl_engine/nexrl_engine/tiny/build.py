@@ -128,11 +128,7 @@ class _Prompts:
     def __call__(self, problem: AdditionProblem) -> list[int]:
         ids = self.cache.get(problem)
         if ids is None:
-            ids = list(
-                self.tokenizer.apply_chat_template(
-                    problem.messages(), add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
+            ids = list(self.tokenizer.apply_chat_template(problem.messages(), add_generation_prompt=True, tokenize=True, return_dict=False))
             self.cache[problem] = ids
         return ids
 

@@ -165,9 +165,7 @@ def training_corpus(seed: int = 0, lines: int = 3000) -> Iterator[str]:
         kind = i % 4
         if kind == 0:
             problem = problems[rng.randrange(len(problems))]
-            yield (
-                f"{IM_START}user\n{problem.prompt}{IM_END}\n{IM_START}assistant\n{problem.answer}{IM_END}\n"
-            )
+            yield (f"{IM_START}user\n{problem.prompt}{IM_END}\n{IM_START}assistant\n{problem.answer}{IM_END}\n")
         elif kind == 1:
             yield " ".join(_sentence(rng) for _ in range(rng.randint(1, 4)))
         elif kind == 2:
