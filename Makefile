@@ -29,10 +29,11 @@ install:
 test:
 	$(BIN)/python tests/run_suites.py
 
-# ruff over every distribution, configured once in the root pyproject.toml.
+# ruff and mypy over every distribution, configured once in the root pyproject.toml.
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 
 # The GPU suite (tests marked gpu, files test_gpu_*.py), every distribution's at once. On a
 # machine with torch+CUDA and NexRL installed: the venv's python when there is one, else

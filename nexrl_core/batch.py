@@ -137,7 +137,7 @@ class Batch:
     @property
     def prompt_length(self) -> int:
         """P: the column where every response starts."""
-        return self.meta["prompt_length"]
+        return int(self.meta["prompt_length"])
 
     def select(self, indices: Sequence[int]) -> Batch:
         """A new batch of the given rows, in the given order (columns unchanged)."""
@@ -211,7 +211,7 @@ class Batch:
             tensors[name] = torch.cat([tensor, padding])
 
         new_rows = range(self.batch_size, self.batch_size + missing)
-        placeholders = {
+        placeholders: dict[str, list[Any]] = {
             "group_ids": [f"{PADDING_GROUP_PREFIX}{row}" for row in new_rows],
             "run_ids": [f"{PADDING_GROUP_PREFIX}{row}" for row in new_rows],
             "task_ids": [PADDING_GROUP_PREFIX] * missing,

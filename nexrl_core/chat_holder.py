@@ -77,7 +77,7 @@ class TemplateChat:
 
     def default_stop(self) -> list[str] | list[int]:
         """What sampling stops at when the caller gives no ``stop``: the end of the assistant's turn."""
-        return list(self._template_facts()[0])
+        return self._template_facts()[0].copy()
 
     def visible_text(self, tokens: Sequence[int]) -> str:
         """The reply as a user sees it: special tokens and the end-of-turn marker removed."""

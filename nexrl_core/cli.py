@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 import yaml
@@ -27,10 +27,20 @@ def cli() -> None:
     """NexRL: reinforcement-learning post-training of language models."""
 
 
-def plugin_rows() -> list[dict[str, object]]:
+class PluginRow(TypedDict):
+    """A row of `nexrl plugins` (and of its ``--json`` list)."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    registers: dict[str, list[str]]
+    error: str | None
+
+
+def plugin_rows() -> list[PluginRow]:
     """One row per plugin: where it comes from, what it registers, and why it failed."""
     registry = get_registry()
-    rows = []
+    rows: list[PluginRow] = []
     for info in registry.plugins.infos:
         rows.append(
             {
@@ -62,11 +72,7 @@ def plugins(as_json: bool) -> None:
     for column in ("plugin", "distribution", "registers", "status"):
         table.add_column(column)
     for row in rows:
-        registers = "\n".join(
-            f"{kind}: {', '.join(names)}"
-            for kind, names in row["registers"].items()
-            if names  # type: ignore[union-attr]
-        )
+        registers = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in row["registers"].items() if names)
         distribution = f"{row['distribution']} {row['version']}" if row["distribution"] else "(in process)"
         status = f"[red]{row['error']}[/red]" if row["error"] else "[green]ok[/green]"
         table.add_row(str(row["name"]), distribution, registers or "-", status)

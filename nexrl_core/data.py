@@ -167,7 +167,8 @@ def load_agent(reference: str, recipe_dir: Path | None = None) -> Agent:
             raise ConfigError([f"task.agent: module {module_name!r} has no attribute {attribute_path!r}"]) from None
     if not callable(target):
         raise ConfigError([f"task.agent: {reference!r} is a {type(target).__name__}, not a callable"])
-    return target
+    agent: Agent = target
+    return agent
 
 
 def resolve_task(config: TaskConfig, seed: int, recipe_dir: Path | None = None) -> TaskData:

@@ -79,7 +79,8 @@ def read_parquet(path: Path, key: str) -> list[dict[str, Any]]:
     except ImportError:
         raise ConfigError([f"{key}: {path} is parquet, which needs pyarrow; {INSTALL_HINT}"]) from None
     try:
-        return parquet.read_table(path).to_pylist()
+        rows: list[dict[str, Any]] = parquet.read_table(path).to_pylist()
+        return rows
     except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
         raise ConfigError([f"{key}: cannot read {str(path)!r} as parquet: {error}"]) from None
 
@@ -122,7 +123,8 @@ def read_saved_dataset(path: Path, split: str | None, key: str) -> list[dict[str
         raise ConfigError([f"{key}: cannot read {str(directory)!r} as a saved dataset: {type(error).__name__}: {error}"]) from None
     if directory == path and split is not None and str(loaded.split) != split:
         raise ConfigError([f"{key}: {path} holds one dataset (split {loaded.split}), not a DatasetDict; remove split: {split}"])
-    return loaded.to_list()
+    saved: list[dict[str, Any]] = loaded.to_list()
+    return saved
 
 
 def _resolve_files(patterns: Sequence[str], key: str, recipe_dir: Path | None) -> list[str]:
@@ -169,7 +171,8 @@ def read_builder(spec: DatasetSpec, key: str, recipe_dir: Path | None) -> list[d
         loaded = datasets.load_dataset(builder, data_files=files, split=split)
     except Exception as error:  # datasets raises many kinds (generation, split, file errors); all are the data's fault
         raise ConfigError([f"{key}: load_dataset({spec.builder!r}, split={split!r}) failed: {type(error).__name__}: {error}"]) from None
-    return loaded.to_list()
+    saved: list[dict[str, Any]] = loaded.to_list()
+    return saved
 
 
 def find_path(value: str, recipe_dir: Path | None) -> Path:

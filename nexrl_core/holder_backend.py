@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.backend import ChatModel
+from nexrl_core.chat_model import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.model_export import ModelExportError

@@ -167,7 +167,10 @@ class RemoteApiTrainer:
         if self._estimator is None:
             from nexrl_core.registry import get_advantage_estimator
 
-            self._estimator = get_advantage_estimator(self.config.advantage.name, self.config.advantage_options)
+            name = self.config.advantage.name
+            if name is None:
+                raise ConfigError(["algorithm.advantage.name: not set; `nexrl plugins` lists the installed advantage estimators"])
+            self._estimator = get_advantage_estimator(name, self.config.advantage_options)
         return self._estimator
 
     def shape_rewards(

@@ -178,7 +178,8 @@ def open_backend(config: TrainConfig, options: Any, out_dir: Path) -> Backend:
         )
     work_dir = out_dir / BACKEND_DIR
     work_dir.mkdir(parents=True, exist_ok=True)
-    return spec.open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
+    backend: Backend = spec.open(BackendSetup(recipe=config, options=options, work_dir=work_dir))
+    return backend
 
 
 def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, task: TaskData, out_dir: Path) -> RolloutSource:
@@ -195,7 +196,8 @@ def open_rollout_source(config: TrainConfig, options: Any, backend: Backend, tas
         work_dir=work_dir,
         backend_lost=lambda: backend_lost_reason(backend),
     )
-    return spec.open(setup)
+    source: RolloutSource = spec.open(setup)
+    return source
 
 
 def check_context(config: TrainConfig, backend: Backend) -> None:
@@ -659,6 +661,7 @@ def run_training(
     try:
         _open_parts(parts, config, options, chosen_sinks, task, out_dir, state)
         _train(config, parts, loader, out_dir, state, progress_bar)
+        assert parts.backend is not None and parts.sinks is not None, "_open_parts opened both"
         final_model, final_model_error = write_final_model(parts.backend, out_dir)
         if final_model is not None:
             parts.sinks.log_final_model(final_model)

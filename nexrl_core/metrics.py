@@ -72,7 +72,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Rows of a metrics.jsonl file (a torn last line from a crash is dropped)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not path.exists():
         return rows
     for line in path.read_text(encoding="utf-8").splitlines():

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from nexrl_core.fields import string_tuple
+
 __all__ = [
     "ENV_RANK_ADDRESS",
     "LOCAL_PLACEMENT",
@@ -62,7 +64,7 @@ class PlacementRequest:
     group: str = attrs.field(validator=attrs.validators.matches_re(r"^[A-Za-z0-9_.\-]{1,200}$"))
     """The group's name: placers name what they create after it, so an operator can tell whose it is."""
     ranks: int = attrs.field(validator=attrs.validators.ge(1))
-    command: Sequence[str] = attrs.field(converter=tuple)
+    command: Sequence[str] = attrs.field(converter=string_tuple)
     """Each rank runs ``python <command>`` (e.g. ``-m package.module --flag value``)."""
     env: Mapping[str, str] = attrs.field(factory=dict)
     """Added to each rank's environment (a secret travels here, never on a command line)."""
@@ -142,7 +144,8 @@ def open_placer(name: str, options: Mapping[str, Any], path: str) -> Placer:
     from nexrl_core.registry import find_spec
 
     config = resolve_options("placers", ComponentChoice(name=name, options=dict(options)), path)
-    return find_spec("placers", name).build(config)
+    placer: Placer = find_spec("placers", name).build(config)
+    return placer
 
 
 def log_tail(path: Path, limit: int = 4000) -> str:

@@ -99,6 +99,7 @@ def _drop_plugins_with_unknown_hooks(manager: pluggy.PluginManager, errors: dict
             return
         except pluggy.PluginValidationError as error:
             name = manager.get_name(error.plugin)
+            assert name is not None, "check_pending blames registered plugins only"
             errors[name] = _unknown_hook_message(manager, error)
             manager.unregister(error.plugin)
 

@@ -201,7 +201,8 @@ def _as_dict(value: Any, what: str) -> dict[str, Any]:
         return dict(value)
     to_dict = getattr(value, "to_dict", None)
     if callable(to_dict):
-        return to_dict()
+        message: dict[str, Any] = to_dict()
+        return message
     raise TypeError(f"{what} must hold mappings (or ChatCompletionMessage objects), got {type(value).__name__}")
 
 
@@ -617,7 +618,7 @@ class RolloutRunner:
             stop_event=self._stop,
             limits=self._limits,
         )
-        base = dict(
+        base: dict[str, Any] = dict(
             step=request.step,
             item_index=request.item_index,
             run_id=request.run_id,

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import attrs
 
 from nexrl_core.config.checks import service_device
+from nexrl_core.fields import string_tuple
 
 DEFAULT_MAX_TOKENS_PER_MICROBATCH = 16384
 """Most padded tokens (rows x longest row) one forward or forward/backward pass of an
@@ -62,7 +63,7 @@ class ServeOptions:
     """What clients call the model (``base_model``, ``model_name``): a Hugging Face-style
     ``Org/Name``, which tinker-cookbook's lookups and tokenizer downloads take; None: the
     shipped model's own such name, or the ``model`` path for a directory."""
-    sampling_models: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    sampling_models: tuple[str, ...] = attrs.field(default=(), converter=string_tuple)
     """Models served beside ``model`` for sampling and scoring only, never trained (a
     distillation teacher): each a shipped name or a local Hugging Face directory with the
     base model's vocabulary. Clients name one as a ``base_model`` (the value given here,

@@ -159,10 +159,12 @@ def open_sinks(config: TrainConfig, chosen: list[ResolvedChoice], output_dir: Pa
         before it are closed again).
     """
     from nexrl_core.registry import find_spec
+    from nexrl_core.specs import MetricsSinkSpec
 
     opened: list[tuple[str, MetricsSink]] = []
     for choice in chosen:
         spec = find_spec(SINK_KIND, choice.name)
+        assert isinstance(spec, MetricsSinkSpec), "the registry holds only MetricsSinkSpec records under this kind"
         work_dir = output_dir / SINKS_DIR / choice.name
         work_dir.mkdir(parents=True, exist_ok=True)
         setup = SinkSetup(recipe=config, options=choice.options, output_dir=output_dir, work_dir=work_dir, resumed_from=resumed_from)

@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Union
 
 import attrs
 
+from nexrl_core.fields import string_frozenset
+
 Factory = Union[str, Callable[..., Any]]
 """A callable that builds the implementation from its config, or a ``"module:attr"``
 reference to one, imported on first use."""
@@ -45,7 +47,7 @@ class ComponentSpec:
     """attrs class holding the implementation's options; YAML is structured into it."""
     description: str = ""
     """One line shown by ``nexrl plugins``."""
-    capabilities: frozenset[str] = attrs.field(factory=frozenset, converter=frozenset)
+    capabilities: frozenset[str] = attrs.field(factory=frozenset, converter=string_frozenset)
     """Free-form flags the conformance kit and the loop can check (e.g. ``group_relative``)."""
 
     def resolve_factory(self) -> Callable[..., Any]:
@@ -62,7 +64,10 @@ class ComponentSpec:
         target: Any = importlib.import_module(module_name)
         for part in attr_path.split("."):
             target = getattr(target, part)
-        return target
+        if not callable(target):
+            raise TypeError(f"{self.kind} {self.name!r}: {field} {reference!r} is a {type(target).__name__}, not a callable")
+        resolved: Callable[..., Any] = target
+        return resolved
 
     def build(self, config: Any = None) -> Any:
         """Build the implementation with ``config`` (default: the config class's defaults)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any, Literal, Union, get_args
+from typing import Any, Literal, Union, cast, get_args
 
 import attrs
 
@@ -24,12 +24,12 @@ FinishReason = Literal["stop", "length"]
 """Why sampling ended: the model emitted a stop token, or it hit ``max_tokens``."""
 
 
-def _non_empty(instance: Any, attribute: attrs.Attribute, value: Sequence[Any]) -> None:
+def _non_empty(instance: Any, attribute: attrs.Attribute[Any], value: Sequence[Any]) -> None:
     if len(value) == 0:
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must not be empty")
 
 
-def _finite_number(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _finite_number(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must be a finite number, got {value!r}")
 
@@ -42,7 +42,7 @@ def _check_equal_lengths(record: Any, names: Sequence[str]) -> None:
         raise ValueError(f"{type(record).__name__}: {', '.join(names)} must have equal lengths, got {listed}")
 
 
-def _binary_mask(instance: Any, attribute: attrs.Attribute, value: Sequence[int]) -> None:
+def _binary_mask(instance: Any, attribute: attrs.Attribute[Any], value: Sequence[int]) -> None:
     if not set(value) <= {0, 1}:
         index, bad = next((i, v) for i, v in enumerate(value) if v not in (0, 1))
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must hold only 0 and 1, got {bad!r} at index {index}")
@@ -131,9 +131,10 @@ class RemoteDatum:
         if isinstance(advantage, numbers.Real):
             advantages = [float(advantage) * weight for weight in weights]
         else:
-            if len(advantage) != len(tokens):
-                raise ValueError(f"per-token advantages must align with the trajectory's {len(tokens)} tokens, got {len(advantage)}")
-            advantages = [float(value) for value in advantage[1:]]
+            per_token = cast("Sequence[float]", advantage)  # numbers.Real does not narrow for a type checker
+            if len(per_token) != len(tokens):
+                raise ValueError(f"per-token advantages must align with the trajectory's {len(tokens)} tokens, got {len(per_token)}")
+            advantages = [float(value) for value in per_token[1:]]
         return cls(
             input_tokens=list(tokens[:-1]),
             target_tokens=list(tokens[1:]),
@@ -160,7 +161,7 @@ def _is_openai_tool_call(call: Any) -> bool:
     )
 
 
-def _openai_tool_calls(instance: Any, attribute: attrs.Attribute, value: list[dict[str, Any]]) -> None:
+def _openai_tool_calls(instance: Any, attribute: attrs.Attribute[Any], value: list[dict[str, Any]]) -> None:
     for index, call in enumerate(value):
         if not _is_openai_tool_call(call):
             raise ValueError(
@@ -170,7 +171,7 @@ def _openai_tool_calls(instance: Any, attribute: attrs.Attribute, value: list[di
             )
 
 
-def _finish_reason(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _finish_reason(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     valid = get_args(FinishReason)
     if value not in valid:
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must be one of {valid}, got {value!r}")

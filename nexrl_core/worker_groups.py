@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 
 import attrs
 
+from nexrl_core.fields import int_tuple
 from nexrl_core.placement import Placer
 from nexrl_core.registry import Registry, RegistryError, get_registry
 from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
@@ -104,7 +105,7 @@ class GroupEngineSetup:
     """The base model's sampling engine: samplers of this model are built on it from the
     weights the group pushes, so no file is read back."""
     hooks: GroupHooks = attrs.field(factory=GroupHooks)
-    gpus: Sequence[int] = attrs.field(default=(), converter=tuple)
+    gpus: Sequence[int] = attrs.field(default=(), converter=int_tuple)
     """One per rank: the GPUs of this machine its ranks compute on (none: the placer's or the CPU)."""
     max_tokens_per_microbatch: int = DEFAULT_MAX_TOKENS_PER_MICROBATCH
     """Most padded tokens of one forward or forward/backward pass on a rank (the service's)."""
@@ -187,7 +188,8 @@ def open_group_engines() -> GroupEngines:
     spec = _the_group_engines(registry)
     if spec is None:
         raise _none_provides(registry, "worker groups", "none registers nexrl_group_engines")
-    return spec.build()
+    engines: GroupEngines = spec.build()
+    return engines
 
 
 def rank_command() -> RankCommand:

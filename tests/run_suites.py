@@ -107,7 +107,11 @@ the GPU mostly idle, so the suite takes as long as the slowest. Without a GPU ev
 is collected and skipped."""
 NO_TESTS = 5
 """pytest's exit status when it collected nothing (a GPU run of a suite without GPU tests)."""
-LINTERS = {"ruff check": [PYTHON, "-m", "ruff", "check", "."], "ruff format": [PYTHON, "-m", "ruff", "format", "--check", "."]}
+LINTERS = {
+    "ruff check": [PYTHON, "-m", "ruff", "check", "."],
+    "ruff format": [PYTHON, "-m", "ruff", "format", "--check", "."],
+    "mypy": [PYTHON, "-m", "mypy"],
+}
 """What `make test` runs from the repository root before the suites (configured in the root
 pyproject.toml); not on a GPU run, whose machine need not have them."""
 

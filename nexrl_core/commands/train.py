@@ -29,7 +29,7 @@ def quickstart_recipe(stack: ExitStack) -> Path:
     """The built-in recipe shipped as package data, as a file path valid while ``stack`` is open."""
     from importlib.resources import as_file, files
 
-    return stack.enter_context(as_file(files("nexrl_core").joinpath("recipes", QUICKSTART)))
+    return stack.enter_context(as_file(files("nexrl_core") / "recipes" / QUICKSTART))
 
 
 def configure_logging() -> None:
@@ -57,8 +57,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     previous_int = signal.signal(signal.SIGINT, interrupt) if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     previous = signal.signal(signal.SIGTERM, interrupt)
     # ``kill -USR1`` prints every thread's stack to the process's own stderr (a stream
-    # standing in for it, as click's test runner gives, has no file descriptor to write to).
-    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    # standing in for it, as click's test runner gives, has no file descriptor to write to;
+    # a process started without a stderr has nowhere to print it).
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     try:
         yield
     finally:

@@ -41,7 +41,7 @@ class Check:
     test: Callable[[Any], bool]
     """True when the value is acceptable; a TypeError counts as a failure."""
 
-    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    def __call__(self, instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         try:
             passed = bool(self.test(value))
         except TypeError:

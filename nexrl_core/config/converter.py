@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.cols import list_structure_factory
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+from cattrs.errors import AttributeValidationNote, ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn, override
 
 from nexrl_core.config.checks import Check, CheckFailed
@@ -66,7 +66,7 @@ def _structure_enum(value: Any, cls: type[enum.Enum]) -> enum.Enum:
         raise NotOneOfError(value, sorted(str(member.value) for member in cls)) from None
 
 
-def _structure_scalar(value: Any, cls: type) -> Any:
+def _structure_scalar(value: Any, cls: type[Any]) -> Any:
     # cattrs dispatches on the MRO, so str- and int-valued enums arrive here too.
     if issubclass(cls, enum.Enum):
         return _structure_enum(value, cls)
@@ -129,12 +129,15 @@ def _structure_string_or_record_factory(target: Any, converter: cattrs.Converter
     return structure
 
 
-def _checked(structure: Callable[[Any, Any], Any], field: attrs.Attribute) -> Callable[[Any, Any], Any]:
+def _checked(structure: Callable[[Any, Any], Any], field: attrs.Attribute[Any]) -> Callable[[Any, Any], Any]:
     """Structure a field and run its `Check` at once, so each failing field is reported."""
+
+    check = field.validator
+    assert check is not None, f"{field.name} has no Check to run"
 
     def structure_and_check(value: Any, target: Any) -> Any:
         result = structure(value, target)
-        field.validator(None, field, result)
+        check(None, field, result)
         return result
 
     return structure_and_check
@@ -147,7 +150,9 @@ def _structure_attrs_factory(cls: type, converter: cattrs.Converter) -> Callable
         for field in fields
         if isinstance(field.validator, Check)
     }
-    return _requiring(Mapping, "a mapping", make_dict_structure_fn(cls, converter, **overrides))
+    # cattrs types **overrides as AttributeOverride, but mypy also matches the dict against its _cattrs_* flags
+    structure: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
+    return _requiring(Mapping, "a mapping", structure)
 
 
 def _unstructure_scalar(value: Any) -> Any:
@@ -200,7 +205,7 @@ def describe_problems(error: BaseException, path: str = "") -> list[str]:
         located, unlocated = error.group_exceptions()
         problems = []
         for inner, note in located:
-            key = note.name if isinstance(error, ClassValidationError) else note.index
+            key = note.name if isinstance(note, AttributeValidationNote) else note.index
             problems += describe_problems(inner, _join(path, key))
         for inner in unlocated:
             problems += describe_problems(inner, path)
@@ -219,7 +224,8 @@ def describe_problems(error: BaseException, path: str = "") -> list[str]:
 
 def dump_config(config: Any) -> dict[str, Any]:
     """The config as plain YAML-ready data (enums as their values), for printing or saving."""
-    return converter.unstructure(config)
+    data: dict[str, Any] = converter.unstructure(config)
+    return data
 
 
 def structure_config(raw: Any, cls: type[T], path: str = "", source: str | None = None) -> T:

@@ -177,7 +177,7 @@ class TaskConfig:
     """Validate on the first this many held-out items; null uses all of them."""
 
 
-def _needs_bf16(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _needs_bf16(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     """``mixed_precision`` mixes bf16 compute with fp32 masters; under fp32 there is no
     bf16 to mix, and accepting it would silently change nothing."""
     if value and instance.dtype is not DType.BF16:
@@ -216,7 +216,7 @@ class ModelConfig:
     weight is fp32 already, so it is refused there."""
 
 
-def _read_only_with_a_prompt_limit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _read_only_with_a_prompt_limit(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     """``prompt_overflow`` says what happens past ``max_prompt_tokens``; with no limit
     nothing would read it, so a value other than the default is refused."""
     if value != attribute.default and instance.max_prompt_tokens is None:
@@ -226,7 +226,7 @@ def _read_only_with_a_prompt_limit(instance: Any, attribute: attrs.Attribute, va
         )
 
 
-def _read_only_with_kl_on(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _read_only_with_kl_on(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     """A KL setting other than its default must be one the run reads: none is read while
     ``coef`` is 0, and ``target``/``horizon`` only by the adaptive controller."""
     if value == attribute.default:

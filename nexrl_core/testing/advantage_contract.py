@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from nexrl_core.algorithms import ADVANTAGE_INPUTS, AdvantageEstimator, AdvantageInputs, AdvantageOutput
+from nexrl_core.algorithms import ADVANTAGE_INPUTS, AdvantageEstimator, AdvantageInputs, AdvantageOutput, GroupKey
 
 
 def make_advantage_inputs(
@@ -54,8 +54,13 @@ def make_advantage_inputs(
 
 def _select_rows(inputs: AdvantageInputs, order: Sequence[int]) -> AdvantageInputs:
     index = torch.tensor(list(order))
-    pick = lambda values: None if values is None else [values[i] for i in order]  # noqa: E731
-    pick_tensor = lambda values: None if values is None else values[index]  # noqa: E731
+
+    def pick(values: Sequence[GroupKey] | None) -> list[GroupKey] | None:
+        return None if values is None else [values[i] for i in order]
+
+    def pick_tensor(values: torch.Tensor | None) -> torch.Tensor | None:
+        return None if values is None else values[index]
+
     return AdvantageInputs(
         token_rewards=inputs.token_rewards[index],
         loss_mask=inputs.loss_mask[index],

@@ -9,6 +9,9 @@ split into parts (micro-batches, ranks) that adds up to the whole step given its
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import pytest
 import torch
 
@@ -38,10 +41,14 @@ def make_loss_inputs(batch: int = 4, width: int = 6, seed: int = 0, dtype: torch
 _TENSOR_FIELDS = ("logprobs", "loss_mask", "old_logprobs", "advantages", "entropy", "ref_logprobs")
 
 
-def _replace(inputs: PolicyLossInputs, **changes: object) -> PolicyLossInputs:
-    fields: dict[str, object] = {name: getattr(inputs, name) for name in (*_TENSOR_FIELDS, "step_totals")}
-    fields.update(changes)
-    return PolicyLossInputs(**fields)
+def _replace(inputs: PolicyLossInputs, **changes: Any) -> PolicyLossInputs:
+    return attrs.evolve(inputs, **changes)
+
+
+def _set(tensor: torch.Tensor | None) -> torch.Tensor:
+    """One of the optional tensors, which `make_loss_inputs` always sets."""
+    assert tensor is not None, "make_loss_inputs sets every tensor"
+    return tensor
 
 
 def _part(inputs: PolicyLossInputs, rows: slice, totals: StepTotals) -> PolicyLossInputs:
@@ -86,8 +93,8 @@ class PolicyLossContract:
         changed = _replace(
             inputs,
             logprobs=torch.where(untrained, inputs.logprobs.detach() + noise, inputs.logprobs.detach()),
-            old_logprobs=torch.where(untrained, inputs.old_logprobs - noise.abs(), inputs.old_logprobs),
-            advantages=torch.where(untrained, noise * 10, inputs.advantages),
+            old_logprobs=torch.where(untrained, _set(inputs.old_logprobs) - noise.abs(), _set(inputs.old_logprobs)),
+            advantages=torch.where(untrained, noise * 10, _set(inputs.advantages)),
         )
         loss, grad = _loss_and_grad(policy_loss, inputs)
         changed_loss, changed_grad = _loss_and_grad(policy_loss, changed)
@@ -103,10 +110,10 @@ class PolicyLossContract:
             inputs,
             logprobs=torch.cat([inputs.logprobs.detach(), torch.full((extra, width), -1.0, dtype=torch.float64)]),
             loss_mask=torch.cat([inputs.loss_mask, torch.zeros(extra, width, dtype=torch.float64)]),
-            old_logprobs=torch.cat([inputs.old_logprobs, torch.full((extra, width), -3.0, dtype=torch.float64)]),
-            advantages=torch.cat([inputs.advantages, torch.zeros(extra, width, dtype=torch.float64)]),
-            entropy=torch.cat([inputs.entropy, torch.ones(extra, width, dtype=torch.float64)]),
-            ref_logprobs=torch.cat([inputs.ref_logprobs, torch.zeros(extra, width, dtype=torch.float64)]),
+            old_logprobs=torch.cat([_set(inputs.old_logprobs), torch.full((extra, width), -3.0, dtype=torch.float64)]),
+            advantages=torch.cat([_set(inputs.advantages), torch.zeros(extra, width, dtype=torch.float64)]),
+            entropy=torch.cat([_set(inputs.entropy), torch.ones(extra, width, dtype=torch.float64)]),
+            ref_logprobs=torch.cat([_set(inputs.ref_logprobs), torch.zeros(extra, width, dtype=torch.float64)]),
         )
         loss, grad = _loss_and_grad(policy_loss, inputs)
         padded_loss, padded_grad = _loss_and_grad(policy_loss, padded)
@@ -121,10 +128,10 @@ class PolicyLossContract:
             inputs,
             logprobs=inputs.logprobs.detach()[order],
             loss_mask=inputs.loss_mask[order],
-            old_logprobs=inputs.old_logprobs[order],
-            advantages=inputs.advantages[order],
-            entropy=inputs.entropy[order],
-            ref_logprobs=inputs.ref_logprobs[order],
+            old_logprobs=_set(inputs.old_logprobs)[order],
+            advantages=_set(inputs.advantages)[order],
+            entropy=_set(inputs.entropy)[order],
+            ref_logprobs=_set(inputs.ref_logprobs)[order],
         )
         loss, grad = _loss_and_grad(policy_loss, inputs)
         permuted_loss, permuted_grad = _loss_and_grad(policy_loss, permuted)

@@ -211,7 +211,8 @@ def resolve(config: dict[str, Any]) -> dict[str, Any]:
             return interpolate(node, path, stack)
         return node
 
-    return walk(config, [], ())
+    interpolated: dict[str, Any] = walk(config, [], ())
+    return interpolated
 
 
 def read_v1_recipe(path: str | Path) -> dict[str, Any]:

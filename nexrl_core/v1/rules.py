@@ -230,8 +230,7 @@ def prompt_limit(converter: Converter) -> None:
         converter.drop("data.max_prompt_length", "read only with data.filter_prompts true")
     if converter.present("rollout_worker.max_prompt_length"):
         sources.append(("rollout_worker.max_prompt_length", converter.value("rollout_worker.max_prompt_length")))
-    numbers = [(key, _number(converter, key, value)) for key, value in sources]
-    numbers = [(key, value) for key, value in numbers if value is not None]
+    numbers = [(key, number) for key, value in sources if (number := _number(converter, key, value)) is not None]
     if not numbers:
         converter.drop("data.filter_prompts", "no prompt limit to filter by" if filtering else "false: v1's loader kept long prompts")
         return
@@ -427,8 +426,8 @@ def kl(converter: Converter) -> None:
     in_read = any(converter.present(f"{read}.{field}") for field in _KL_FIELDS)
     source = read if in_read or not any(converter.present(f"{misplaced}.{field}") for field in _KL_FIELDS) else misplaced
     if source == read:
-        for field in _KL_FIELDS:
-            converter.drop(f"{misplaced}.{field}", "v1 read trainer.algorithm.critic.kl_ctrl instead")
+        for kl_field in _KL_FIELDS:
+            converter.drop(f"{misplaced}.{kl_field}", "v1 read trainer.algorithm.critic.kl_ctrl instead")
 
     def field(name: str) -> Any:
         value = converter.value(f"{source}.{name}") if converter.present(f"{source}.{name}") else ABSENT

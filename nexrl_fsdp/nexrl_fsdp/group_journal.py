@@ -86,6 +86,7 @@ class GroupJournal:
         (the initial weights' when no point was started or resumed)."""
         if self._current is None:
             self.start(None)
+        assert self._current is not None, "start() sets it"
         path = self._current / f"{self._count}.safetensors"
         tensors = {name: tensor.contiguous() for name, tensor in (call.datums or {}).items()}
         metadata = {"op": call.op, "options": json.dumps(dict(call.options)), "datums": json.dumps(call.datums is not None)}

@@ -13,7 +13,7 @@ import logging
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.holders import LossOptionValue, TrainStepConfig
@@ -22,6 +22,9 @@ from nexrl_core.retries import RetriesExhausted
 from nexrl_core.types import RemoteDatum
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
+
+if TYPE_CHECKING:
+    from tinker.types import TensorDtype
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +301,7 @@ def _download_files(urls: dict[str, str], directory: Path, export_path: str) -> 
                     file.write(chunk)
 
 
-def _tensor(values: Sequence[float] | Sequence[int], dtype: str) -> Any:
+def _tensor(values: Sequence[float] | Sequence[int], dtype: TensorDtype) -> Any:
     import tinker
 
     return tinker.types.TensorData(data=list(values), dtype=dtype, shape=[len(values)])

@@ -63,7 +63,8 @@ def sft_data(tokenizer: Any) -> list[Any]:
         weights = [0.0] * (len(prompt) - 1) + [1.0] * (len(tokens) - len(prompt))
         data.append(
             types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights}
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},  # type: ignore[dict-item]  # Tinker's Datum converts lists (__post_init__); its type says TensorData
             )
         )
     return data

@@ -71,7 +71,7 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
                 client = ServiceClient(
                     base_url=self.base_url,
                     api_key=api_key,
-                    tensor_transport=self.config.tensor_transport,  # type: ignore[arg-type]
+                    tensor_transport=self.config.tensor_transport,
                     heartbeat_interval=HEARTBEAT_S,
                 )
                 self._retry("connect", client.connect)
@@ -235,16 +235,15 @@ class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
     def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Logprobs under the base model, from a sampling session of the base weights
         (``compute_logprobs``)."""
+        reference = self._reference_client()
+        return [self._reference_logprobs(reference, tokens) for tokens in sequences]
+
+    def _reference_logprobs(self, reference: Any, tokens: Sequence[int]) -> list[float]:
+        """One sequence's: a call of its own, so the retried lambda holds these tokens (no loop variable to bind)."""
         from weaver.types import ModelInput
 
-        reference = self._reference_client()
-        results = []
-        for tokens in sequences:
-            values = self._retry(
-                "compute reference logprobs", lambda tokens=tokens: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens)))
-            )
-            results.append([0.0 if value is None else float(value) for value in values])
-        return results
+        values = self._retry("compute reference logprobs", lambda: reference.compute_logprobs(prompt=ModelInput.from_ints(list(tokens))))
+        return [0.0 if value is None else float(value) for value in values]
 
     def update_sampling_weights(self, weight_path: str | None = None) -> str:
         with self._lock:
@@ -353,4 +352,4 @@ def _to_weaver_datum(datum: RemoteDatum, loss_fn: str) -> Any:
 def _hosted_loss_config(config: TrainStepConfig) -> dict[str, float]:
     """What hosted Weaver takes of NexRL's loss options (`refused_options` has refused
     the rest): the entropy bonus."""
-    return {key: float(value) for key, value in config.loss_fn_config.items() if key in HOSTED_OPTIONS}  # type: ignore[arg-type]
+    return {key: float(value) for key, value in config.loss_fn_config.items() if key in HOSTED_OPTIONS}

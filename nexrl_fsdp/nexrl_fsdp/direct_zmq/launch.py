@@ -60,7 +60,7 @@ class WorkerGroup:
         self.server = WorkersApiServer(ServeOptions(host=self.placer.control_host(), port=0), key=self.key, dead_after_s=dead_after_s)
         url = self.server.start()
         self.placed: PlacedRanks | None = None
-        self.transport: DirectZmqTransport | None = None
+        self._transport: DirectZmqTransport | None = None
         try:
             self.placed = self.placer.place(
                 PlacementRequest(
@@ -72,7 +72,7 @@ class WorkerGroup:
                     log_path=self.log_path,
                 )
             )
-            self.transport = DirectZmqTransport(
+            self._transport = DirectZmqTransport(
                 DirectZmqOptions(
                     api_server_url=url,
                     key=self.key,
@@ -83,14 +83,19 @@ class WorkerGroup:
                     log_path=str(self.log_path),
                 )
             )
-            self.transport.initialize_worker()
+            self._transport.initialize_worker()
         except BaseException:
             self.stop()
             raise
 
+    @property
+    def transport(self) -> DirectZmqTransport:
+        """The transport to the ranks, connected from the end of ``__init__`` until `stop`."""
+        assert self._transport is not None, "the group was stopped"
+        return self._transport
+
     def rank_pids(self) -> dict[int, int]:
         """Each rank's process id, as the rank reported it."""
-        assert self.transport is not None, "the group was stopped"
         return {int(rank): pid for rank, pid in self.transport.info()["pids"].items()}
 
     def places(self) -> list[RankPlace]:
@@ -103,7 +108,7 @@ class WorkerGroup:
 
     def stop(self) -> None:
         """Destroy the group if it still answers, then end its ranks and the server."""
-        transport = self.transport
+        transport = self._transport
         if transport is not None and self.placed is not None and not self.placed.ended():
             try:
                 transport.destroy()
@@ -114,7 +119,7 @@ class WorkerGroup:
             self.placed = None
         if transport is not None:
             transport.close()
-            self.transport = None
+            self._transport = None
         self.server.stop()
 
     def log_tail(self, limit: int = 4000) -> str:

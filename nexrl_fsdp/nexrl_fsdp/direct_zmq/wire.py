@@ -84,8 +84,8 @@ def _tensor_frame(name: str, tensor: torch.Tensor) -> tuple[dict[str, Any], memo
         tensor = tensor.to("cpu")
     tensor = tensor.contiguous()
     # Viewed as bytes, every dtype (bfloat16 included, which numpy lacks) is one flat buffer.
-    data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
-    return {"name": name, "dtype": dtype, "shape": list(tensor.shape)}, memoryview(data)
+    data = tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(b"")
+    return {"name": name, "dtype": dtype, "shape": list(tensor.shape)}, data
 
 
 def _buffer(frame: Any) -> memoryview:

@@ -324,6 +324,7 @@ def _connect(
     if placer is not None:
         group = start_group(options, setup.work_dir / WORKERS_LOG, placer, key=key)
         return group.transport, group
+    assert options.workers_url is not None, "a run without a placer joins the group at workers_url"
     transport = DirectZmqTransport(
         DirectZmqOptions(
             api_server_url=options.workers_url,

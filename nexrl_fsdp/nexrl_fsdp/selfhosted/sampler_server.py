@@ -144,16 +144,16 @@ class SamplerServer:
         try:
             if kind == "sample":
                 params = SamplingParams(**header["params"])
-                future = self.chat.compute.submit_sample(header["prompt"], params, header.get("seed"))
-                self._answer_when_done(identity, request_id, future, _sampled)
+                sampled = self.chat.compute.submit_sample(header["prompt"], params, header.get("seed"))
+                self._answer_when_done(identity, request_id, sampled, _sampled)
             elif kind == "load_weights":
                 tensors = message.tensors
-                future = self.chat.compute.submit(lambda: load_in_place(self.engine.model, tensors))
-                self._answer_when_done(identity, request_id, future, lambda _: {"kind": "loaded"})
+                loaded = self.chat.compute.submit(lambda: load_in_place(self.engine.model, tensors))
+                self._answer_when_done(identity, request_id, loaded, lambda _: {"kind": "loaded"})
             elif kind == "export":
                 path = Path(header["path"])
-                future = self.chat.compute.submit(lambda: self.engine.export_hf(path))
-                self._answer_when_done(identity, request_id, future, lambda done: {"kind": "exported", "path": str(done)})
+                exported = self.chat.compute.submit(lambda: self.engine.export_hf(path))
+                self._answer_when_done(identity, request_id, exported, lambda done: {"kind": "exported", "path": str(done)})
             elif kind == "info":
                 wire.send(
                     self.socket,

@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import attrs
 import torch
@@ -190,6 +190,13 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor.clone()
 
 
+class _HFModel(Protocol):
+    """What the policy, an HF causal LM, has beyond `torch.nn.Module` (whose type does
+    not declare it): input embeddings, an `nn.Embedding` in every such model."""
+
+    def get_input_embeddings(self) -> torch.nn.Embedding: ...
+
+
 class FsdpActor:
     """The policy (and, once asked for, a frozen reference) on this rank."""
 
@@ -202,7 +209,7 @@ class FsdpActor:
         self.tokenizer = load_tokenizer(self.model_dir)
         torch.manual_seed(options.seed)
         self.model, self._adapted, self.compute_dtype = self._load_policy()
-        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.vocab_size = int(cast(_HFModel, self.model).get_input_embeddings().num_embeddings)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.optimizer = AdamW([(name, p) for name, p in self.model.named_parameters() if p.requires_grad])
@@ -275,7 +282,8 @@ class FsdpActor:
                 logprobs, _ = self.chunk_logprobs(model, one.datums, collate(one.datums, self.pad_id, self.device))
                 if not one.idle:
                     values.extend(logprobs.detach().to("cpu"))
-        return scatter_back(values, columns, tuple(shard["input_ids"].shape))
+        rows, length = shard["input_ids"].shape  # [B, L], as `check_batch` made sure
+        return scatter_back(values, columns, (rows, length))
 
     def update(self, shard: Mapping[str, torch.Tensor], options: ActorOptions) -> dict[str, float]:
         """PPO epochs x mini-batches of optimizer steps; returns metrics reduced over ranks."""
@@ -433,7 +441,10 @@ class FsdpActor:
                     save_adapter(adapted, path / ADAPTER_DIR)
                     save_hf_directory(path, merged, self.tokenizer)
             return
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # A model's state dict holds tensors only (torch types it as any state dict's values).
+        full = cast(
+            dict[str, torch.Tensor], get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        )
         full = {name: tensor.to(self.compute_dtype) if tensor.is_floating_point() else tensor for name, tensor in full.items()}
         if dist.get_rank() == 0:
             save_hf_directory(path, self.model, self.tokenizer, state_dict=full)

@@ -21,7 +21,7 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -338,6 +338,7 @@ def _like(tensor: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
     tensor = tensor.to(device=parameter.device, dtype=parameter.dtype)
     if not hasattr(parameter, "device_mesh"):
         return tensor
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    return distribute_tensor(tensor, parameter.device_mesh, parameter.placements, src_data_rank=None)
+    sharded = cast(DTensor, parameter)  # a parameter with a device mesh is one FSDP2 shards, a DTensor
+    return distribute_tensor(tensor, sharded.device_mesh, sharded.placements, src_data_rank=None)

@@ -220,6 +220,7 @@ class WorkerRank:
             if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
                 raise BatchError(f"push_weights needs options.timeout_s, a positive number of seconds; got {timeout_s!r}")
         if op in BATCH_OPS:
+            assert self.actor is not None, "refused above before init_model"
             options = ActorOptions.from_json(header.get("options", {})) if op == "update_actor" else None
             check_batch(tensors, self.actor.needed_tensors(op, options), self.world_size, self.actor.vocab_size)
         if op in ("save_checkpoint", "load_checkpoint", "export_hf"):
@@ -229,6 +230,7 @@ class WorkerRank:
         if op == "init_model":
             ModelOptions.from_json(header.get("options", {}))
         if op in ENGINE_OPS:
+            assert self.datum_ops is not None, "refused above before init_model"
             self.datum_ops.check(op, header.get("options", {}), tensors)
 
     def _execute(self, command: dict[str, Any]) -> str:
@@ -342,9 +344,15 @@ class WorkerRank:
             if self.actor.options.mixed_precision:  # the masters, read from what the optimizer steps
                 info["master_dtype"] = str(self.actor.optimizer.parameters[0].dtype).removeprefix("torch.")
             return info, {}
-        actor = self.actor
+        if op in ("barrier", "destroy", "skip"):
+            dist.barrier()
+            return {}, {}
+        actor, datum_ops = self.actor, self.datum_ops
+        if actor is None or datum_ops is None:
+            # Rank 0 refuses these ops before init_model (`_check`), but this rank's own init_model may have failed.
+            raise BatchError("the model is not initialised on this rank; call init_model first")
         if op in ENGINE_OPS:
-            return self.datum_ops.run(op, options, shard)
+            return datum_ops.run(op, options, shard)
         if op == "update_actor":
             return {"metrics": actor.update(shard, ActorOptions.from_json(options))}, {}
         if op in ("compute_log_prob", "compute_ref_log_prob"):
@@ -374,9 +382,6 @@ class WorkerRank:
         if op == "export_hf":
             actor.export_hf(Path(options["path"]))
             return {"path": options["path"]}, {}
-        if op in ("barrier", "destroy", "skip"):
-            dist.barrier()
-            return {}, {}
         raise BatchError(f"unknown op {op!r}")
 
     def report_failure(self, error: BaseException) -> None:

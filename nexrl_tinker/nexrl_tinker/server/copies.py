@@ -53,8 +53,7 @@ class CopyService:
         source_model = self.state.store.get_model(source.model_id)
         if source_model is None:
             raise BadRequest(f"the training run that saved {source.path!r} no longer exists")
-        session = self._destination(owner, body)
-        seq = body.model_seq_id if body.session_id is not None else 0
+        session, seq = self._destination(owner, body)
         model_id = model_id_for(session.session_id, seq)
         now = time.time()
         added = self.state.store.add_model(
@@ -101,12 +100,12 @@ class CopyService:
         )
         return {"tinker_path": path}
 
-    def _destination(self, owner: str, body: CopyWeightsBody) -> SessionRow:
-        """The session the copy's training run goes into."""
+    def _destination(self, owner: str, body: CopyWeightsBody) -> tuple[SessionRow, int]:
+        """The session the copy's training run goes into, and the run's slot in it (0 in a new one)."""
         if body.session_id is not None:
             if body.model_seq_id is None:
                 raise BadRequest("copy_weights with session_id also needs model_seq_id (the training run's slot in it)")
-            return self.state.own_session(owner, body.session_id, active=True)
+            return self.state.own_session(owner, body.session_id, active=True), body.model_seq_id
         project = body.destination_project_id
         if not project:
             raise BadRequest("copy_weights needs destination_project_id, or session_id with model_seq_id")
@@ -115,4 +114,4 @@ class CopyService:
         session = self.sessions.create(owner, new_session_id(), project_id=project, display_name=f"copy of {body.source_path}"[:256])
         # No client holds this session: it is finished at once, and the copy's run with it.
         self.state.store.finish_session(session.session_id, "copy_weights")
-        return session
+        return session, 0

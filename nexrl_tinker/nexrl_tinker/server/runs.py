@@ -168,7 +168,8 @@ class RunService:
         signed = self.state.downloads.sign(checkpoint.storage_dir, base_url)
         return {"urls": signed.urls, "expires": _iso(signed.expires_at)}
 
-    def weights_info(self, owner: str, tinker_path: str) -> dict[str, Any]:
+    def weights_info(self, owner: str, tinker_path: object) -> dict[str, Any]:
+        """``tinker_path`` is the request's, any JSON value: anything but a string is refused."""
         if not isinstance(tinker_path, str):
             raise BadRequest("weights_info needs a 'tinker_path' string")
         parsed = parse_tinker_path(tinker_path)

@@ -68,10 +68,11 @@ def flag(body: Mapping[str, Any], key: str, where: str = "body", default: bool =
     return value
 
 
-def number(body: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float | None:
+def number(body: Mapping[str, Any], key: str, where: str, default: float) -> float:
+    """``body[key]`` as a float; absent or null is ``default`` (as `flag` reads a null)."""
     value = body.get(key, default)
     if value is None:
-        return None
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadRequest(f"{where}.{key} must be a number, got {value!r}")
     return float(value)

@@ -146,7 +146,7 @@ class WeaverSampling:
                 max_tokens=optional_int(p, "max_tokens", "body.sampling_params", 1),
                 temperature=number(p, "temperature", "body.sampling_params", 1.0),
                 top_p=number(p, "top_p", "body.sampling_params", 1.0),
-                top_k=optional_int(p, "top_k", "body.sampling_params") if p.get("top_k") is not None else -1,
+                top_k=-1 if (top_k := optional_int(p, "top_k", "body.sampling_params")) is None else top_k,
                 stop=stop_strings or stop_ids or None,
                 seed=seed,
             )

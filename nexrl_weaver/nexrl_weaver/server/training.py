@@ -178,9 +178,9 @@ class WeaverTraining:
         if mode not in ("lora", "full_ft"):
             raise BadRequest(f"body.training_mode must be 'lora' or 'full_ft', got {mode!r}")
         if seq is not None:
-            for model in self.state.store.models_of_session(session.session_id):
-                if model.model_seq_id == seq:  # a re-sent create: the model it made
-                    return self.model_json(model), None
+            for existing in self.state.store.models_of_session(session.session_id):
+                if existing.model_seq_id == seq:  # a re-sent create: the model it made
+                    return self.model_json(existing), None
         lora = obj(body.get("lora_config"), "body.lora_config")
         if mode == "lora":
             rank = optional_int(lora, "rank", "body.lora_config", 1)

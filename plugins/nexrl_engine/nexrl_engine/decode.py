@@ -237,11 +237,11 @@ def _cache_keyword(model: Any) -> str:
     """``cache`` (newer transformers) or ``past_key_values``, as the base model's forward
     names it (a peft wrapper passes keywords through to the base model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_keyword_of(type(base))
+    return _cache_keyword_of(type(base))  # type: ignore[arg-type]  # mypy finds no class object Hashable (python/mypy#11470)
 
 
 @functools.cache
-def _cache_keyword_of(cls: type) -> str:
+def _cache_keyword_of(cls: type[torch.nn.Module]) -> str:
     try:
         parameters = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):

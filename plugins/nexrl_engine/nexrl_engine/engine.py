@@ -321,30 +321,30 @@ class Engine:
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
             raise ValueError("prompts must be a non-empty list of token id lists")
-        per_prompt = isinstance(params, Sequence) and not isinstance(params, (str, bytes))
-        if per_prompt:
-            if len(params) != len(prompts):  # type: ignore[arg-type]
-                raise ValueError(f"params has {len(params)} entries for {len(prompts)} prompts; give one, or one per prompt")  # type: ignore[arg-type]
-            params = [self._sampling_params(own) for own in params]  # type: ignore[union-attr]
+        chosen: SamplingParams | list[SamplingParams]
+        if isinstance(params, Sequence) and not isinstance(params, (str, bytes)):
+            if len(params) != len(prompts):
+                raise ValueError(f"params has {len(params)} entries for {len(prompts)} prompts; give one, or one per prompt")
+            chosen = [self._sampling_params(own) for own in params]
         else:
-            params = self._sampling_params(params)  # type: ignore[arg-type]
+            chosen = self._sampling_params(params)
         self._check_num_samples(num_samples, len(prompts))
         checked = [self._check_prompt(prompt, index) for index, prompt in enumerate(prompts)]
         prompt_seeds = self._check_seeds(seeds, len(checked))
         requests = self._check_logprob_requests(logprobs, checked)
         with self._lock:
-            if isinstance(params, list):
-                rule: StopRule | list[StopRule] = [make_stop_rule(own.stop, self.eos_token_ids, self.vocab_size) for own in params]
-                given = prompt_seeds or [None] * len(params)
-                prompt_seeds = [seed if seed is not None else own.seed for seed, own in zip(given, params)]
+            if isinstance(chosen, list):
+                rule: StopRule | list[StopRule] = [make_stop_rule(own.stop, self.eos_token_ids, self.vocab_size) for own in chosen]
+                given = prompt_seeds or [None] * len(chosen)
+                prompt_seeds = [seed if seed is not None else own.seed for seed, own in zip(given, chosen)]
                 base_seed = self._seed_stream.getrandbits(63)
             else:
-                rule = make_stop_rule(params.stop, self.eos_token_ids, self.vocab_size)
-                base_seed = params.seed if params.seed is not None else self._seed_stream.getrandbits(63)
+                rule = make_stop_rule(chosen.stop, self.eos_token_ids, self.vocab_size)
+                base_seed = chosen.seed if chosen.seed is not None else self._seed_stream.getrandbits(63)
             return sample_batch(
                 self.model,
                 checked,
-                params,
+                chosen,
                 num_samples=num_samples,
                 stop_rule=rule,
                 pad_id=self.pad_token_id,

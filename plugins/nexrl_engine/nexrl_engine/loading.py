@@ -153,7 +153,7 @@ def load_model(path: Path, dtype: torch.dtype, device: str | torch.device = "cpu
 
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers wraps `to` with functools.wraps(Module.to), which mypy reads unbound (self first)
     model.eval()
     return model
 

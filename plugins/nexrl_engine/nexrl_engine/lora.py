@@ -12,11 +12,14 @@ import json
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from nexrl_core.config.lora import LoraSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "ATTN_MODULES",
@@ -78,7 +81,7 @@ def apply_training_mode(model: torch.nn.Module, settings: LoraSettings, seed: in
 
     config = LoraConfig(
         r=settings.rank,
-        lora_alpha=settings.alpha,
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]  # peft annotates it int; it only divides it by the rank, so a float scales as given
         lora_dropout=0.0,
         target_modules=lora_target_modules(model, settings),
         bias="none",
@@ -111,18 +114,25 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
             layer.enable_adapters(True)
 
 
-def output_embeddings_tied(model: torch.nn.Module, head: torch.nn.Module) -> bool:
+def _weight(layer: torch.nn.Module) -> torch.Tensor:
+    """``layer.weight`` (an embedding's or a projection's), which torch types as any attribute
+    of a module: a tensor or a submodule."""
+    return cast(torch.Tensor, layer.weight)
+
+
+def output_embeddings_tied(model: PreTrainedModel, head: torch.nn.Module) -> bool:
     """Whether ``head`` (the output projection, or its LoRA base layer) shares its weight
     with the input embeddings."""
     embeddings = model.get_input_embeddings()
-    return embeddings is not None and head.weight.data_ptr() == embeddings.weight.data_ptr()
+    return embeddings is not None and _weight(head).data_ptr() == _weight(embeddings).data_ptr()
 
 
-def untie_output_embeddings(model: torch.nn.Module, head: torch.nn.Module) -> None:
+def untie_output_embeddings(model: PreTrainedModel, head: torch.nn.Module) -> None:
     """Give ``head`` a weight of its own and mark ``model``'s config untied, so that a
     changed output projection (a merged ``lm_head`` adapter) leaves the input embeddings
     as they are, and a save writes both."""
-    head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    weight = _weight(head)
+    head.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=weight.requires_grad)
     model.config.tie_word_embeddings = False
     text_config = getattr(model.config, "get_text_config", None)
     if callable(text_config):
@@ -162,7 +172,7 @@ def save_adapter(peft_model: Any, directory: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
-def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+def load_in_place(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> None:
     """Copy ``weights`` (every parameter, by name) into ``model``'s parameters.
 
     A LoRA run that adapts ``lm_head`` of a model with tied embeddings sends the output

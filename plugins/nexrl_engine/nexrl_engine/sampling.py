@@ -309,7 +309,7 @@ def _by_prompt(rows: Sequence[Any], counts: Sequence[int], scores: Sequence[_Pro
         scored = scores[prompt_index]
         results.append(
             PromptSamples(
-                sequences=[SampledSequence(row.tokens, row.logprobs, row.stop_reason, row.topk) for row in chunk],  # type: ignore[arg-type]
+                sequences=[SampledSequence(row.tokens, row.logprobs, row.stop_reason, row.topk) for row in chunk],
                 prompt_logprobs=scored.logprobs,
                 topk_prompt_logprobs=scored.topk,
                 target_prompt_logprobs=scored.targets,

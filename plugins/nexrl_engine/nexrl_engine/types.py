@@ -32,6 +32,8 @@ __all__ = [
 StopReason = Literal["stop", "length"]
 TokenValues = Union[Sequence[float], Sequence[int], Any]
 """A per-token sequence: a list, or anything with ``tolist()`` (a torch tensor, numpy array)."""
+TokenIds = Union[Sequence[int], Any]
+"""Token ids: a list, or an integer array with ``tolist()`` (the Tinker service passes int64 numpy arrays)."""
 
 
 def _finite_number(instance: Any, attribute: attrs.Attribute, value: Any) -> bool:
@@ -194,7 +196,7 @@ class Datum:
     ``ref_logprobs``. Every value has one entry per input token.
     """
 
-    input_tokens: Sequence[int]
+    input_tokens: TokenIds
     loss_fn_inputs: Mapping[str, TokenValues]
 
 

@@ -74,7 +74,12 @@ class Episode:
         if self._openai is None:
             import openai
 
-            self._openai = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, http_client=self.client.http, max_retries=2)
+            self._openai = openai.OpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                http_client=self.client.http,  # type: ignore[arg-type]  # openai's annotation names only httpx2.Client; it takes an httpx.Client too
+                max_retries=2,
+            )
         return self._openai
 
     def end(self, reward: float, **metadata: Any) -> bool:

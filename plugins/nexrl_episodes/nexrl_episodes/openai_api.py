@@ -76,10 +76,17 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
         return default
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise EpisodeError(400, f"{name} must be a number, got {value!r}")
-    if value < low or value > high or (low_open and value == low):
+    number = float(value)  # JSON's int or float; `numbers.Real` declares no ``>``
+    if number < low or number > high or (low_open and number == low):
         bound = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
         raise EpisodeError(400, f"{name} must be in {bound}, got {value!r}")
-    return float(value)
+    return number
+
+
+def _model_name(body: dict[str, Any], served: str) -> str:
+    """The ``model`` a request names, echoed in its answer; the name ``served`` when it names none."""
+    requested = body.get("model")
+    return requested if isinstance(requested, str) else served
 
 
 def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
@@ -276,7 +283,7 @@ class OpenAIEndpoints:
         if isinstance(prompt, str):
             raise EpisodeError(502, "the policy's model rendered text, not token ids (apply_chat_template(tokenize=True))")
         samples = await self._sample(episode, attempt, first, n, seed, options, list(prompt))
-        model_name = body.get("model") if isinstance(body.get("model"), str) else self.book.model
+        model_name = _model_name(body, self.book.model)
         choices = []
         for index, sample in enumerate(samples):
             choice = completion_from_sample(sample, completion_id="", model=model_name).choices[0]
@@ -318,7 +325,7 @@ class OpenAIEndpoints:
         prompt = self._prompt_tokens(body.get("prompt"))
         options, n, seed = self._options(episode, body)
         samples = await self._sample(episode, attempt, first, n, seed, options, prompt)
-        model_name = body.get("model") if isinstance(body.get("model"), str) else self.book.model
+        model_name = _model_name(body, self.book.model)
         choices = [
             {
                 "index": index,

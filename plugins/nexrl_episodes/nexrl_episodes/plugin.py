@@ -7,12 +7,16 @@ Imports nothing heavy: the server, the store and FastAPI load only when a recipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.specs import RolloutSourceSpec
+
+if TYPE_CHECKING:
+    from nexrl_core.backend import RolloutSetup
+    from nexrl_episodes.source import EpisodeSource
 
 
 def _port(instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -86,7 +90,7 @@ def recipe_problems(recipe: Any, options: EpisodesOptions) -> list[str]:
     return problems
 
 
-def open_episode_source(setup: object) -> object:
+def open_episode_source(setup: RolloutSetup) -> EpisodeSource:
     """Start the episode server for one run (see `nexrl_episodes.source.EpisodeSource`)."""
     from nexrl_episodes.source import EpisodeSource
 

@@ -134,11 +134,13 @@ class Prepared:
         self._positional = bool(compiled.positional)
         self._slots = [(name, self._defaults[name]) for name in compiled.positiontup or ()]
 
-    def parameters(self, values: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
-        """The driver's parameters: ``values`` (by bound name) over the statement's literals."""
+    def parameters(self, rows: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
+        """The driver's parameters of each of ``rows``: its values (by bound name) over the
+        statement's literals, every row in the one style the statement binds by (positional
+        or named), as ``executemany`` takes them."""
         if self._positional:
-            return tuple([values[name] if name in values else default for name, default in self._slots])
-        return {**self._defaults, **values}
+            return [tuple([values[name] if name in values else default for name, default in self._slots]) for values in rows]
+        return [{**self._defaults, **values} for values in rows]
 
 
 class EpisodeStore:
@@ -182,10 +184,11 @@ class EpisodeStore:
                 if not rows:
                     continue
                 statement = self._statements[name]
+                parameters = statement.parameters(rows)
                 if len(rows) == 1:
-                    cursor.execute(statement.sql, statement.parameters(rows[0]))
+                    cursor.execute(statement.sql, parameters[0])
                 else:
-                    cursor.executemany(statement.sql, [statement.parameters(row) for row in rows])
+                    cursor.executemany(statement.sql, parameters)
                 touched = cursor.rowcount
             self._writer.commit()
         except BaseException:

@@ -166,6 +166,8 @@ class _GroupStats:
 def _group_stats(scores: torch.Tensor, counted: torch.Tensor, inputs: AdvantageInputs) -> _GroupStats:
     """Index groups and runs of the counted rows and reduce ``scores`` [B] (float64, CPU) over them."""
     rows = torch.nonzero(counted).flatten()
+    # Every caller requires both (`_check` refused inputs without them).
+    assert inputs.group_ids is not None and inputs.run_ids is not None
     group_keys, run_keys = _keys(inputs.group_ids), _keys(inputs.run_ids)
     group_index: dict[GroupKey, int] = {}
     run_index: dict[tuple[GroupKey, GroupKey], int] = {}

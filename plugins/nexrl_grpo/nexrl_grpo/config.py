@@ -137,6 +137,15 @@ class TaskAdvantage(str, enum.Enum):
     """``rloo``: the score minus the mean of the group's other runs."""
 
 
+_task_advantage = _enum_converter(TaskAdvantage)
+
+
+def _to_task_advantage(value: Any) -> TaskAdvantage:
+    """`_enum_converter` of `TaskAdvantage` as a def: mypy's attrs plugin takes a converter
+    that is a named function, a type or a lambda, not a call's result."""
+    return _task_advantage(value)
+
+
 @attrs.frozen(kw_only=True)
 class OnPolicyDistillationConfig:
     """Options of ``on_policy_distillation``: the student samples, the recipe's teacher
@@ -149,7 +158,7 @@ class OnPolicyDistillationConfig:
     """Discount of later tokens' KL: with it above 0 a token's advantage is the discounted
     sum of its own and every later trained token's term, so a token is also blamed for the
     divergence it leads to (the cookbook's ``kl_discount_factor``); 0 keeps each token's own."""
-    task_advantage: TaskAdvantage = attrs.field(default=TaskAdvantage.NONE, converter=_enum_converter(TaskAdvantage))
+    task_advantage: TaskAdvantage = attrs.field(default=TaskAdvantage.NONE, converter=_to_task_advantage)
     """Add this group-relative advantage of the task reward to the distillation term (the
     task's reward then also teaches); ``none`` distils only."""
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from nexrl_core.config.errors import ConfigError
 from nexrl_core.holder_trainer import RemoteApiTrainer, RemoteApiTrainerConfig, check_teacher
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
@@ -100,13 +101,19 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
     """
 
     supports_kl = True
+    config: SelfHostedGrpoConfig
+    """The base class's ``config``, always GRPO's here: the trainer reads its ``kl``, ``advantage`` and
+    ``recompute_old_logprobs``."""
 
     def __init__(self, config: SelfHostedGrpoConfig | None = None) -> None:
         super().__init__(config if config is not None else SelfHostedGrpoConfig())
         from nexrl_core.registry import get_advantage_estimator
 
         self.kl_in_reward = KLInReward(self.config.kl) if self.config.kl.coef > 0 else None
-        self.estimator = get_advantage_estimator(self.config.advantage.name, self.config.advantage_options)
+        name = self.config.advantage.name
+        if name is None:  # a recipe's is refused before (`from_recipe`); a config built directly may lack it
+            raise ConfigError(["algorithm.advantage.name: not set; `nexrl plugins` lists the installed advantage estimators"])
+        self.estimator = get_advantage_estimator(name, self.config.advantage_options)
         check_teacher(self.estimator, self.config)
 
     def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:

@@ -188,7 +188,9 @@ class RayPlacer:
             remove_placement_group(group)
             raise PlacementUnavailable(self._no_room(request, bundle))
         host = ray.remote(RankHost)
-        actors = []
+        # Handles, as the rest of this module holds them: Ray types one as `ActorHandle[T] | type[T]`,
+        # whose methods have no ``.remote`` unless each is decorated with `ray.method`.
+        actors: list[Any] = []
         try:
             for index in range(request.ranks):
                 actors.append(

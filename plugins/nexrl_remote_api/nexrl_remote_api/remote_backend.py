@@ -25,7 +25,7 @@ from nexrl_core.config.converter import structure_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.holder_backend import HolderBackend
 from nexrl_core.holders import HolderTarget
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
 from nexrl_core.trainer import build_trainer
 
 logger = logging.getLogger(__name__)
@@ -209,12 +209,14 @@ def _build_embedded_service(setup: BackendSetup, holder_config_class: type) -> t
     service_key = "backend.options.service" if options.service else "backend.options.service_holder"
     service_spec = _registered("services", options.service or options.service_holder, service_key)
     api_key = _embedded_api_key(setup.work_dir / SERVICE_DIR, holder_config_class)
-    # Null leaves the field out, so the service's own default (`ServeOptions`) applies.
-    packing = {} if options.max_tokens_per_microbatch is None else {"max_tokens_per_microbatch": options.max_tokens_per_microbatch}
+    # Null: the default of every service's options (`ServeOptions`), as when the option is left out.
+    budget = DEFAULT_MAX_TOKENS_PER_MICROBATCH if options.max_tokens_per_microbatch is None else options.max_tokens_per_microbatch
+    model = setup.recipe.model.name
+    assert model is not None, "open_remote_api refused a recipe without model.name"
     teacher = setup.recipe.teacher.model
     served = ServeOptions(
         port=0,
-        model=setup.recipe.model.name,
+        model=model,
         sampling_models=() if teacher is None else (teacher,),
         dtype=setup.recipe.model.dtype.value,
         data_dir=str(setup.work_dir / SERVICE_DIR),
@@ -223,8 +225,8 @@ def _build_embedded_service(setup: BackendSetup, holder_config_class: type) -> t
         placement=options.placement,
         placement_options=dict(options.placement_options),
         device=options.device,
+        max_tokens_per_microbatch=budget,
         separate_process=True,
-        **packing,
     )
     logger.info("starting the embedded service on %s (data in %s)", options.device, served.data_dir)
     return _refusing_by_recipe_key(lambda: service_spec.build(served)), api_key

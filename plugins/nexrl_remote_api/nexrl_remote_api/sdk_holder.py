@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import attrs
 
@@ -224,7 +224,7 @@ class SdkServiceHolder(TemplateChatModel, Generic[ConfigT]):
             raise RuntimeError(
                 f"{self.api} returned {len(sequence.tokens)} tokens but {len(sequence.logprobs)} logprobs; sampling logprobs are required"
             )
-        finish_reason = "length" if sequence.stop_reason == "length" else "stop"
+        finish_reason: Literal["stop", "length"] = "length" if sequence.stop_reason == "length" else "stop"
         return self._chat.sample_result(prompt, sequence.tokens, sequence.logprobs, finish_reason)
 
     # --- training ----------------------------------------------------------------------------
@@ -250,6 +250,20 @@ class SdkServiceHolder(TemplateChatModel, Generic[ConfigT]):
 
     def _train_step(self, training: Any, data: list[Any], config: TrainStepConfig, loss_fn_config: dict[str, Any]) -> dict[str, float]:
         """One forward-backward and optimizer step with ``config.optimizer``; their metrics."""
+        raise NotImplementedError
+
+    # The rest of `ServiceHolder` (documented there), which each SDK's holder implements with its own calls.
+
+    def reference_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        raise NotImplementedError
+
+    def update_sampling_weights(self, weight_path: str | None = None) -> str:
+        raise NotImplementedError
+
+    def save_checkpoint(self, name: str) -> str:
+        raise NotImplementedError
+
+    def load_checkpoint(self, path: str) -> None:
         raise NotImplementedError
 
     def service_capabilities(self) -> NexrlCapabilities | None:

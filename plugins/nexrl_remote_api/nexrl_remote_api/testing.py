@@ -101,7 +101,7 @@ class SdkHolderContract(ServiceHolderContract, ToolCallContract):
             f"model.gradient_checkpointing: backend 'remote_api' cannot honour it: the {holder_kit.api} API has no activation-checkpointing"
         )
         with pytest.raises(ConfigError, match=expected):
-            HolderBackend(holder, trainer, name="remote_api", work_dir=Path("unused"))  # type: ignore[arg-type]
+            HolderBackend(holder, trainer, name="remote_api", work_dir=Path("unused"))
 
     def test_model_dtype_must_be_what_the_service_trains_in(self, holder_kit: SdkHolderKit, keyed_base_url: str) -> None:
         """The service runs in fp32 and says so; a bf16 recipe is refused with the flag that

@@ -281,6 +281,7 @@ class LocalService:
         from urllib.parse import urlsplit
 
         parts = urlsplit(base_url)
+        assert parts.hostname is not None, base_url  # `base_url_of` the socket this service bound
         assert self._process is not None
         deadline = time.monotonic() + _CHILD_START_TIMEOUT_S
         while True:

@@ -28,17 +28,21 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
     Boolean,
+    ClauseElement,
+    CursorResult,
+    DefaultClause,
     Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
     String,
+    Table,
     Text,
     bindparam,
     create_engine,
@@ -54,7 +58,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine as SqlEngine
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Result, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -77,6 +81,18 @@ COPY_STATUS = "copy"
 
 class Base(DeclarativeBase):
     """The runtime's tables: one metadata, created by `Store`."""
+
+
+def _table(model: type[Base]) -> Table:
+    """``model``'s `Table`, which inserts and updates take: SQLAlchemy types ``__table__`` as
+    any `FromClause` (a class may be mapped to a subquery), and every model here names a table."""
+    return cast(Table, model.__table__)
+
+
+def _rows_touched(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE touched: its result is a `CursorResult`, which has
+    the rowcount, though `Session.execute` is typed to return any `Result`."""
+    return int(cast(CursorResult[Any], result).rowcount or 0)
 
 
 class SessionRow(Base):
@@ -237,9 +253,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 _FUTURE_COLUMNS = tuple(column.name for column in FutureRow.__table__.columns)
-_INSERT_FUTURE = insert(FutureRow.__table__)
+_INSERT_FUTURE = insert(_table(FutureRow))
 _FINISH_FUTURE = (
-    update(FutureRow.__table__)
+    update(_table(FutureRow))
     .where(FutureRow.__table__.c.request_id == bindparam("request_id_"))
     .values(
         status=bindparam("status"),
@@ -273,9 +289,11 @@ def add_missing_columns(engine: SqlEngine) -> list[str]:
                 if column.name in present:
                     continue
                 kind = column.type.compile(dialect=engine.dialect)
-                default = (
-                    f" DEFAULT {column.server_default.arg.compile(dialect=engine.dialect)}" if column.server_default is not None else ""
-                )
+                default = ""
+                if column.server_default is not None:
+                    # Every server default here is a SQL expression (``false()``), kept in a `DefaultClause`.
+                    assert isinstance(column.server_default, DefaultClause) and isinstance(column.server_default.arg, ClauseElement)
+                    default = f" DEFAULT {column.server_default.arg.compile(dialect=engine.dialect)}"
                 connection.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{default}'))
                 added.append(f"{table.name}.{column.name}")
     return added
@@ -544,7 +562,7 @@ class Store:
                 .where(FutureRow.status == "pending", FutureRow.epoch != epoch)
                 .values(status="failed", finished_at=time.time(), error=message, category="server")
             )
-            return int(result.rowcount or 0)
+            return _rows_touched(result)
 
     def bump_last_seq(self, model_id: str, seq_id: int) -> None:
         """Record that ``seq_id`` was used (a refused submission still consumes its number)."""
@@ -556,7 +574,7 @@ class Store:
         """Drop results fetched before ``fetched_before`` and finished ones created before
         ``created_before`` (never fetched); pending rows are kept. Each model's
         ``last_seq`` first absorbs the sequence numbers about to disappear."""
-        futures, models = FutureRow.__table__, ModelRow.__table__
+        futures, models = FutureRow.__table__, _table(ModelRow)
         highest = select(func.max(futures.c.seq_id)).where(futures.c.lane == models.c.model_id).scalar_subquery()
         with self.tx() as s:
             s.execute(
@@ -574,7 +592,7 @@ class Store:
             )
         with self._cache_lock:
             self._cache = {key: row for key, row in self._cache.items() if key[0] is not ModelRow}
-        return int(result.rowcount or 0)
+        return _rows_touched(result)
 
     # --- checkpoints ----------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
     history: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for raw in _chunks(data):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # wandb builds its protobuf classes at import and ships no stubs for them
         record.ParseFromString(raw)
         kind = record.WhichOneof("record_type")
         if kind == "run":

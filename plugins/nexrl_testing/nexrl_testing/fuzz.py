@@ -63,6 +63,7 @@ def fuzz_app(
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode
+    from schemathesis.core.result import Err
 
     loaded = schemathesis.openapi.from_dict(dict(schema))
     skipped = set(skip)
@@ -70,6 +71,8 @@ def fuzz_app(
     sent_headers = dict(headers or {})
     with requests.Session() as session:
         for result in loaded.get_all_operations():
+            if isinstance(result, Err):
+                raise result.err()
             operation = result.ok()
             name = f"{operation.method.upper()} {operation.path}"
             if name in skipped:
@@ -86,7 +89,7 @@ def fuzz_app(
                     phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=list(HealthCheck),
                 )
-                @given(operation.as_strategy(generation_mode=mode))
+                @given(operation.as_strategy(generation_mode=mode))  # type: ignore[arg-type]  # GenerationMode is an enum.StrEnum, which mypy's python_version 3.10 lacks, so its members read as str
                 def send(case: Any) -> None:
                     if on_case is not None:
                         on_case(case)

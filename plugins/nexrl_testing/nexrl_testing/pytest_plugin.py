@@ -57,7 +57,7 @@ def _test_id(item: pytest.Item) -> str:
     return f"{item.path}::{item.nodeid.partition('::')[2]}"
 
 
-_SHARED_BY: dict[str, type[pytest.Node] | None] = {
+_SHARED_BY: dict[str, type[pytest.Collector] | None] = {
     "class": pytest.Class,
     "module": pytest.Module,
     "package": pytest.Package,

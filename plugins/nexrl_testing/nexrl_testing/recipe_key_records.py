@@ -78,8 +78,8 @@ def option_prefixes() -> dict[str, str]:
 
 
 def _default(field: attrs.Attribute) -> Any:
-    default = field.default
-    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+    default: Any = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs' stub declares Factory a function (so that `x: list = Factory(list)` checks); it is a class
         return _NO_DEFAULT if default.takes_self else default.factory()
     return _NO_DEFAULT if default is attrs.NOTHING else default
 
@@ -306,8 +306,9 @@ class _RecordingConverter:
 _recorder: _Recorder | None = None
 
 
-def _record_constructions(classes: Iterable[type]) -> None:
-    """Record the keys every object of ``classes`` sets when it is built."""
+def _record_constructions(classes: Iterable[type[Any]]) -> None:
+    """Record the keys every object of ``classes`` sets when it is built: each class's
+    ``__init__`` is replaced (``type[Any]``: mypy refuses to set ``__init__`` on a plain ``type``)."""
     for cls in classes:
         original = cls.__dict__.get("__init__")
         if original is None or getattr(original, "_nexrl_records_keys", False):

@@ -82,8 +82,8 @@ def train(
     succeeded and returns the rows of its ``metrics.jsonl``. ``env`` is added to (and
     may override) this process's environment; a None value removes the variable."""
     command = [NEXRL, "train", *([str(recipe)] if recipe else []), *overrides, f"output.dir={out}", "--no-progress"]
-    full_env = {**os.environ, **(env or {})}
-    full_env = {key: value for key, value in full_env.items() if value is not None}
+    merged = {**os.environ, **(env or {})}
+    full_env = {key: value for key, value in merged.items() if value is not None}
     completed = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout_s, cwd=out.parent)
     assert completed.returncode == 0, f"{' '.join(command)}:\n{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}"
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
