@@ -1,4 +1,4 @@
-"""`RemoteApiTrainer`: advantages here, forward-backward and the optimizer step on a service holder.
+"""`HolderTrainer`: advantages here, forward-backward and the optimizer step on a service holder.
 
 It serves every backend whose model sits behind a service holder (a hosted or local
 service through the remote-API backend, the in-process engine): it computes advantages locally with
@@ -14,7 +14,7 @@ against the reference model, in the GRPO flavour) enter before advantages are
 computed. An estimator that lists ``teacher_logprobs`` in its ``requires`` (on-policy
 distillation) gets the recipe's teacher's log-probs of every trajectory from the holder
 (`nexrl_core.holders.TeacherHolder`), laid out as the reference's are for a KL penalty.
-`RemoteApiTrainerConfig.from_recipe` is where the recipe's ``algorithm``
+`HolderTrainerConfig.from_recipe` is where the recipe's ``algorithm``
 section (estimator, loss options, KL, every AdamW parameter) becomes the
 `TrainStepConfig` every holder-driving trainer sends; self-hosted trainers reuse it. This
 module imports torch only where advantages are computed.
@@ -67,8 +67,8 @@ def step_with_scheduled_rate(train_step: TrainStepConfig, schedule: LearningRate
 
 
 @attrs.frozen(kw_only=True)
-class RemoteApiTrainerConfig:
-    """Everything a remote-API trainer needs, built from the recipe's ``algorithm`` section."""
+class HolderTrainerConfig:
+    """Everything a holder trainer needs, built from the recipe's ``algorithm`` section."""
 
     advantage: ComponentChoice = attrs.field(factory=lambda: ComponentChoice(name="grpo"))
     """Registered advantage estimator."""
@@ -85,7 +85,7 @@ class RemoteApiTrainerConfig:
     """The recipe's ``teacher``: set exactly when the estimator reads teacher log-probs."""
 
     @classmethod
-    def from_recipe(cls, config: TrainConfig) -> RemoteApiTrainerConfig:
+    def from_recipe(cls, config: TrainConfig) -> HolderTrainerConfig:
         """Read ``algorithm``: estimator, loss with all its options, KL and every AdamW parameter.
 
         :raises ConfigError: for bad component options.
@@ -121,7 +121,7 @@ class RemoteApiTrainerConfig:
         )
 
 
-def check_teacher(estimator: Any, config: RemoteApiTrainerConfig) -> None:
+def check_teacher(estimator: Any, config: HolderTrainerConfig) -> None:
     """A teacher is there exactly when ``estimator`` reads its log-probs: one the estimator
     needs and lacks would fail at step 1, one it ignores would be silently dropped.
 
@@ -142,14 +142,15 @@ def check_teacher(estimator: Any, config: RemoteApiTrainerConfig) -> None:
         )
 
 
-class RemoteApiTrainer:
-    """Advantages locally, forward-backward and the optimizer step on the service holder."""
+class HolderTrainer:
+    """Advantages locally, forward-backward and the optimizer step on the service holder,
+    whichever backend holds it (named for what it drives, not for one backend)."""
 
     supports_kl = False
     """Whether `shape_rewards` applies ``algorithm.kl``; a flavour that does sets it."""
 
-    def __init__(self, config: RemoteApiTrainerConfig | None = None) -> None:
-        self.config = config or RemoteApiTrainerConfig()
+    def __init__(self, config: HolderTrainerConfig | None = None) -> None:
+        self.config = config or HolderTrainerConfig()
         self.train_step = self.config.train_step
         if self.config.kl.coef > 0 and not self.supports_kl:
             raise ConfigError(

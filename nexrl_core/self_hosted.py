@@ -35,7 +35,7 @@ import attrs
 
 from nexrl_core.config.checks import Check
 from nexrl_core.config.lr_schedule import LearningRateSchedule
-from nexrl_core.holder_trainer import RemoteApiTrainerConfig, step_with_scheduled_rate
+from nexrl_core.holder_trainer import HolderTrainerConfig, step_with_scheduled_rate
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.metrics import readable_train_metrics
 from nexrl_core.types import Trajectory, sort_trajectories
@@ -88,12 +88,12 @@ class SelfHostedTrainerConfig:
     @classmethod
     def from_recipe(cls, config: Any) -> SelfHostedTrainerConfig:
         """The recipe's loss with every option, its AdamW settings and its schedule, read
-        as the remote-API trainer reads them (`RemoteApiTrainerConfig.from_recipe`); the
+        as the holder trainer reads them (`HolderTrainerConfig.from_recipe`); the
         backend sets ``update``.
 
         :raises ConfigError: for bad loss or estimator options.
         """
-        read = RemoteApiTrainerConfig.from_recipe(config)
+        read = HolderTrainerConfig.from_recipe(config)
         return cls(train_step=read.train_step, lr_schedule=read.lr_schedule)
 
 
@@ -220,7 +220,7 @@ class SelfHostedTrainer:
     def _rows_worth_training(self, batch: Batch) -> tuple[Batch, int]:
         """The prepared batch without the rows no policy gradient comes from, and how many
         real rows that leaves out: rows whose advantages are all zero (a GRPO group whose
-        runs all scored the same) and rows of fewer than two tokens. The remote-API trainer
+        runs all scored the same) and rows of fewer than two tokens. The holder trainer
         sends no such datum, so a recipe's step aggregates over the same tokens on every
         backend, and the workers spend no pass on them.
 

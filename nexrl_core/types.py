@@ -1,7 +1,7 @@
 """The records that flow from rollout to training.
 
 They are plain attrs classes of Python lists and numbers, not tensors, so rollout
-workers, the trajectory pool and remote-API trainers can build and pass them on a
+workers, the trajectory pool and holder trainers can build and pass them on a
 machine without torch; `nexrl_core.batch` turns them into tensors where a trainer
 needs them. Each record checks its own invariants on construction, because a
 misaligned mask or logprob list would otherwise surface much later as a silently

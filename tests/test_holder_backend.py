@@ -1,5 +1,5 @@
 """The core's pieces every backend over a service holder is built from (`HolderBackend`,
-`build_trainer`, `RemoteApiTrainerConfig`), on a small in-test holder."""
+`build_trainer`, `HolderTrainerConfig`), on a small in-test holder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from nexrl_core.config import ConfigError, load_config
 from nexrl_core.config.schema import TeacherConfig
 from nexrl_core.holder_backend import HolderBackend, recipe_path
-from nexrl_core.holder_trainer import RemoteApiTrainerConfig, loss_option_values
+from nexrl_core.holder_trainer import HolderTrainerConfig, loss_option_values
 from nexrl_core.holders import HolderTarget, TrainStepConfig
 from nexrl_core.trainer import build_trainer
 
@@ -118,7 +118,7 @@ def test_refused_options_are_reported_with_their_recipe_key(tmp_path: Path, key:
 
 
 def test_every_loss_option_travels_by_value() -> None:
-    config = RemoteApiTrainerConfig.from_recipe(
+    config = HolderTrainerConfig.from_recipe(
         load_config(
             None, ["algorithm.loss.name=ppo", "algorithm.loss.options.dual_clip_c=3", "algorithm.loss.options.agg_mode=seq-mean-token-sum"]
         )
@@ -153,11 +153,11 @@ def test_build_trainer_configures_the_trainer_from_the_recipe_and_refuses_a_sett
 
 
 class DistillingTrainer(StatefulTrainer):
-    """A trainer whose recipe names a teacher (`RemoteApiTrainerConfig.teacher`)."""
+    """A trainer whose recipe names a teacher (`HolderTrainerConfig.teacher`)."""
 
     def __init__(self, teacher: str) -> None:
         super().__init__()
-        self.config = RemoteApiTrainerConfig(teacher=TeacherConfig(model=teacher))
+        self.config = HolderTrainerConfig(teacher=TeacherConfig(model=teacher))
 
 
 class TeacherCounterHolder(CounterHolder):

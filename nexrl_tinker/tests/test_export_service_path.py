@@ -13,7 +13,7 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.cli import cli
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holder_trainer import RemoteApiTrainer
+from nexrl_core.holder_trainer import HolderTrainer
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import CONTRACT_MESSAGES, sampled_group
@@ -25,7 +25,7 @@ from nexrl_tinker.holder_config import TinkerHolderConfig
 def test_export_a_tinker_checkpoint_path(base_url: str, tmp_path: Path) -> None:
     holder = TinkerServiceHolder(TinkerHolderConfig(model=ModelConfig(name="nexrl-tiny"), base_url=base_url))
     try:
-        trainer = RemoteApiTrainer()
+        trainer = HolderTrainer()
         trainer.train_step = TrainStepConfig(optimizer=AdamWSettings(learning_rate=1e-2))
         trainer.train(holder, sampled_group(holder), step=1)
         holder.update_sampling_weights()

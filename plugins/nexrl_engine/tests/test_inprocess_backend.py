@@ -150,7 +150,7 @@ def test_metrics_say_which_dtype_trained(tmp_path: Path, dtype: str, ran: str) -
 
 
 def test_per_token_advantages_reach_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """reinforce_plus_plus (gamma 0.5) through the remote-API trainer onto the real engine:
+    """reinforce_plus_plus (gamma 0.5) through the holder trainer onto the real engine:
     the trained tokens of a run carry different advantages, and the run trains."""
     from nexrl_engine.inprocess.holder import EngineHolder
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from nexrl_core.holder_trainer import RemoteApiTrainerConfig
+from nexrl_core.holder_trainer import HolderTrainerConfig
 from nexrl_core.self_hosted import UpdateSettings
 
 E = TypeVar("E", bound=enum.Enum)
@@ -285,9 +285,9 @@ class DroLossConfig:
 
 
 @attrs.frozen(kw_only=True)
-class SelfHostedGrpoConfig(RemoteApiTrainerConfig):
+class SelfHostedGrpoConfig(HolderTrainerConfig):
     """The recipe's ``algorithm`` (estimator, loss, KL, AdamW: read by
-    `RemoteApiTrainerConfig.from_recipe`) plus how the self-hosted workers update."""
+    `HolderTrainerConfig.from_recipe`) plus how the self-hosted workers update."""
 
     update: UpdateSettings = attrs.field(factory=UpdateSettings)
     """PPO epochs, mini-batches and micro-batch rows (``backend.options.update``)."""

@@ -8,7 +8,7 @@ resolved when a run picks that name.
 
 from __future__ import annotations
 
-from nexrl_core.holder_trainer import RemoteApiTrainerConfig
+from nexrl_core.holder_trainer import HolderTrainerConfig
 from nexrl_core.hookspecs import hookimpl
 from nexrl_core.self_hosted import TRANSPORT_TRAINER
 from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
@@ -122,8 +122,8 @@ def nexrl_trainers() -> list[TrainerSpec]:
     return [
         TrainerSpec(
             name="remote_api_grpo",
-            factory="nexrl_grpo.trainers:RemoteApiGrpoTrainer",
-            config_class=RemoteApiTrainerConfig,
+            factory="nexrl_grpo.trainers:HolderGrpoTrainer",
+            config_class=HolderTrainerConfig,
             description="GRPO on a remote training API (Tinker, Weaver, local services): datums + AdamW step",
         ),
         TrainerSpec(

@@ -4,7 +4,7 @@ Both share GRPO's group bookkeeping (`group_metrics`), KL in the reward
 (`nexrl_grpo.kl.KLInReward`) and the registry's advantage estimators; they differ in
 where the numbers live (per-trajectory lists for datums, a padded `Batch` for workers).
 
-``remote_api_grpo``: the remote-API trainer with GRPO's group bookkeeping and KL in the reward.
+``remote_api_grpo``: the holder trainer (`HolderTrainer`) with GRPO's group bookkeeping and KL in the reward.
 
 Advantages come from the recipe's estimator (``grpo`` by default) through the registry;
 this flavour adds the numbers that tell whether GRPO has anything to learn from: how
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.holder_trainer import RemoteApiTrainer, RemoteApiTrainerConfig, check_teacher
+from nexrl_core.holder_trainer import HolderTrainer, HolderTrainerConfig, check_teacher
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
 from nexrl_core.types import Trajectory
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from nexrl_core.batch import Batch
 
-__all__ = ["RemoteApiGrpoTrainer", "RemoteApiTrainerConfig", "SelfHostedGrpoConfig", "SelfHostedGrpoTrainer"]
+__all__ = ["HolderGrpoTrainer", "HolderTrainerConfig", "SelfHostedGrpoConfig", "SelfHostedGrpoTrainer"]
 
 
 def group_metrics(group_ids: Sequence[Any], run_ids: Sequence[Any], rewards: Sequence[float]) -> dict[str, float]:
@@ -61,12 +61,12 @@ def group_metrics(group_ids: Sequence[Any], run_ids: Sequence[Any], rewards: Seq
     }
 
 
-class RemoteApiGrpoTrainer(RemoteApiTrainer):
+class HolderGrpoTrainer(HolderTrainer):
     """GRPO on a service holder (Tinker, Weaver, the local services, the in-process engine)."""
 
     supports_kl = True
 
-    def __init__(self, config: RemoteApiTrainerConfig | None = None) -> None:
+    def __init__(self, config: HolderTrainerConfig | None = None) -> None:
         super().__init__(config)
         self.kl_in_reward = KLInReward(self.config.kl) if self.config.kl.coef > 0 else None
 

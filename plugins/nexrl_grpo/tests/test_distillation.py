@@ -15,7 +15,7 @@ import torch
 from nexrl_core.algorithms import AdvantageInputs
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import ComponentChoice, TeacherConfig
-from nexrl_core.holder_trainer import RemoteApiTrainer, RemoteApiTrainerConfig
+from nexrl_core.holder_trainer import HolderTrainer, HolderTrainerConfig
 from nexrl_core.registry import get_advantage_estimator
 from nexrl_grpo.advantages import DrGrpoEstimator
 from nexrl_grpo.config import DrGrpoConfig, OnPolicyDistillationConfig, TaskAdvantage
@@ -135,15 +135,15 @@ def test_bad_options_are_refused_naming_the_field() -> None:
         OnPolicyDistillationConfig(task_advantage="ppo")
 
 
-def _trainer_config(estimator: str, teacher: str | None) -> RemoteApiTrainerConfig:
-    return RemoteApiTrainerConfig(advantage=ComponentChoice(name=estimator), teacher=TeacherConfig(model=teacher))
+def _trainer_config(estimator: str, teacher: str | None) -> HolderTrainerConfig:
+    return HolderTrainerConfig(advantage=ComponentChoice(name=estimator), teacher=TeacherConfig(model=teacher))
 
 
 def test_the_estimator_without_a_teacher_is_refused_before_step_1() -> None:
     with pytest.raises(ConfigError, match="algorithm.advantage.name: 'on_policy_distillation' reads a teacher"):
-        RemoteApiTrainer(_trainer_config("on_policy_distillation", None))
+        HolderTrainer(_trainer_config("on_policy_distillation", None))
 
 
 def test_a_teacher_no_estimator_reads_is_refused_before_step_1() -> None:
     with pytest.raises(ConfigError, match="teacher.model: advantage estimator 'grpo' reads no teacher log-probs"):
-        RemoteApiTrainer(_trainer_config("grpo", "nexrl-tiny"))
+        HolderTrainer(_trainer_config("grpo", "nexrl-tiny"))

@@ -15,13 +15,13 @@ from nexrl_core import hookspecs
 from nexrl_core.batch import Batch
 from nexrl_core.config import load_config
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holder_trainer import RemoteApiTrainerConfig
+from nexrl_core.holder_trainer import HolderTrainerConfig
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.self_hosted import UpdateSettings
 from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
 from nexrl_grpo import plugin
 from nexrl_grpo.config import SelfHostedGrpoConfig
-from nexrl_grpo.trainers import RemoteApiGrpoTrainer, SelfHostedGrpoTrainer
+from nexrl_grpo.trainers import HolderGrpoTrainer, SelfHostedGrpoTrainer
 
 
 def trainer_specs() -> list:
@@ -63,8 +63,8 @@ class RecordingHolder:
         return [[0.0] + [-1.0] * (len(tokens) - 1) for tokens in sequences]
 
 
-def kl_trainer(*overrides: str) -> RemoteApiGrpoTrainer:
-    return RemoteApiGrpoTrainer(RemoteApiTrainerConfig.from_recipe(load_config(None, list(overrides))))
+def kl_trainer(*overrides: str) -> HolderGrpoTrainer:
+    return HolderGrpoTrainer(HolderTrainerConfig.from_recipe(load_config(None, list(overrides))))
 
 
 def test_kl_in_the_reward_separates_runs_of_equal_outcome_by_their_kl() -> None:
@@ -117,9 +117,9 @@ def test_the_trainer_is_registered_lazily() -> None:
     specs = {spec.name: spec for spec in trainer_specs()}
     assert sorted(specs) == ["remote_api_grpo", "self_hosted_grpo"]
     spec = specs["remote_api_grpo"]
-    assert spec.name == "remote_api_grpo" and spec.factory == "nexrl_grpo.trainers:RemoteApiGrpoTrainer"
-    assert spec.config_class is RemoteApiTrainerConfig
-    assert isinstance(spec.build(), RemoteApiGrpoTrainer)
+    assert spec.name == "remote_api_grpo" and spec.factory == "nexrl_grpo.trainers:HolderGrpoTrainer"
+    assert spec.config_class is HolderTrainerConfig
+    assert isinstance(spec.build(), HolderGrpoTrainer)
     code = "import sys, nexrl_grpo.plugin\nassert not {'torch', 'numpy'} & set(sys.modules)\n"
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -127,7 +127,7 @@ def test_the_trainer_is_registered_lazily() -> None:
 def test_config_from_the_recipe() -> None:
     adamw = ("learning_rate=0.001", "beta1=0.8", "beta2=0.99", "eps=1e-6", "weight_decay=0.2", "grad_clip_norm=0.5")
     estimator = "algorithm.advantage={name: reinforce_plus_plus, options: {gamma: 0.5}}"
-    config = RemoteApiTrainerConfig.from_recipe(load_config(None, [*(f"algorithm.{setting}" for setting in adamw), estimator]))
+    config = HolderTrainerConfig.from_recipe(load_config(None, [*(f"algorithm.{setting}" for setting in adamw), estimator]))
     assert config.advantage.name == "reinforce_plus_plus" and config.advantage_options.gamma == 0.5
     assert config.train_step.optimizer == AdamWSettings(
         learning_rate=0.001, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.2, grad_clip_norm=0.5
@@ -137,7 +137,7 @@ def test_config_from_the_recipe() -> None:
 
 
 def test_datums_shift_tokens_and_mask_advantages_and_uniform_groups_are_skipped() -> None:
-    trainer = RemoteApiGrpoTrainer(RemoteApiTrainerConfig())
+    trainer = HolderGrpoTrainer(HolderTrainerConfig())
     holder = RecordingHolder()
     batch = [
         trajectory("b", 1, 1.0),
@@ -163,7 +163,7 @@ def test_datums_shift_tokens_and_mask_advantages_and_uniform_groups_are_skipped(
 
 
 def test_nothing_to_learn_sends_nothing_and_syncs_nothing() -> None:
-    trainer = RemoteApiGrpoTrainer()
+    trainer = HolderGrpoTrainer()
     holder = RecordingHolder()
     metrics = trainer.train(holder, [trajectory("a", 0, 1.0), trajectory("a", 1, 1.0), trajectory("b", 0, 0.0)], step=1)
     assert metrics["datums/trained"] == 0 and metrics["datums/skipped"] == 3
@@ -177,7 +177,7 @@ def test_order_of_arrival_does_not_change_what_is_sent() -> None:
     sent = []
     for order in (batch, batch[::-1], batch[3:] + batch[:3]):
         holder = RecordingHolder()
-        RemoteApiGrpoTrainer().train(holder, order, step=1)
+        HolderGrpoTrainer().train(holder, order, step=1)
         sent.append(holder.calls[0][0])
     assert sent[0] == sent[1] == sent[2]
     assert sort_trajectories(batch[::-1]) == sort_trajectories(batch)
@@ -188,7 +188,7 @@ def test_tinker_style_metric_names_get_plain_aliases() -> None:
         def train(self, datums, config):  # noqa: ANN001, ANN201
             return {"loss:sum": 6.0, "num_tokens:sum": 3.0, "approx_kl:mean": 0.5, "clip_fraction:mean": 0.25}
 
-    metrics = RemoteApiGrpoTrainer().train(TinkerLike(), [trajectory("a", 0, 1.0), trajectory("a", 1, 0.0)], step=1)
+    metrics = HolderGrpoTrainer().train(TinkerLike(), [trajectory("a", 0, 1.0), trajectory("a", 1, 0.0)], step=1)
     assert metrics["train/loss"] == 2.0 and metrics["train/loss:sum"] == 6.0
     assert metrics["train/approx_kl"] == 0.5 and metrics["train/clip_fraction"] == 0.25
 
@@ -232,7 +232,7 @@ MIXED_STEP = [
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_the_workers_train_the_rows_the_remote_trainer_sends(world_size: int) -> None:
     holder = RecordingHolder()
-    remote = RemoteApiGrpoTrainer().train(holder, MIXED_STEP, step=1)
+    remote = HolderGrpoTrainer().train(holder, MIXED_STEP, step=1)
     trainer, transport = self_hosted_trainer(world_size)
     metrics = trainer.train(MIXED_STEP, step=1)
     ((sent,),) = [transport.updates]
