@@ -121,6 +121,20 @@ class HolderTrainerConfig:
         )
 
 
+def build_estimator(config: HolderTrainerConfig) -> Any:
+    """The advantage estimator ``config.advantage`` names, with its options.
+
+    :raises ConfigError: for a config built in code without a name (a recipe's is
+        refused before, by ``from_recipe``).
+    """
+    from nexrl_core.registry import get_advantage_estimator
+
+    name = config.advantage.name
+    if name is None:
+        raise ConfigError(["algorithm.advantage.name: not set; `nexrl plugins` lists the installed advantage estimators"])
+    return get_advantage_estimator(name, config.advantage_options)
+
+
 def check_teacher(estimator: Any, config: HolderTrainerConfig) -> None:
     """A teacher is there exactly when ``estimator`` reads its log-probs: one the estimator
     needs and lacks would fail at step 1, one it ignores would be silently dropped.
@@ -166,12 +180,7 @@ class HolderTrainer:
     @property
     def estimator(self) -> Any:
         if self._estimator is None:
-            from nexrl_core.registry import get_advantage_estimator
-
-            name = self.config.advantage.name
-            if name is None:
-                raise ConfigError(["algorithm.advantage.name: not set; `nexrl plugins` lists the installed advantage estimators"])
-            self._estimator = get_advantage_estimator(name, self.config.advantage_options)
+            self._estimator = build_estimator(self.config)
         return self._estimator
 
     def shape_rewards(

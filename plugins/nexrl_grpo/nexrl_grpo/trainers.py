@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from nexrl_core.config.errors import ConfigError
-from nexrl_core.holder_trainer import HolderTrainer, HolderTrainerConfig, check_teacher
+from nexrl_core.holder_trainer import HolderTrainer, HolderTrainerConfig, build_estimator, check_teacher
 from nexrl_core.holders import ServiceHolder
 from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
 from nexrl_core.types import Trajectory
@@ -107,13 +106,8 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
 
     def __init__(self, config: SelfHostedGrpoConfig | None = None) -> None:
         super().__init__(config if config is not None else SelfHostedGrpoConfig())
-        from nexrl_core.registry import get_advantage_estimator
-
         self.kl_in_reward = KLInReward(self.config.kl) if self.config.kl.coef > 0 else None
-        name = self.config.advantage.name
-        if name is None:  # a recipe's is refused before (`from_recipe`); a config built directly may lack it
-            raise ConfigError(["algorithm.advantage.name: not set; `nexrl plugins` lists the installed advantage estimators"])
-        self.estimator = get_advantage_estimator(name, self.config.advantage_options)
+        self.estimator = build_estimator(self.config)
         check_teacher(self.estimator, self.config)
 
     def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
