@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.holders import LossOptionValue, TrainStepConfig
 from nexrl_core.model_export import ModelExportError
-from nexrl_core.retries import RetriesExhausted
 from nexrl_core.types import RemoteDatum
+from nexrl_remote_api.retries import RetriesExhausted
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 

@@ -19,8 +19,8 @@ import tinker
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.holders import TrainStepConfig
-from nexrl_core.retries import RetriesExhausted
 from nexrl_core.types import RemoteDatum
+from nexrl_remote_api.retries import RetriesExhausted
 from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig

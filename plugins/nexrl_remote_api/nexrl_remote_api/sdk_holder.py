@@ -29,8 +29,8 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.coalesce import SampleCoalescer
 from nexrl_core.holders import LossOptionValue, TrainStepConfig, fixed_precision_refusals, service_run_info
 from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
-from nexrl_core.retries import RetriesExhausted, call_with_retries
 from nexrl_core.types import RemoteDatum, SampleResult
+from nexrl_remote_api.retries import RetriesExhausted, call_with_retries
 from nexrl_remote_api.sdk_holder_config import SdkHolderConfig
 
 __all__ = ["HOSTED_AGGREGATION", "SampledSequence", "SdkServiceHolder"]

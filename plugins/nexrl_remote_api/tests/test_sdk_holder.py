@@ -22,8 +22,8 @@ from nexrl_core.chat_model import SamplingOptions
 from nexrl_core.config import ModelConfig
 from nexrl_core.holders import TrainStepConfig
 from nexrl_core.model_export import ModelExportError
-from nexrl_core.retries import RetriesExhausted
 from nexrl_core.types import RemoteDatum
+from nexrl_remote_api.retries import RetriesExhausted
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 from nexrl_remote_api.sdk_holder_config import SdkHolderConfig
 
