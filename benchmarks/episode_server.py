@@ -35,7 +35,8 @@ TARGET = 0.55
 
 def serve(database: str, episodes: int) -> None:
     """Child process: the server with ``episodes`` queued, its URL on stdout, until stdin closes."""
-    from nexrl_core.rollout import RunRequest, SamplingDefaults
+    from nexrl_core.run.llm_client import SamplingDefaults
+    from nexrl_core.run.rollout import RunRequest
     from nexrl_episodes.book import EpisodeBook
     from nexrl_episodes.server import EpisodeServer
     from nexrl_episodes.store import EpisodeStore

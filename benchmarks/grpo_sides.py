@@ -184,7 +184,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def nexrl_training_items(config: Any, count: int) -> list[dict[str, Any]]:
     """The first ``count`` training items NexRL's data loader feeds, in its order, so TRL
     sees the same prompts in the same steps."""
-    from nexrl_core.data import resolve_task
+    from nexrl_core.run.data import resolve_task
 
     task = resolve_task(config.task, config.seed, None)
     return [dict(item) for item, _task_id in task.train.take(0, count)]
@@ -405,7 +405,7 @@ def evaluate_policy(
     `nexrl_engine.Engine` on ``device``, scored by ``score(index, raw_text)``. Returns (mean,
     standard error, number of samples, stop ids); pass the stop ids of the first model to
     the others so every model stops alike."""
-    from nexrl_core.chat import render_chat
+    from nexrl_core.chat.templates import render_chat
     from nexrl_engine import Engine, SamplingParams
 
     engine = Engine(model=weights_dir, seed=seed, device=device)
@@ -532,7 +532,7 @@ def gpu_throughput(result: dict[str, Any], params: int, prompt_tokens: float, pe
 
 def mean_prompt_tokens(model: str, conversations: Sequence[list[dict[str, str]]]) -> float:
     """The mean length in tokens of the rendered prompts (what a row's prompt costs to train)."""
-    from nexrl_core.chat import render_chat
+    from nexrl_core.chat.templates import render_chat
     from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(model))

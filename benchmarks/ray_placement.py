@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from nexrl_core.batch import Batch
-from nexrl_core.registry import get_placer
+from nexrl_core.plugins.registry import get_placer
+from nexrl_core.training.batch import Batch
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 

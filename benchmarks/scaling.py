@@ -223,7 +223,7 @@ def backend_of(side: str) -> str:
 def run_nexrl(args: argparse.Namespace, side: str) -> dict[str, Any]:
     import logging
 
-    from nexrl_core.loop import run_training
+    from nexrl_core.run.loop import run_training
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nexrl").setLevel(logging.INFO)

@@ -5,7 +5,7 @@ One invocation trains the shipped tiny model (``nexrl-tiny``) on the two-digit a
 task once per side, each in its own child process of this script:
 
 * (a) NexRL, one side per backend: the built-in quickstart recipe through
-  `nexrl_core.loop.run_training` (GRPO advantages, ``importance_sampling`` loss, full
+  `nexrl_core.run.loop.run_training` (GRPO advantages, ``importance_sampling`` loss, full
   fine-tuning) with the shared settings below as overrides, on ``remote_api`` (the
   quickstart's own backend: the real ``tinker`` SDK against the embedded local
   Tinker-compatible service in its own process) and on ``inprocess`` (the engine inside
@@ -133,7 +133,7 @@ def training_items(args: argparse.Namespace) -> list[dict[str, Any]]:
 def run_nexrl(args: argparse.Namespace, work: Path, backend: str) -> dict[str, Any]:
     import logging
 
-    from nexrl_core.loop import run_training
+    from nexrl_core.run.loop import run_training
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nexrl").setLevel(logging.INFO)

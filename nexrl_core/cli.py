@@ -17,8 +17,8 @@ from nexrl_core.commands.eval import eval_command
 from nexrl_core.commands.export import export
 from nexrl_core.commands.train import train
 from nexrl_core.config.checks import SERVICE_DEVICE
-from nexrl_core.registry import RegistryError, find_spec, get_registry
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
+from nexrl_core.plugins.registry import RegistryError, find_spec, get_registry
 
 
 @click.group()

@@ -2,7 +2,7 @@
 
 They are plain attrs classes of Python lists and numbers, not tensors, so rollout
 workers, the trajectory pool and holder trainers can build and pass them on a
-machine without torch; `nexrl_core.batch` turns them into tensors where a trainer
+machine without torch; `nexrl_core.training.batch` turns them into tensors where a trainer
 needs them. Each record checks its own invariants on construction, because a
 misaligned mask or logprob list would otherwise surface much later as a silently
 wrong gradient.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nexrl_core.batch import Batch
+from nexrl_core.training.batch import Batch
 from nexrl_core.types import Trajectory
 
 PAD = 0

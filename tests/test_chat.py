@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.chat import RenderCache, end_of_turn_marker, render_chat, stop_token_ids
+from nexrl_core.chat.templates import RenderCache, end_of_turn_marker, render_chat, stop_token_ids
 
 loading = pytest.importorskip("nexrl_engine.loading")
 

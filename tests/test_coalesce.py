@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.coalesce import SampleCoalescer, consecutive_runs
+from nexrl_core.chat.model import SamplingOptions
+from nexrl_core.training.coalesce import SampleCoalescer, consecutive_runs
 
 
 class SeedEcho:

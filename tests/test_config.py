@@ -23,9 +23,9 @@ from nexrl_core.config import (
     resolve_options,
     structure_config,
 )
-from nexrl_core.plugins import LoadedPlugins, new_plugin_manager
-from nexrl_core.registry import KINDS, Registry, reset_registry
-from nexrl_core.specs import AdvantageEstimatorSpec, ComponentSpec, PolicyLossSpec
+from nexrl_core.plugins.loading import LoadedPlugins, new_plugin_manager
+from nexrl_core.plugins.registry import KINDS, Registry, reset_registry
+from nexrl_core.plugins.specs import AdvantageEstimatorSpec, ComponentSpec, PolicyLossSpec
 
 
 @attrs.frozen(kw_only=True)

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from nexrl_core.commands.config import config, split_file_and_overrides
 from nexrl_core.config import load_config
-from nexrl_core.plugins import LoadedPlugins, new_plugin_manager
-from nexrl_core.registry import KINDS, Registry, reset_registry
-from nexrl_core.specs import AdvantageEstimatorSpec, ComponentSpec, PolicyLossSpec, RolloutSourceSpec
+from nexrl_core.plugins.loading import LoadedPlugins, new_plugin_manager
+from nexrl_core.plugins.registry import KINDS, Registry, reset_registry
+from nexrl_core.plugins.specs import AdvantageEstimatorSpec, ComponentSpec, PolicyLossSpec, RolloutSourceSpec
 
 
 @attrs.frozen(kw_only=True)

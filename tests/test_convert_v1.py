@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from nexrl_core.cli import cli
 from nexrl_core.config import ConfigError, load_config
 from nexrl_core.config.env_refs import resolve_env_refs
-from nexrl_core.registry import reset_registry
+from nexrl_core.plugins.registry import reset_registry
 from nexrl_core.v1.compose import V1RecipeError, read_v1_recipe
 from nexrl_core.v1.convert import Conversion, convert_v1_recipe
 from nexrl_core.v1.docs import render_page

@@ -20,8 +20,8 @@ import pytest
 
 from nexrl_core.config import ConfigError, TaskConfig, load_config
 from nexrl_core.config.schema import DatasetSpec
-from nexrl_core.data import resolve_task
-from nexrl_core.loop import run_training
+from nexrl_core.run.data import resolve_task
+from nexrl_core.run.loop import run_training
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 COLUMNS = ["prompt", "reward_model.ground_truth"]

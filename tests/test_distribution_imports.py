@@ -11,8 +11,8 @@ backend modules are where the factories of the backends it registers live (the f
 module's package, e.g. ``nexrl_engine.inprocess``). No distribution imports another's
 backend modules, whatever the table says; a backend imports another backend distribution
 only when that one is also an engine (`nexrl-fsdp` shards `nexrl-engine`'s engine). Everything a backend needs to build and
-drive a trainer (`nexrl_core.trainer.build_trainer`, `nexrl_core.holder_backend`,
-`nexrl_core.holder_trainer`, `nexrl_core.self_hosted`) is in the core.
+drive a trainer (`nexrl_core.training.trainer.build_trainer`, `nexrl_core.training.holder_backend`,
+`nexrl_core.training.holder_trainer`, `nexrl_core.training.self_hosted`) is in the core.
 
 Tests of a distribution (its ``tests/``) are free to import across: they are not shipped.
 """
@@ -57,7 +57,7 @@ ALLOWED: dict[str, Row] = {
     "nexrl": Row(
         ".", "nexrl_core", "core", (),
         "hook specs, records, config, registries, the loop, the CLI, the conformance kit, how every HTTP app starts "
-        "(`nexrl_core.serving`), and what every backend builds on: `HolderBackend`, `build_trainer`, the trainer bases",
+        "(`nexrl_core.http.serving`), and what every backend builds on: `HolderBackend`, `build_trainer`, the trainer bases",
     ),
     "nexrl-grpo": Row(
         "plugins/nexrl_grpo", "nexrl_grpo", "algorithms", (CORE,),

@@ -21,10 +21,10 @@ import pytest
 
 from nexrl_core.commands.eval import choose_model, default_report_path, find_target
 from nexrl_core.config import load_config
-from nexrl_core.evaluation import build_report, pass_at_k, pass_at_k_sizes
-from nexrl_core.loop import run_training
-from nexrl_core.rollout import RolloutBatch, RunResult
-from nexrl_core.validation import Validation
+from nexrl_core.run.evaluation import build_report, pass_at_k, pass_at_k_sizes
+from nexrl_core.run.loop import run_training
+from nexrl_core.run.rollout import RolloutBatch, RunResult
+from nexrl_core.run.validation import Validation
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 
 from nexrl_core.config import TaskConfig, load_config
-from nexrl_core.data import resolve_task
+from nexrl_core.run.data import resolve_task
 from nexrl_math import math_reward
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "math"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from nexrl_core.config.schema import ModelConfig
-from nexrl_core.rollout import LLMClient, SamplingDefaults, build_trajectories
+from nexrl_core.run.llm_client import LLMClient, SamplingDefaults
+from nexrl_core.run.rollout import build_trajectories
 from nexrl_core.testing import toolcall_contract
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tool_agent"

@@ -19,13 +19,13 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
-from nexrl_core.backend import Backend
 from nexrl_core.cli import cli
 from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
-from nexrl_core.loop import RunSummary, open_backend, run_training
-from nexrl_core.run_state import load_run_state
+from nexrl_core.run.loop import RunSummary, open_backend, run_training
+from nexrl_core.run.state import load_run_state
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+from nexrl_core.training.backend import Backend
 
 pytestmark = pytest.mark.slow
 

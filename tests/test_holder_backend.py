@@ -12,10 +12,10 @@ import pytest
 
 from nexrl_core.config import ConfigError, load_config
 from nexrl_core.config.schema import TeacherConfig
-from nexrl_core.holder_backend import HolderBackend, recipe_path
-from nexrl_core.holder_trainer import HolderTrainerConfig, loss_option_values
-from nexrl_core.holders import HolderTarget, TrainStepConfig
-from nexrl_core.trainer import build_trainer
+from nexrl_core.training.holder_backend import HolderBackend, recipe_path
+from nexrl_core.training.holder_trainer import HolderTrainerConfig, loss_option_values
+from nexrl_core.training.holders import HolderTarget, TrainStepConfig
+from nexrl_core.training.trainer import build_trainer
 
 
 @attrs.frozen(kw_only=True)

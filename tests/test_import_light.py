@@ -23,10 +23,10 @@ def test_reading_a_jsonl_task_is_light(tmp_path) -> None:
     """pyarrow and datasets load only for the files that need them."""
     data = tmp_path / "items.jsonl"
     data.write_text('{"a": 1}\n')
-    code = f"from nexrl_core.data_files import read_rows\nread_rows({str(data)!r}, 'task.data_path', None)"
+    code = f"from nexrl_core.run.data_files import read_rows\nread_rows({str(data)!r}, 'task.data_path', None)"
     assert not modules_after(code) & set(HEAVY)
 
 
 def test_loading_every_plugin_and_the_cli_is_light() -> None:
-    loaded = modules_after("import nexrl_core.cli\nfrom nexrl_core.registry import get_registry\nget_registry()")
+    loaded = modules_after("import nexrl_core.cli\nfrom nexrl_core.plugins.registry import get_registry\nget_registry()")
     assert not loaded & set(HEAVY)

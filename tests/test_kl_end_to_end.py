@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
-from nexrl_core.loop import open_backend, run_training
+from nexrl_core.run.loop import open_backend, run_training
 
 STEPS = 10
 PROBES = 32

@@ -12,8 +12,8 @@ import pytest
 
 from nexrl_core.config import ConfigError, load_config
 from nexrl_core.config.schema import DType, ModelConfig
-from nexrl_core.holders import fixed_precision_refusals
-from nexrl_core.loop import run_training
+from nexrl_core.run.loop import run_training
+from nexrl_core.training.holders import fixed_precision_refusals
 
 
 def test_mixed_precision_with_fp32_is_refused_naming_both_keys(tmp_path: Path) -> None:

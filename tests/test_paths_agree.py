@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from nexrl_core.config import ModelConfig
-from nexrl_core.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.loss_option_contract import FROZEN, gradient_norm, probe_datums
+from nexrl_core.training.holders import ServiceHolder, TrainStepConfig
 
 pytestmark = pytest.mark.slow
 

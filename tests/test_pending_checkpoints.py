@@ -13,7 +13,7 @@ import concurrent.futures
 
 import pytest
 
-from nexrl_core.checkpoints import CheckpointError, PendingCheckpoints
+from nexrl_core.run.checkpoints import CheckpointError, PendingCheckpoints
 
 
 def _finished(path: str) -> concurrent.futures.Future[str]:

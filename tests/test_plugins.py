@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import (
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.loading import load_plugins
+from nexrl_core.plugins.registry import (
     DuplicateComponentError,
     UnknownComponentError,
     build_registry,
     get_advantage_estimator,
 )
-from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec
+from nexrl_core.plugins.specs import AdvantageEstimatorSpec, PolicyLossSpec
 
 GRPO_ESTIMATORS = ["dr_grpo", "grpo", "on_policy_distillation", "reinforce_plus_plus", "rloo"]
 GRPO_LOSSES = ["cispo", "cross_entropy", "dro", "gspo", "importance_sampling", "ppo"]
@@ -149,7 +149,7 @@ def test_plugin_that_fails_to_import_is_listed_and_the_rest_still_works(tmp_path
         import json, sys
         from click.testing import CliRunner
         from nexrl_core.cli import cli
-        from nexrl_core.registry import get_policy_loss
+        from nexrl_core.plugins.registry import get_policy_loss
         result = CliRunner().invoke(cli, ["plugins", "--json"])
         get_policy_loss("ppo")
         print(result.output)

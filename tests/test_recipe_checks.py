@@ -13,9 +13,9 @@ import pytest
 
 from nexrl_core.config import load_config
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.loop import run_training
-from nexrl_core.specs import BackendSpec, RolloutSourceSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import BackendSpec, RolloutSourceSpec
+from nexrl_core.run.loop import run_training
 
 LIMIT = 4
 PROBLEM = f"rollout.max_tokens: the acme source samples at most {LIMIT} tokens a turn; set it to {LIMIT} or fewer"

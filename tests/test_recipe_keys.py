@@ -34,8 +34,8 @@ import pytest
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.schema import REGISTRY_KIND, ModelConfig, TrainConfig
-from nexrl_core.holders import HolderTarget, TrainStepConfig
-from nexrl_core.registry import get_registry
+from nexrl_core.plugins.registry import get_registry
+from nexrl_core.training.holders import HolderTarget, TrainStepConfig
 from nexrl_testing.recipe_key_records import HOLDER_OPTIONS, KeyNaming, TestRecord, option_prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ PROMPT_LIMIT = (
 )
 """The prompt limit at its boundary in the core's runner, a whole in-process run, a whole
 run on the embedded Tinker service, and the episode server (one implementation in the
-core, `nexrl_core.rollout_limits`, for every backend and source)."""
+core, `nexrl_core.run.limits`, for every backend and source)."""
 INPROCESS = "plugins/nexrl_engine/tests/test_inprocess_backend.py"
 INPROCESS_BAD_SETTINGS = f"{INPROCESS}::test_bad_settings_are_config_errors_naming_the_key"
 SELF_HOSTED = "nexrl_fsdp/tests/test_selfhosted_backend.py"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.loop import RESTARTS_METRIC
+from nexrl_core.run.loop import RESTARTS_METRIC
 from nexrl_testing.processes import processes_with
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))

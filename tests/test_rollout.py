@@ -11,24 +11,22 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config import ConfigError, RolloutConfig, TaskConfig
-from nexrl_core.data import DataLoader, ListItems, TaskData, TaskItems, resolve_task
-from nexrl_core.data_files import read_jsonl
-from nexrl_core.rollout import (
-    ChatCompletion,
-    LLMClient,
+from nexrl_core.run.completions import ChatCompletion
+from nexrl_core.run.data import DataLoader, ListItems, TaskData, TaskItems, resolve_task
+from nexrl_core.run.data_files import read_jsonl
+from nexrl_core.run.llm_client import LLMClient, RolloutCancelled, SamplingDefaults
+from nexrl_core.run.rollout import (
     RolloutBatch,
-    RolloutCancelled,
     RolloutError,
     RolloutRunner,
     RunResult,
-    SamplingDefaults,
     build_trajectories,
     check_error_budget,
     parse_outcome,
 )
-from nexrl_core.seeding import call_seed, derive_seed
+from nexrl_core.run.seeding import call_seed, derive_seed
 from nexrl_core.types import SampleResult
 
 TOOL_CALL = {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
@@ -189,7 +187,7 @@ def test_call_arguments_override_the_recipe_and_seeds_follow_the_call_index() ->
 
 
 def test_the_runs_of_a_group_get_consecutive_seeds_for_the_same_call() -> None:
-    """What lets a holder merge a group's identical requests into one (nexrl_core.coalesce)."""
+    """What lets a holder merge a group's identical requests into one (nexrl_core.training.coalesce)."""
     holders = [EchoHolder() for _ in range(4)]
     for run_id, holder in enumerate(holders):
         llm = LLMClient(holder, DEFAULTS, seed=11, run_id=run_id)
@@ -377,7 +375,7 @@ def test_run_results_round_trip_through_json() -> None:
 
 
 def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nexrl_core.metrics import step_line, use_progress_bar
+    from nexrl_core.run.metrics import step_line, use_progress_bar
 
     class Terminal:
         def isatty(self) -> bool:

@@ -16,18 +16,10 @@ from typing import Any
 import pytest
 
 from nexrl_core.config.schema import ModelConfig, PromptOverflow, RolloutConfig
-from nexrl_core.rollout import (
-    ChatCompletion,
-    LLMClient,
-    RolloutBatch,
-    RolloutError,
-    RolloutRunner,
-    RunRequest,
-    RunResult,
-    SamplingDefaults,
-    check_error_budget,
-)
-from nexrl_core.rollout_limits import TurnLimits, context_problems
+from nexrl_core.run.completions import ChatCompletion
+from nexrl_core.run.limits import TurnLimits, context_problems
+from nexrl_core.run.llm_client import LLMClient, SamplingDefaults
+from nexrl_core.run.rollout import RolloutBatch, RolloutError, RolloutRunner, RunRequest, RunResult, check_error_budget
 from nexrl_testing.chat_models import RecordingChatModel
 
 QUESTION = [{"role": "user", "content": "12+7="}]

@@ -1,4 +1,4 @@
-"""How NexRL's HTTP apps start (`nexrl_core.serving`): the socket first, then uvicorn."""
+"""How NexRL's HTTP apps start (`nexrl_core.http.serving`): the socket first, then uvicorn."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.serving import UvicornServer, base_url_of, listen
+from nexrl_core.http.serving import UvicornServer, base_url_of, listen
 
 
 async def hello(scope: dict[str, Any], receive: Any, send: Any) -> None:

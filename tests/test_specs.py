@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from nexrl_core.specs import NoOptions, PolicyLossSpec
+from nexrl_core.plugins.specs import NoOptions, PolicyLossSpec
 
 
 @attrs.frozen

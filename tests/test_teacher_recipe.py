@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.backend import TEACHER_BACKEND
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.load import load_config
-from nexrl_core.loop import open_backend
-from nexrl_core.registry import get_registry
+from nexrl_core.plugins.registry import get_registry
+from nexrl_core.run.loop import open_backend
+from nexrl_core.training.backend import TEACHER_BACKEND
 
 WITHOUT_TEACHER = sorted(name for name, spec in get_registry().specs["backends"].items() if TEACHER_BACKEND not in spec.capabilities)
 
@@ -37,7 +37,7 @@ def test_a_teacher_is_refused_on_a_backend_that_cannot_hold_one(backend: str, tm
 
 def test_the_backends_shipped_with_nexrl_say_which_hold_a_teacher() -> None:
     """``remote_api`` holds one through its holder, which refuses it when it cannot
-    (`nexrl_core.holder_backend.HolderBackend`)."""
+    (`nexrl_core.training.holder_backend.HolderBackend`)."""
     assert not {"inprocess", "remote_api"} & set(WITHOUT_TEACHER)
     assert "self-hosted" in WITHOUT_TEACHER
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nexrl_core.toolcalls import parse_tool_calls
+from nexrl_core.chat.toolcalls import parse_tool_calls
 
 
 def test_plain_text_has_no_calls() -> None:

@@ -26,22 +26,22 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
-from nexrl_core.backend import BackendSetup
-from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.checkpoints import CheckpointError
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.cli import cli
 from nexrl_core.config import ConfigError, ModelConfig, TrainConfig, dump_config, load_config
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holders import HolderTarget, TrainStepConfig
-from nexrl_core.loop import TrainingInterrupted, run_training
-from nexrl_core.metrics import WALL_CLOCK_PREFIXES
-from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import KINDS, Registry, build_registry, get_registry, reset_registry
-from nexrl_core.rollout import RolloutError
-from nexrl_core.run_state import TrainingError, load_run_state
-from nexrl_core.serving import ServeOptions
-from nexrl_core.sinks import RunOutcome, SinkSetup
-from nexrl_core.specs import BackendSpec, ComponentSpec, MetricsSinkSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
+from nexrl_core.http.serving import ServeOptions
+from nexrl_core.plugins.loading import load_plugins
+from nexrl_core.plugins.registry import KINDS, Registry, build_registry, get_registry, reset_registry
+from nexrl_core.plugins.specs import BackendSpec, ComponentSpec, MetricsSinkSpec, ServiceHolderSpec, ServiceSpec, TaskSpec
+from nexrl_core.run.checkpoints import CheckpointError
+from nexrl_core.run.loop import TrainingInterrupted, run_training
+from nexrl_core.run.metrics import WALL_CLOCK_PREFIXES
+from nexrl_core.run.rollout import RolloutError
+from nexrl_core.run.sinks import RunOutcome, SinkSetup
+from nexrl_core.run.state import TrainingError, load_run_state
+from nexrl_core.training.backend import BackendSetup
+from nexrl_core.training.holders import HolderTarget, TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_remote_api.remote_backend import RemoteApiBackendConfig
 
@@ -717,7 +717,7 @@ def test_bad_recipes_fail_with_the_key(tmp_path: Path, overrides: list[str], mes
 
 
 def test_an_option_the_holder_refuses_stops_the_run_before_step_1(tmp_path: Path) -> None:
-    from nexrl_core.holder_backend import HolderBackend
+    from nexrl_core.training.holder_backend import HolderBackend
 
     holder = SkillHolder(SkillHolderConfig(model=ModelConfig(name="skill")))
     trainer = type("T", (), {"train_step": TrainStepConfig(loss_fn_config={"refused_by_fake": 1.0})})()
@@ -945,7 +945,7 @@ BACKENDS: list[BackgroundSavingBackend] = []
 
 
 def open_background_saving(setup: BackendSetup) -> BackgroundSavingBackend:
-    from nexrl_core.registry import find_spec
+    from nexrl_core.plugins.registry import find_spec
 
     return BackgroundSavingBackend(find_spec("backends", "remote_api").open(setup), setup)
 
@@ -1064,8 +1064,8 @@ def test_a_failed_export_is_reported_and_the_run_still_counts_as_done(tmp_path: 
 
 
 def test_a_holder_without_export_is_named_in_the_error(tmp_path: Path) -> None:
-    from nexrl_core.holder_backend import HolderBackend
-    from nexrl_core.model_export import ModelExportError
+    from nexrl_core.training.holder_backend import HolderBackend
+    from nexrl_core.training.model_export import ModelExportError
 
     class Holder:
         def refused_options(self, config: TrainStepConfig) -> dict[str, str]:

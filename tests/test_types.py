@@ -134,7 +134,7 @@ def test_sample_result_rejects_misaligned_logprobs() -> None:
 
 def test_importing_types_config_and_batch_leaves_torch_and_numpy_out() -> None:
     code = (
-        "import nexrl_core.types, nexrl_core.config, nexrl_core.batch, nexrl_core.commands.config; import sys; "
+        "import nexrl_core.types, nexrl_core.config, nexrl_core.training.batch, nexrl_core.commands.config; import sys; "
         "heavy = [m for m in ('torch', 'numpy', 'zmq', 'fastapi') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

@@ -10,7 +10,7 @@ import yaml
 
 from nexrl_core.config import ConfigError, dump_config, load_config, resolve_all_options
 from nexrl_core.config.components import component_lists, resolve_choice_list
-from nexrl_core.registry import RegistryError
+from nexrl_core.plugins.registry import RegistryError
 
 USAGE_ERROR_EXIT_CODE = 2
 """Exit status for a bad recipe, the same click uses for a bad command line."""

@@ -9,8 +9,8 @@ import click
 
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE
 from nexrl_core.config import ConfigError, TrainConfig, load_config
-from nexrl_core.evaluation import EVAL_DIR, ModelChoice
-from nexrl_core.serving import ServiceStartError
+from nexrl_core.http.serving import ServiceStartError
+from nexrl_core.run.evaluation import EVAL_DIR, ModelChoice
 
 
 @attrs.frozen(kw_only=True)
@@ -27,8 +27,8 @@ def find_target(path: Path) -> EvalTarget:
 
     :raises TrainingError: for anything else.
     """
-    from nexrl_core.loop import CONFIG_FILE, RECIPE_DIR_FILE
-    from nexrl_core.run_state import TrainingError
+    from nexrl_core.run.loop import CONFIG_FILE, RECIPE_DIR_FILE
+    from nexrl_core.run.state import TrainingError
 
     if path.is_dir():
         if not (path / CONFIG_FILE).is_file():
@@ -46,8 +46,8 @@ def choose_model(target: EvalTarget, config: TrainConfig, model: str | None, ste
 
     :raises TrainingError: for a checkpoint or final model the run does not have.
     """
-    from nexrl_core.model_export import FINAL_MODEL_DIR
-    from nexrl_core.run_state import TrainingError, load_run_state
+    from nexrl_core.run.state import TrainingError, load_run_state
+    from nexrl_core.training.model_export import FINAL_MODEL_DIR
 
     if model is not None:
         local = Path(model).expanduser()
@@ -129,10 +129,10 @@ def eval_command(
     from rich.table import Table
 
     from nexrl_core.commands.train import configure_logging
-    from nexrl_core.evaluation import evaluate, report_rows, write_report
-    from nexrl_core.registry import RegistryError
-    from nexrl_core.rollout import RolloutError
-    from nexrl_core.run_state import TrainingError
+    from nexrl_core.plugins.registry import RegistryError
+    from nexrl_core.run.evaluation import evaluate, report_rows, write_report
+    from nexrl_core.run.rollout import RolloutError
+    from nexrl_core.run.state import TrainingError
 
     if model is not None and step is not None:
         raise click.UsageError("--model and --step each name the model; give one")

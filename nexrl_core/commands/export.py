@@ -23,9 +23,9 @@ def export_checkpoint(run_dir: Path, step: int | None = None, out: Path | None =
     """
     from nexrl_core.config import load_config
     from nexrl_core.config.components import resolve_options
-    from nexrl_core.loop import CONFIG_FILE, open_backend
-    from nexrl_core.model_export import export_into
-    from nexrl_core.run_state import RUN_STATE_FILE, TrainingError, load_run_state
+    from nexrl_core.run.loop import CONFIG_FILE, open_backend
+    from nexrl_core.run.state import RUN_STATE_FILE, TrainingError, load_run_state
+    from nexrl_core.training.model_export import export_into
 
     if not run_dir.is_dir():
         raise TrainingError(f"{run_dir} does not exist; pass the output.dir of a `nexrl train` run")
@@ -64,8 +64,8 @@ def export_service_checkpoint(path: str, recipe: Path | None, overrides: Sequenc
 
     from nexrl_core.config import load_config
     from nexrl_core.config.components import resolve_options
-    from nexrl_core.loop import open_backend
-    from nexrl_core.model_export import export_into
+    from nexrl_core.run.loop import open_backend
+    from nexrl_core.training.model_export import export_into
 
     config = load_config(recipe, list(overrides))
     with tempfile.TemporaryDirectory(prefix="nexrl-export-") as work:
@@ -107,9 +107,9 @@ def export(ctx: click.Context, run_dir: str, step: int | None, out: Path | None,
     opened from the run's saved recipe (RUN_DIR/config.yaml).
     """
     from nexrl_core.commands.train import configure_logging
-    from nexrl_core.model_export import ModelExportError
-    from nexrl_core.registry import RegistryError
-    from nexrl_core.run_state import TrainingError
+    from nexrl_core.plugins.registry import RegistryError
+    from nexrl_core.run.state import TrainingError
+    from nexrl_core.training.model_export import ModelExportError
 
     configure_logging()
     try:

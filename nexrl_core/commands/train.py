@@ -14,10 +14,10 @@ from pathlib import Path
 
 import click
 
-from nexrl_core import interrupts
 from nexrl_core.commands.config import USAGE_ERROR_EXIT_CODE, split_file_and_overrides
 from nexrl_core.config import ConfigError, load_config
-from nexrl_core.serving import ServiceStartError
+from nexrl_core.http.serving import ServiceStartError
+from nexrl_core.run import interrupts
 
 INTERRUPTED_EXIT_CODE = 130
 """Exit status after Ctrl-C, as shells report SIGINT."""
@@ -43,7 +43,7 @@ def configure_logging() -> None:
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM (``kill``, a job scheduler) like Ctrl-C, so the run shuts down cleanly,
-    and keep either asked for (`nexrl_core.interrupts`) should the exception be lost;
+    and keep either asked for (`nexrl_core.run.interrupts`) should the exception be lost;
     SIGUSR1 dumps every thread's stack, so a run that hangs can say where."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -90,12 +90,12 @@ def train(ctx: click.Context, arguments: tuple[str, ...], resume: bool, overwrit
     Hugging Face directory) and what the metrics sinks in output.sinks write. Ctrl-C (or SIGTERM)
     stops cleanly and keeps the last checkpoint; --resume continues from it.
     """
-    from nexrl_core.backend import BackendStartError
-    from nexrl_core.checkpoints import CheckpointError
-    from nexrl_core.loop import TrainingGaveUp, TrainingInterrupted, row_summary, run_training
-    from nexrl_core.registry import RegistryError
-    from nexrl_core.rollout import RolloutError
-    from nexrl_core.run_state import TrainingError
+    from nexrl_core.plugins.registry import RegistryError
+    from nexrl_core.run.checkpoints import CheckpointError
+    from nexrl_core.run.loop import TrainingGaveUp, TrainingInterrupted, row_summary, run_training
+    from nexrl_core.run.rollout import RolloutError
+    from nexrl_core.run.state import TrainingError
+    from nexrl_core.training.backend import BackendStartError
 
     path, overrides = split_file_and_overrides(arguments)
     with ExitStack() as stack:

@@ -26,7 +26,7 @@ def resolve_options(kind: str, choice: ComponentChoice, path: str) -> Any:
         problems read ``algorithm.loss.options.clip_low: ...``.
     :raises ConfigError: when the name is unknown or an option is invalid.
     """
-    from nexrl_core.registry import UnknownComponentError, find_spec, get_registry
+    from nexrl_core.plugins.registry import UnknownComponentError, find_spec, get_registry
 
     if choice.name is None:
         registry = get_registry()
@@ -42,12 +42,12 @@ def resolve_options(kind: str, choice: ComponentChoice, path: str) -> Any:
 
 
 def check_recipe_with_components(config: Any, resolved: Mapping[str, Any]) -> None:
-    """Ask each chosen component that checks recipes (``recipe_check`` of a `nexrl_core.specs.BackendSpec` or `nexrl_core.specs.RolloutSourceSpec`)
+    """Ask each chosen component that checks recipes (``recipe_check`` of a `nexrl_core.plugins.specs.BackendSpec` or `nexrl_core.plugins.specs.RolloutSourceSpec`)
     about ``config``, with its options from ``resolved`` (`resolve_all_options`).
 
     :raises ConfigError: listing every component's problems at once.
     """
-    from nexrl_core.registry import find_spec
+    from nexrl_core.plugins.registry import find_spec
 
     problems = []
     for path, kind, choice in component_choices(config):
@@ -97,7 +97,7 @@ def resolve_choice_list(kind: str, entries: ChoiceList | None, path: str) -> lis
 
     :raises ConfigError: listing every unknown name, bad option and name given twice.
     """
-    from nexrl_core.registry import get_registry
+    from nexrl_core.plugins.registry import get_registry
 
     if entries is None:
         registry = get_registry()

@@ -293,7 +293,7 @@ class RolloutConfig:
     """Most tokens a model turn's prompt may have: the chat-templated conversation so far
     (tools included), or a raw prompt's token ids. ``prompt_overflow`` says what happens
     to a longer one; null sets no limit. Every rollout source enforces it on every
-    backend (`nexrl_core.rollout_limits`), in validation and ``nexrl eval`` too; with
+    backend (`nexrl_core.run.limits`), in validation and ``nexrl eval`` too; with
     ``max_tokens`` it must fit the model's context where the backend knows it."""
     prompt_overflow: PromptOverflow = attrs.field(default=PromptOverflow.ERROR, validator=_read_only_with_a_prompt_limit)
     """What a prompt over ``max_prompt_tokens`` gets: ``error`` (the run stops, naming the
@@ -304,7 +304,7 @@ class RolloutConfig:
     max_response_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
     """Most tokens the policy generates in one trajectory, all its model turns together
     (a turn continuing the previous turn's tokens is the same trajectory, as
-    `nexrl_core.rollout.build_trajectories` builds them). Each turn's ``max_tokens`` is
+    `nexrl_core.run.rollout.build_trajectories` builds them). Each turn's ``max_tokens`` is
     capped by what remains; the turn that uses the last of it ends with finish reason
     ``length``, as a turn cut by ``max_tokens`` does, and a later turn of the same
     trajectory is answered at once with no tokens and finish reason ``length``. Null

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from nexrl_core.algorithms import ADVANTAGE_INPUTS, AdvantageEstimator, AdvantageInputs, AdvantageOutput, GroupKey
+from nexrl_core.training.algorithms import ADVANTAGE_INPUTS, AdvantageEstimator, AdvantageInputs, AdvantageOutput, GroupKey
 
 
 def make_advantage_inputs(

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.registry import get_registry
+from nexrl_core.plugins.registry import get_registry
 
 __all__ = ["AGGREGATION_FIELD", "ENTROPY_FIELD", "loss_aggregation_cases", "with_entropy_bonus"]
 

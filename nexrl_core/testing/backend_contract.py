@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.backend import Backend
-from nexrl_core.checkpoints import as_future
-from nexrl_core.holders import ServiceHolder
+from nexrl_core.run.checkpoints import as_future
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import probe_sample, sampled_group
-from nexrl_core.trainer import Trainer
+from nexrl_core.training.backend import Backend
+from nexrl_core.training.holders import ServiceHolder
+from nexrl_core.training.trainer import Trainer
 
 
 def _float_metrics(metrics: dict[str, float]) -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+from nexrl_core.training.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 
 MESSAGES = [{"role": "user", "content": "12+7="}]

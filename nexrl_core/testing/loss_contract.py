@@ -15,7 +15,7 @@ import attrs
 import pytest
 import torch
 
-from nexrl_core.algorithms import POLICY_LOSS_INPUTS, PolicyLoss, PolicyLossInputs, PolicyLossOutput, StepTotals
+from nexrl_core.training.algorithms import POLICY_LOSS_INPUTS, PolicyLoss, PolicyLossInputs, PolicyLossOutput, StepTotals
 
 
 def make_loss_inputs(batch: int = 4, width: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> PolicyLossInputs:

@@ -25,8 +25,8 @@ import attrs
 import pytest
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holders import ServiceHolder, TrainStepConfig
-from nexrl_core.registry import find_spec
+from nexrl_core.plugins.registry import find_spec
+from nexrl_core.training.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.types import RemoteDatum
 
 FROZEN = AdamWSettings(learning_rate=0.0, weight_decay=0.0, grad_clip_norm=0.0)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import Registry, build_registry, reset_registry
+from nexrl_core.plugins.loading import load_plugins
+from nexrl_core.plugins.registry import Registry, build_registry, reset_registry
 
 
 def pytest_configure(config: pytest.Config) -> None:

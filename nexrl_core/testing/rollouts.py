@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nexrl_core.chat_model import ChatModel, SamplingOptions
+from nexrl_core.chat.model import ChatModel, SamplingOptions
 from nexrl_core.types import SampleResult, Trajectory
 
 CONTRACT_MESSAGES = [{"role": "user", "content": "12+7="}]

@@ -17,9 +17,9 @@ import json
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holders import ServiceHolder, TrainStepConfig
+from nexrl_core.training.holders import ServiceHolder, TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 
 TOOLS = [

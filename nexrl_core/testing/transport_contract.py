@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from nexrl_core.batch import Batch
+from nexrl_core.training.batch import Batch
 from nexrl_core.types import Trajectory
 
 

@@ -7,8 +7,8 @@ ranks (``torchrun ... -m nexrl.train_service_backend.distributed.worker_process 
 Each becomes what does the same job here: the recipe converted and trained, ``nexrl serve
 workers`` and ``torchrun ... -m MODULE``, MODULE the rank of the installed plugin that runs
 worker groups, whose flags keep v1's meaning. That module and the values its flags accept
-are the plugin's facts, read from its `nexrl_core.specs.RankCommand`
-(`nexrl_core.worker_groups.rank_command`), so the core names no plugin and refuses exactly
+are the plugin's facts, read from its `nexrl_core.plugins.specs.RankCommand`
+(`nexrl_core.training.worker_groups.rank_command`), so the core names no plugin and refuses exactly
 what the rank would. Every flag is either carried or named as a problem (unknown, or a
 value NexRL cannot honour), so nothing on a v1 line is silently lost. Environment
 assignments before the program (``API_SERVER_URL=... torchrun ...``) stay in front of the
@@ -24,9 +24,9 @@ from pathlib import PurePosixPath
 
 import attrs
 
-from nexrl_core.registry import RegistryError, install_hint
-from nexrl_core.specs import RankCommand
-from nexrl_core.worker_groups import NoGroupEngines, rank_command
+from nexrl_core.plugins.registry import RegistryError, install_hint
+from nexrl_core.plugins.specs import RankCommand
+from nexrl_core.training.worker_groups import NoGroupEngines, rank_command
 
 __all__ = ["LaunchConversion", "LaunchError", "convert_launch"]
 

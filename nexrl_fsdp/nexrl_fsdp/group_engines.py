@@ -1,4 +1,4 @@
-"""nexrl-fsdp's side of the core's worker-group seam (`nexrl_core.worker_groups`): the
+"""nexrl-fsdp's side of the core's worker-group seam (`nexrl_core.training.worker_groups`): the
 `GroupEngines` that ``nexrl_group_engines`` registers, so a local service with ``--workers N``
 trains each model on FSDP ranks without importing this package."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from nexrl_core.specs import NoOptions
-from nexrl_core.worker_groups import GroupEngineSetup
+from nexrl_core.plugins.specs import NoOptions
+from nexrl_core.training.worker_groups import GroupEngineSetup
 from nexrl_fsdp.worker.devices import ENV_WORKER_DEVICE
 from nexrl_fsdp.worker_groups import WorkerGroupEngine
 

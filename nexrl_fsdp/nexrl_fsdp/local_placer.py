@@ -19,7 +19,7 @@ from typing import IO
 
 import attrs
 
-from nexrl_core.placement import PlacementError, PlacementRequest, RankPlace, log_tail
+from nexrl_core.training.placement import PlacementError, PlacementRequest, RankPlace, log_tail
 from nexrl_fsdp.worker.loopback import LOOPBACK_ADDRESS
 
 __all__ = ["LocalPlacer", "LocalPlacerOptions", "LocalRanks"]

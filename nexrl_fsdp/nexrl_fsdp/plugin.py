@@ -9,10 +9,10 @@ class is torch-free.
 
 from __future__ import annotations
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.placement import LOCAL_PLACEMENT
-from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import BackendSpec, GroupEngineSpec, PlacerSpec, ServiceSpec, TransportSpec
+from nexrl_core.http.serving import ServeOptions
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import BackendSpec, GroupEngineSpec, PlacerSpec, ServiceSpec, TransportSpec
+from nexrl_core.training.placement import LOCAL_PLACEMENT
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.local_placer import LocalPlacerOptions
 from nexrl_fsdp.selfhosted.config import SelfHostedBackendConfig

@@ -3,7 +3,7 @@
 ``nexrl serve tinker --workers N`` gives every training model a group of N ranks under
 torchrun (`nexrl_fsdp.direct_zmq.launch.WorkerGroup`: the self-hosted backend's workers and
 transport). `WorkerGroupEngine` is what the engine pool gets for such a model instead of an
-`Engine`, through the core's seam (`nexrl_core.worker_groups`, which also defines the
+`Engine`, through the core's seam (`nexrl_core.training.worker_groups`, which also defines the
 settings and restart records; `nexrl_fsdp.group_engines` is this package's side of it): the
 same calls (forward and forward_backward on Tinker datums with any registered loss,
 optim_step with every AdamW field, the training state saved and loaded in the engine's
@@ -47,8 +47,8 @@ from typing import Any, TypeVar
 import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
-from nexrl_core.worker_groups import GroupHooks, GroupRestart, GroupSettings
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.training.worker_groups import GroupHooks, GroupRestart, GroupSettings
 from nexrl_engine import checkpoint as ckpt
 from nexrl_engine.config import TrainingSpec
 from nexrl_engine.engine import Engine, adam_settings

@@ -22,7 +22,7 @@ from nexrl_engine import Datum  # first: nexrl_engine sets its OpenMP wait polic
 
 import torch
 
-from nexrl_core.batch import Batch
+from nexrl_core.training.batch import Batch
 from nexrl_core.types import Trajectory
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig

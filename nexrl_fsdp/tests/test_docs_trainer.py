@@ -16,15 +16,15 @@ from typing import Any
 import attrs
 import pytest
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.lr_schedule import scheduled_learning_rate
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.self_hosted import TRANSPORT_TRAINER, UpdateSettings
-from nexrl_core.specs import TrainerSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import TrainerSpec
+from nexrl_core.training.backend import BackendSetup
+from nexrl_core.training.holders import TrainStepConfig
+from nexrl_core.training.self_hosted import TRANSPORT_TRAINER, UpdateSettings
 from nexrl_fsdp.selfhosted.backend import _check
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"

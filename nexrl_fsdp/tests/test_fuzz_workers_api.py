@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.http.serving import ServeOptions
 from nexrl_fsdp.direct_zmq.api_server import MAX_WORLD_SIZE, WorkersApiServer, create_app
 from nexrl_fsdp.direct_zmq.group_key import bearer_header, new_group_key
 from nexrl_testing.fuzz import fuzz_app

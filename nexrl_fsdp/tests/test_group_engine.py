@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.worker_groups import GroupSettings
+from nexrl_core.training.worker_groups import GroupSettings
 from nexrl_engine import Datum, Engine
 from nexrl_engine import checkpoint as ckpt
 from nexrl_engine.config import TrainingSpec

@@ -26,7 +26,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.http.serving import ServeOptions
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.api_server import WorkersApiServer, create_app
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, MAC_BYTES, bearer_header, new_group_key

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.engine import Engine

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.backend import BackendSetup, BackendStartError
-from nexrl_core.batch import Batch
 from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
-from nexrl_core.registry import find_spec
-from nexrl_core.run_state import load_run_state
+from nexrl_core.plugins.registry import find_spec
+from nexrl_core.run.state import load_run_state
 from nexrl_core.testing import BackendContract
 from nexrl_core.testing.hf_model import load_exported
 from nexrl_core.testing.rollouts import sampled_group
+from nexrl_core.training.backend import BackendSetup, BackendStartError
+from nexrl_core.training.batch import Batch
 from nexrl_engine.loading import load_model, resolve_model_dir
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend, sampler_threads

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import build_registry
-from nexrl_core.specs import GroupEngineSpec
+from nexrl_core.plugins.loading import load_plugins
+from nexrl_core.plugins.registry import build_registry
+from nexrl_core.plugins.specs import GroupEngineSpec
 from nexrl_fsdp.worker.arguments import ENV_API_SERVER_URL, RANK_COMMAND, WorkerArguments, parse_arguments
 
 

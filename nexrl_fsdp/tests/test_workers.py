@@ -24,13 +24,13 @@ import pytest
 import torch
 import zmq
 
-from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.model_export import ADAPTER_DIR
 from nexrl_core.testing import TransportContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
+from nexrl_core.training.batch import Batch
+from nexrl_core.training.model_export import ADAPTER_DIR
 from nexrl_engine import Engine
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.loading import load_model, resolve_model_dir
@@ -235,7 +235,7 @@ def test_serve_workers_refuses_flags_it_has_no_use_for(flag: str) -> None:
 
 
 def test_the_transport_and_the_api_server_are_registered() -> None:
-    from nexrl_core.registry import find_spec
+    from nexrl_core.plugins.registry import find_spec
 
     assert find_spec("transports", "direct-zmq").resolve_factory() is DirectZmqTransport
     assert find_spec("services", "workers").resolve_factory().__name__ == "WorkersApiServer"

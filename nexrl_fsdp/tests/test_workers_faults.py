@@ -15,8 +15,8 @@ import attrs
 import pytest
 import torch
 
-from nexrl_core.backend import BackendLost
-from nexrl_core.batch import Batch
+from nexrl_core.training.backend import BackendLost
+from nexrl_core.training.batch import Batch
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.transport import WorkerGroupError

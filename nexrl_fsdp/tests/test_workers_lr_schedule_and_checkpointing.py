@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.lr_schedule import scheduled_learning_rate
+from nexrl_core.training.backend import BackendSetup
 from nexrl_core.types import Trajectory
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.selfhosted.backend import _check, _init_workers

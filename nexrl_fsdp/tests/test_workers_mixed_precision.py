@@ -22,11 +22,11 @@ import pytest
 import torch
 import zmq
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config import load_config
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.lora import LoraSettings
+from nexrl_core.training.backend import BackendSetup
 from nexrl_engine import Engine
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.lora import merged_copy

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from nexrl_core.batch import Batch
 from nexrl_core.config.adamw import AdamWSettings
+from nexrl_core.training.batch import Batch
 from nexrl_core.types import Trajectory
 from nexrl_engine import Datum, Engine
 from nexrl_engine.loss_fns import build_loss_fn, check_datums

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.holders import LossOptionValue, TrainStepConfig
-from nexrl_core.model_export import ModelExportError
+from nexrl_core.chat.model import SamplingOptions
+from nexrl_core.training.holders import LossOptionValue, TrainStepConfig
+from nexrl_core.training.model_export import ModelExportError
 from nexrl_core.types import RemoteDatum
 from nexrl_remote_api.retries import RetriesExhausted
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
@@ -45,7 +45,7 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
 
 
 class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
-    """A `nexrl_core.holders.ServiceHolder` on the ``tinker`` SDK (the skeleton:
+    """A `nexrl_core.training.holders.ServiceHolder` on the ``tinker`` SDK (the skeleton:
     `SdkServiceHolder`). Chats render with the tinker-cookbook renderer ``renderer_name``
     names or, with it unset, the one the cookbook recommends for the model (as NexRL v1
     did); a model the cookbook does not know renders with the tokenizer's chat template."""
@@ -207,7 +207,7 @@ class TinkerServiceHolder(SdkServiceHolder[TinkerHolderConfig]):
         return _scored(self._reference_client(), sequences)
 
     def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Logprobs under the recipe's teacher (`nexrl_core.holders.TeacherHolder`), from a
+        """Logprobs under the recipe's teacher (`nexrl_core.training.holders.TeacherHolder`), from a
         sampling client of its base model (``compute_logprobs``), as tinker-cookbook's
         on-policy distillation scores the student's tokens. Hosted Tinker samples any
         model it lists; NexRL's service the ones it was started with ``--sampling-model``."""

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.backend import Backend
 from nexrl_core.config import load_config
 from nexrl_core.config.components import resolve_options
-from nexrl_core.loop import open_backend
+from nexrl_core.run.loop import open_backend
 from nexrl_core.testing import BackendContract
+from nexrl_core.training.backend import Backend
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.cli import cli
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holder_trainer import HolderTrainer
-from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.hf_model import load_exported, sequence_logprobs
 from nexrl_core.testing.rollouts import CONTRACT_MESSAGES, sampled_group
+from nexrl_core.training.holder_trainer import HolderTrainer
+from nexrl_core.training.holders import TrainStepConfig
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig
 

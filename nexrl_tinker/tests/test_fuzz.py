@@ -47,7 +47,7 @@ def test_the_schema_describes_every_body() -> None:
     """Down to the numbers of the bodies read by hand, so fuzzing reaches their checks."""
     import tempfile
 
-    from nexrl_core.serving import ServeOptions
+    from nexrl_core.http.serving import ServeOptions
     from nexrl_service.state import ServiceState
     from nexrl_tinker.server.service import TinkerService
 

@@ -18,7 +18,7 @@ import tinker
 
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.training.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum
 from nexrl_remote_api.retries import RetriesExhausted
 from nexrl_testing.dropping_proxy import DroppingProxy, Exchange

@@ -8,7 +8,7 @@ import pytest
 import tinker
 
 from nexrl_core.config import ModelConfig
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.training.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum
 from nexrl_tinker.holder import (
     TinkerHolderConfig,

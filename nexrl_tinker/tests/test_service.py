@@ -13,8 +13,8 @@ from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 
 def test_plugin_registers_the_tinker_service() -> None:
-    from nexrl_core.registry import find_spec
-    from nexrl_core.serving import ServeOptions
+    from nexrl_core.http.serving import ServeOptions
+    from nexrl_core.plugins.registry import find_spec
 
     spec = find_spec("services", "tinker")
     assert spec.config_class is ServeOptions
@@ -71,7 +71,7 @@ def _process_gone(pid: int) -> bool:
 
 
 def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) -> None:
-    from nexrl_core.serving import ServeOptions
+    from nexrl_core.http.serving import ServeOptions
     from nexrl_tinker.server.service import TinkerService
 
     before = {t.ident for t in threading.enumerate()}
@@ -103,7 +103,7 @@ def test_separate_process_dies_with_its_parent(tmp_path) -> None:
 
     code = (
         "import os, sys\n"
-        "from nexrl_core.serving import ServeOptions\n"
+        "from nexrl_core.http.serving import ServeOptions\n"
         "from nexrl_tinker.server.service import TinkerService\n"
         f"s = TinkerService(ServeOptions(port=0, data_dir={str(tmp_path)!r}, separate_process=True))\n"
         "s.start()\n"
@@ -121,7 +121,7 @@ def test_separate_process_dies_with_its_parent(tmp_path) -> None:
 def test_separate_process_start_failure_reports_its_output(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model that is not there, or whose files do not parse, is refused before a process
     starts; a child that dies while starting is reported with its output."""
-    from nexrl_core.serving import ServeOptions, ServiceStartError
+    from nexrl_core.http.serving import ServeOptions, ServiceStartError
     from nexrl_tinker.server.service import TinkerService
 
     missing = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), model=str(tmp_path / "no-such-model"), separate_process=True))

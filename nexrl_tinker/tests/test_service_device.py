@@ -46,7 +46,7 @@ def test_device_cpu_given_explicitly_places_every_engine_there(tmp_path: Path) -
 
 
 def test_a_device_this_machine_lacks_stops_the_start(tmp_path: Path) -> None:
-    from nexrl_core.serving import ServeOptions, ServiceStartError
+    from nexrl_core.http.serving import ServeOptions, ServiceStartError
     from nexrl_tinker.server.service import TinkerService
 
     device = absent_device()

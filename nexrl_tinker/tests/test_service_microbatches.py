@@ -11,7 +11,7 @@ import pytest
 import tinker
 from tinker import types
 
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions
 from nexrl_tinker.testing import BASE_MODEL, sft_data
 
 BUDGET = 24

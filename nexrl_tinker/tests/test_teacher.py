@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nexrl_core.config import ModelConfig, load_config
-from nexrl_core.loop import run_training
+from nexrl_core.run.loop import run_training
 from nexrl_engine.engine import Engine
 from nexrl_tinker.holder import TinkerServiceHolder
 from nexrl_tinker.holder_config import TinkerHolderConfig

@@ -232,7 +232,7 @@ def test_no_process_outlives_the_killed_service(tmp_path: Path) -> None:
     """The service in a process of its own (as ``nexrl train`` embeds it): once it is
     killed outright, every process it started (torchrun, ranks, watchdogs) ends. (Stopped
     with SIGTERM, it ends them itself: tests/test_signals_real.py holds that within 10 s.)"""
-    from nexrl_core.serving import ServeOptions
+    from nexrl_core.http.serving import ServeOptions
     from nexrl_tinker.server.service import TinkerService
 
     svc = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), workers=1, separate_process=True))

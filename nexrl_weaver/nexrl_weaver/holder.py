@@ -5,7 +5,7 @@ to NexRL's local Weaver-compatible service; nothing here knows which, except for
 losses and options it may send (`WeaverServiceHolder.refused_options`). One instance
 serves the rollout workers and the trainer, so sampling always uses the weights the
 trainer last published. Chat templates, default stops and tool-call parsing are
-`nexrl_core.chat_holder.TemplateChat`, shared with every other holder.
+`nexrl_core.chat.holder.TemplateChat`, shared with every other holder.
 
 The SDK waits for an operation without a deadline and polls with a back-off that
 grows to 10 s; the holder submits with ``wait=False`` and waits itself (`_wait`):
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.holders import LossOptionValue, TrainStepConfig
-from nexrl_core.model_export import ModelExportError
+from nexrl_core.chat.model import SamplingOptions
+from nexrl_core.training.holders import LossOptionValue, TrainStepConfig
+from nexrl_core.training.model_export import ModelExportError
 from nexrl_core.types import RemoteDatum
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 from nexrl_weaver.holder_config import WeaverHolderConfig
@@ -43,7 +43,7 @@ BASE_URL_ENV = "WEAVER_BASE_URL"
 
 
 class WeaverServiceHolder(SdkServiceHolder[WeaverHolderConfig]):
-    """A `nexrl_core.holders.ServiceHolder` on the ``nex-weaver`` SDK (the skeleton:
+    """A `nexrl_core.training.holders.ServiceHolder` on the ``nex-weaver`` SDK (the skeleton:
     `SdkServiceHolder`), which waits for each operation itself (`_wait`)."""
 
     api = "Weaver"

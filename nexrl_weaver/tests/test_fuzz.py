@@ -16,7 +16,7 @@ import httpx
 import pytest
 from weaver.types import Datum, ModelInput
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.http.serving import ServeOptions
 from nexrl_service.bounds import SQL_INT_MAX
 from nexrl_service.state import ServiceState
 from nexrl_testing.fuzz import fuzz_app, undescribed_objects

@@ -17,7 +17,7 @@ import pytest
 
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.training.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum
 from nexrl_testing.dropping_proxy import DroppingProxy, Exchange
 from nexrl_weaver.holder import WeaverServiceHolder

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from nexrl_core.config import ModelConfig
-from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing.loss_option_contract import FROZEN, probe_datums
+from nexrl_core.training.holders import TrainStepConfig
 from nexrl_service.futures import JSON_CONTENT_TYPE
 from nexrl_service.store import FutureRow
 from nexrl_weaver.holder import WeaverServiceHolder

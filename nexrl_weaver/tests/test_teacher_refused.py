@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from nexrl_core.config import ConfigError, load_config
-from nexrl_core.loop import run_training
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.http.serving import ServeOptions, ServiceStartError
+from nexrl_core.run.loop import run_training
 from nexrl_weaver.server.service import WeaverService
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_weaver.yaml"

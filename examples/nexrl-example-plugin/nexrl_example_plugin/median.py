@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from nexrl_core.algorithms import AdvantageInputs, AdvantageOutput, check_inputs_present
+from nexrl_core.training.algorithms import AdvantageInputs, AdvantageOutput, check_inputs_present
 from nexrl_example_plugin.plugin import MedianBaselineConfig
 
 

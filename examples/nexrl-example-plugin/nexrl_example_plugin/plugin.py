@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import AdvantageEstimatorSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import AdvantageEstimatorSpec
 
 
 @attrs.frozen(kw_only=True)

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from nexrl_core.cli import cli
-from nexrl_core.registry import get_advantage_estimator
+from nexrl_core.plugins.registry import get_advantage_estimator
 from nexrl_core.testing import AdvantageEstimatorContract
 from nexrl_core.testing.advantage_contract import make_advantage_inputs
 from nexrl_example_plugin.plugin import MedianBaselineConfig

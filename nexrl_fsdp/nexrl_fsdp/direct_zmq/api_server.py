@@ -33,8 +33,8 @@ import attrs
 import zmq
 from pydantic import BaseModel, ConfigDict, Field
 
-from nexrl_core.placement import is_loopback
-from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
+from nexrl_core.http.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
+from nexrl_core.training.placement import is_loopback
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, bearer_matches, frames_mac, new_group_key
 from nexrl_fsdp.direct_zmq.protocol import OPS
 
@@ -323,7 +323,7 @@ def create_app(registry: GroupRegistry, key: str) -> Any:
 
 
 class WorkersApiServer:
-    """The API server as a `nexrl_core.serving.Service`: in a background thread, or in the foreground."""
+    """The API server as a `nexrl_core.http.serving.Service`: in a background thread, or in the foreground."""
 
     def __init__(self, options: ServeOptions | None = None, *, key: str | None = None, dead_after_s: float | None = None) -> None:
         """``key`` is the group's key; without one, ``options.api_key`` (``--api-key``), then

@@ -2,7 +2,7 @@
 
 `WorkerGroup` is what the self-hosted backend, the local services' worker groups and the
 tests use: an API server in a thread of this process, listening where every rank the
-placer starts can reach it (`nexrl_core.placement.Placer.control_host`: 127.0.0.1 for
+placer starts can reach it (`nexrl_core.training.placement.Placer.control_host`: 127.0.0.1 for
 the ``local`` placer), ``python -m nexrl_fsdp.worker`` placed once per rank, and a
 connected transport. Ranks also exit on their own when the API server goes away, so
 nothing outlives the run. Each group has a key of its own (`group_key`), which its API
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nexrl_core.placement import PlacedRanks, PlacementRequest, Placer, RankPlace, log_tail
-from nexrl_core.serving import ServeOptions
+from nexrl_core.http.serving import ServeOptions
+from nexrl_core.training.placement import PlacedRanks, PlacementRequest, Placer, RankPlace, log_tail
 from nexrl_fsdp.direct_zmq.api_server import WorkersApiServer
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
 from nexrl_fsdp.direct_zmq.protocol import ENV_HEARTBEAT_INTERVAL
@@ -49,7 +49,7 @@ class WorkerGroup:
         (`new_group_key`) when None. A caller passes its own when a process it started
         before the group (a sampler the ranks push weights to) must hold the same key.
 
-        :raises nexrl_core.placement.PlacementError: when the placer cannot start the
+        :raises nexrl_core.training.placement.PlacementError: when the placer cannot start the
             ranks (`PlacementUnavailable`: no room for them in time).
         :raises WorkerGroupError: when they start but do not all report in time.
         """

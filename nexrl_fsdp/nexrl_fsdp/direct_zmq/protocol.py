@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nexrl_core.placement import ENV_RANK_ADDRESS
+from nexrl_core.training.placement import ENV_RANK_ADDRESS
 
 __all__ = [
     "BATCH_OPS",

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import zmq
 
-from nexrl_core.backend import BackendLost
 from nexrl_core.config.lora import LoraSettings
+from nexrl_core.training.backend import BackendLost
 from nexrl_fsdp.direct_zmq import wire
 from nexrl_fsdp.direct_zmq.group_key import bearer_header
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.direct_zmq.protocol import BATCH_TENSORS, OPTIONAL_BATCH_TENSORS
 
 if TYPE_CHECKING:
-    from nexrl_core.batch import Batch
+    from nexrl_core.training.batch import Batch
 
 __all__ = ["DirectZmqOptions", "DirectZmqTransport", "WorkerGroupError", "WorkerGroupLost"]
 

@@ -31,15 +31,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.backend import BackendSetup, BackendStartError
-from nexrl_core.chat_model import ChatModel
+from nexrl_core.chat.model import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.lr_schedule import LearningRateSchedule, LRSchedule
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.model_export import ModelExportError
-from nexrl_core.placement import LOCAL_PLACEMENT, PlacementError, Placer, is_loopback, open_placer
-from nexrl_core.self_hosted import SelfHostedTrainer, UpdateSettings
-from nexrl_core.trainer import build_trainer
+from nexrl_core.training.backend import BackendSetup, BackendStartError
+from nexrl_core.training.holders import TrainStepConfig
+from nexrl_core.training.model_export import ModelExportError
+from nexrl_core.training.placement import LOCAL_PLACEMENT, PlacementError, Placer, is_loopback, open_placer
+from nexrl_core.training.self_hosted import SelfHostedTrainer, UpdateSettings
+from nexrl_core.training.trainer import build_trainer
 from nexrl_core.types import Trajectory
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig

@@ -7,8 +7,8 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.checks import non_empty, optional_non_empty, positive
-from nexrl_core.placement import LOCAL_PLACEMENT
-from nexrl_core.self_hosted import UpdateSettings
+from nexrl_core.training.placement import LOCAL_PLACEMENT
+from nexrl_core.training.self_hosted import UpdateSettings
 from nexrl_engine.batching import BatchedSamplingOptions, positive_int
 
 __all__ = ["SamplerOptions", "SelfHostedBackendConfig"]

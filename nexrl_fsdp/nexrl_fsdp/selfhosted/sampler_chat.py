@@ -1,4 +1,4 @@
-"""`SamplerChat`: the `nexrl_core.chat_model.ChatModel` rollouts of a self-hosted run use.
+"""`SamplerChat`: the `nexrl_core.chat.model.ChatModel` rollouts of a self-hosted run use.
 
 Templates, default stops, tool calls and replies are `TemplateChat` over the model's
 tokenizer loaded here in the driver; only token ids cross to the sampler process
@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.holder import TemplateChat, TemplateChatModel
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.types import SampleResult
 from nexrl_engine.types import SamplingParams
 from nexrl_fsdp.selfhosted.sampler_process import SamplerProcess

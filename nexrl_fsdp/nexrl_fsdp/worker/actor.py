@@ -40,10 +40,10 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from nexrl_core.algorithms import StepTotals
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.model_export import ADAPTER_DIR
+from nexrl_core.training.algorithms import StepTotals
+from nexrl_core.training.model_export import ADAPTER_DIR
 from nexrl_engine.checkpointing import enable_checkpointing, is_checkpointing, training_pass
 from nexrl_engine.engine import MetricSum
 from nexrl_engine.loading import load_model, load_tokenizer, quiet_progress, resolve_model_dir, save_hf_directory, torch_dtype

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from nexrl_core.specs import RankCommand
+from nexrl_core.plugins.specs import RankCommand
 
 __all__ = ["ENV_API_SERVER_URL", "RANK_COMMAND", "WorkerArguments", "api_server_url", "parse_arguments"]
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 from nexrl_engine import checkpoint as ckpt
 from nexrl_engine.engine import MetricSum
 from nexrl_engine.loading import SHIPPED_MODELS

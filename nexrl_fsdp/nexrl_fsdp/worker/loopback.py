@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from nexrl_core.placement import ENV_RANK_ADDRESS
+from nexrl_core.training.placement import ENV_RANK_ADDRESS
 from nexrl_fsdp.direct_zmq.protocol import ENV_STORE_FD
 
 __all__ = ["LOOPBACK_ADDRESS", "LOOPBACK_INTERFACE", "process_group_store", "rank_environment"]

@@ -1,7 +1,7 @@
 """A batch's rows as the engine's datums, and the checks a batch passes before any rank sees it.
 
 The workers reuse the engine's loss path (`nexrl_engine.loss_fns`: collate, target
-logprobs, the registered losses): each row of a `nexrl_core.batch.Batch` layout (prompt
+logprobs, the registered losses): each row of a `nexrl_core.training.batch.Batch` layout (prompt
 left-padded, response right-padded, real tokens contiguous) becomes one datum whose
 input is its real tokens but the last and whose targets are its real tokens but the
 first; a per-token value of the batch (old logprobs, advantages, the loss mask) at the

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.model_export import ADAPTER_DIR
+from nexrl_core.training.model_export import ADAPTER_DIR
 from nexrl_service.runtime import BadRequest, CheckpointRow, NotFound, Outcome, ServiceState
 from nexrl_weaver.server import operations
 from nexrl_weaver.server.bodies import flag, optional_int, optional_str

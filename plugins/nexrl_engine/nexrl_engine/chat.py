@@ -1,4 +1,4 @@
-"""`EngineChat`: the `nexrl_core.chat_model.ChatModel` half of an in-process engine.
+"""`EngineChat`: the `nexrl_core.chat.model.ChatModel` half of an in-process engine.
 
 A sampler `Engine` behind one `ComputeThread` (which batches the rollouts' concurrent
 sample requests) with `TemplateChat`'s templates, stops and replies. The in-process
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.holder import TemplateChat, TemplateChatModel
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.types import SampleResult
 from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.compute import ComputeThread, SampleRequest, plan_call

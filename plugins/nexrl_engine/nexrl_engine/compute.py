@@ -11,7 +11,7 @@ threads at the same moment. Consecutive queued sample requests are drawn togethe
 `plan_call` makes them one ``Engine.sample`` call, each prompt row with its own
 sampling parameters (one decode loop, whatever each request samples with), merges the
 requests for one prompt and parameters with consecutive seeds into one prompt row
-with a sample count (`nexrl_core.coalesce.consecutive_runs`), and passes every row's
+with a sample count (`nexrl_core.training.coalesce.consecutive_runs`), and passes every row's
 seed, so each request gets the tokens it would get alone (sample j of seed s is the
 only sample of seed s + j, and a seed's samples do not depend on the batch). While
 requests come in bursts, the thread lingers until a burst ends before batching it; a
@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar, Union
 
 import attrs
 
-from nexrl_core.coalesce import consecutive_runs
+from nexrl_core.training.coalesce import consecutive_runs
 from nexrl_engine.types import SampledSequence, SamplingParams
 
 __all__ = ["ComputeThread", "EngineCall", "SampleRequest", "plan_call"]

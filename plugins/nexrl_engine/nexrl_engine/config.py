@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
 
 __all__ = ["DTYPES", "EngineConfig", "TrainingSpec"]
 

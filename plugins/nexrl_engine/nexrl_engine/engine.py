@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.model_export import ADAPTER_DIR
+from nexrl_core.training.model_export import ADAPTER_DIR
 from nexrl_engine import checkpoint as ckpt
 from nexrl_engine.checkpointing import enable_checkpointing, training_pass
 from nexrl_engine.config import EngineConfig

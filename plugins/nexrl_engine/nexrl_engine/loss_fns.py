@@ -1,7 +1,7 @@
 """Bridge Tinker-shaped datums and loss names to the registered policy losses.
 
 The loss *math* lives in one place, the losses registered under
-``nexrl_core.registry`` (``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``,
+``nexrl_core.plugins.registry`` (``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``,
 ``gspo``, ``dro`` from nexrl-grpo, or any plugin's). This module only translates:
 
 * a loss name plus Tinker's ``loss_fn_config`` → the loss's attrs config, with
@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import torch
 
-from nexrl_core.algorithms import PolicyLossInputs, StepTotals
+from nexrl_core.training.algorithms import PolicyLossInputs, StepTotals
 from nexrl_engine.types import Datum
 
 __all__ = [
@@ -113,7 +113,7 @@ def build_loss_fn(name: str, loss_fn_config: Mapping[str, Any] | None = None) ->
     config class (e.g. ``agg_mode`` to override the ``token-sum`` default, or
     ``entropy_coeff``); anything else is rejected with the valid keys listed.
     """
-    from nexrl_core.registry import RegistryError, find_spec
+    from nexrl_core.plugins.registry import RegistryError, find_spec
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"loss_fn must be a non-empty string, got {name!r}")

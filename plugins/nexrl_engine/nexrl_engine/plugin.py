@@ -7,9 +7,9 @@ chosen; the backend's config class is torch-free.
 
 from __future__ import annotations
 
-from nexrl_core.backend import TEACHER_BACKEND
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import BackendSpec, TaskSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import BackendSpec, TaskSpec
+from nexrl_core.training.backend import TEACHER_BACKEND
 from nexrl_engine.inprocess.config import InProcessBackendConfig
 
 

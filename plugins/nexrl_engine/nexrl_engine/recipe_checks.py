@@ -8,7 +8,7 @@ import torch
 
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
-from nexrl_core.rollout_limits import context_problems
+from nexrl_core.run.limits import context_problems
 from nexrl_engine.loading import check_chat_model_dir, context_length, resolve_model_dir
 
 __all__ = ["check_device", "check_model_name", "device_problem"]
@@ -18,7 +18,7 @@ def check_model_name(recipe: TrainConfig) -> str:
     """``model.name``, once it names a shipped model or a local Hugging Face directory
     whose tokenizer has a chat template and whose context holds a turn of
     ``rollout.max_tokens`` after a prompt of ``rollout.max_prompt_tokens``
-    (`nexrl_core.rollout_limits.context_problems`)."""
+    (`nexrl_core.run.limits.context_problems`)."""
     name = recipe.model.name
     if name is None:
         raise ConfigError(["model.name: not set; name the model to train (nexrl-tiny, or a local Hugging Face directory)"])

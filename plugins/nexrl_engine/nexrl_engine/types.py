@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import attrs
 
 if TYPE_CHECKING:
-    from nexrl_core.chat_model import SamplingOptions
+    from nexrl_core.chat.model import SamplingOptions
 
 __all__ = [
     "Datum",

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config import TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
-from nexrl_core.holder_backend import HolderBackend
-from nexrl_core.registry import find_spec
+from nexrl_core.plugins.registry import find_spec
+from nexrl_core.training.backend import BackendSetup
+from nexrl_core.training.holder_backend import HolderBackend
 from nexrl_engine import Datum, Engine
 from nexrl_engine.tiny.addition import heldout_problems
 

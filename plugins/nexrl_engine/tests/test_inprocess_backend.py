@@ -15,9 +15,9 @@ import torch
 
 from nexrl_core.config import ConfigError
 from nexrl_core.config.components import resolve_options
-from nexrl_core.holder_backend import HolderBackend
-from nexrl_core.loop import run_training
+from nexrl_core.run.loop import run_training
 from nexrl_core.testing import BackendContract
+from nexrl_core.training.holder_backend import HolderBackend
 
 from tests.conftest import open_backend, quickstart
 

@@ -15,15 +15,15 @@ import attrs
 import pytest
 import torch
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config import load_config
 from nexrl_core.config.adamw import AdamWSettings
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.schema import DType, ModelConfig
-from nexrl_core.holders import TrainStepConfig
 from nexrl_core.testing import ServiceHolderContract, TrainerContract
 from nexrl_core.testing.loss_option_contract import LossOptionCase, LossOptionContract, probe_datums
-from nexrl_core.trainer import Trainer, build_trainer
+from nexrl_core.training.holders import TrainStepConfig
+from nexrl_core.training.trainer import Trainer, build_trainer
 from nexrl_engine import Engine
 from nexrl_engine.inprocess.config import EngineHolderConfig
 from nexrl_engine.inprocess.holder import EngineHolder

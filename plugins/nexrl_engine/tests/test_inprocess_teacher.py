@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nexrl_core.config import ConfigError, load_config
-from nexrl_core.loop import run_training
+from nexrl_core.run.loop import run_training
 from nexrl_core.types import Trajectory
 from nexrl_engine.engine import Engine
 from nexrl_engine.inprocess.holder import EngineHolder

@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from nexrl_core.openapi import OBJECT, json_body
+from nexrl_core.http.openapi import OBJECT, json_body
 from nexrl_episodes.book import EpisodeBook, EpisodeError
 from nexrl_episodes.openai_api import OpenAIEndpoints
 

@@ -14,7 +14,7 @@ the old key is refused from then on. After ``max_attempts`` claims the run fails
 instead, so a step never waits forever on an episode that crashes every client.
 
 Model calls are planned here (`plan_call`), under the lock that orders the episode's
-recorded calls, with the core's `nexrl_core.rollout_limits.TurnLimits` and one
+recorded calls, with the core's `nexrl_core.run.limits.TurnLimits` and one
 `ResponseBudget` per attempt: the limits act exactly as in the ``threads`` source. A
 prompt over ``rollout.max_prompt_tokens`` ends the episode there: ``skip`` drops its run
 (status ``skipped``), ``error`` fails the step's wait with a `RolloutError`, which stops
@@ -35,9 +35,10 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.rollout import RolloutError, RunRequest, RunResult, SamplingDefaults, build_trajectories, parse_outcome
-from nexrl_core.rollout_limits import PromptTooLong, ResponseBudget, TurnLimits, TurnPlan
+from nexrl_core.chat.model import SamplingOptions
+from nexrl_core.run.limits import PromptTooLong, ResponseBudget, TurnLimits, TurnPlan
+from nexrl_core.run.llm_client import SamplingDefaults
+from nexrl_core.run.rollout import RolloutError, RunRequest, RunResult, build_trajectories, parse_outcome
 from nexrl_core.types import SampleResult
 from nexrl_episodes.store import EpisodeStore, NewEpisode
 from nexrl_episodes.tokens import EpisodeTokens, InvalidToken, TokenClaim

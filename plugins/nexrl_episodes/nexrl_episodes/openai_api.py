@@ -5,7 +5,7 @@ when the key claims that episode, and its samples (prompt and
 response token ids, sampler logprobs) are recorded into that episode before the answer
 leaves, so the client never sends tokens back: the run's trajectory is built from
 exactly what the model sampled, multi-turn conversations merged as in the thread
-runner (`nexrl_core.rollout.build_trajectories`).
+runner (`nexrl_core.run.rollout.build_trajectories`).
 
 Sampling follows the thread runner too: arguments left out take the run's
 ``rollout`` values (validation episodes carry the validation temperature), and call
@@ -30,10 +30,10 @@ from typing import Any
 import attrs
 from fastapi import FastAPI, Request
 
-from nexrl_core.chat_model import ChatModel, SamplingOptions
-from nexrl_core.rollout import completion_from_sample
-from nexrl_core.rollout_limits import spent_turn
-from nexrl_core.seeding import call_seed
+from nexrl_core.chat.model import ChatModel, SamplingOptions
+from nexrl_core.run.completions import completion_from_sample
+from nexrl_core.run.limits import spent_turn
+from nexrl_core.run.seeding import call_seed
 from nexrl_core.types import SampleResult
 from nexrl_episodes.book import EpisodeBook, EpisodeError, LiveEpisode
 
@@ -164,7 +164,7 @@ class OpenAIEndpoints:
         self.executor = executor
 
     def add_routes(self, app: FastAPI) -> None:
-        from nexrl_core.openapi import OBJECT, json_body
+        from nexrl_core.http.openapi import OBJECT, json_body
         from nexrl_episodes.app import bearer, json_object
 
         @app.get("/episodes/{episode_id}/v1/models")

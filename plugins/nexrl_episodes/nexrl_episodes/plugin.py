@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import RolloutSourceSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import RolloutSourceSpec
 
 if TYPE_CHECKING:
-    from nexrl_core.backend import RolloutSetup
+    from nexrl_core.training.backend import RolloutSetup
     from nexrl_episodes.source import EpisodeSource
 
 

@@ -1,6 +1,6 @@
 """`EpisodeServer`: the episode routes on uvicorn in a background thread, plus the stale-claim janitor.
 
-The listening socket is bound before uvicorn starts (`nexrl_core.serving.listen`), so
+The listening socket is bound before uvicorn starts (`nexrl_core.http.serving.listen`), so
 port 0 yields a real port to report and a busy port fails in `start` with a clear
 error. The server runs in the
 training process because its OpenAI endpoints call the backend's `ChatModel`, which
@@ -15,8 +15,8 @@ import socket
 import threading
 from typing import Any
 
-from nexrl_core.chat_model import ChatModel
-from nexrl_core.serving import UvicornServer, base_url_of, listen
+from nexrl_core.chat.model import ChatModel
+from nexrl_core.http.serving import UvicornServer, base_url_of, listen
 from nexrl_episodes.app import create_app
 from nexrl_episodes.book import EpisodeBook
 from nexrl_episodes.openai_api import OpenAIEndpoints

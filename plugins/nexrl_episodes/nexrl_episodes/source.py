@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from nexrl_core.backend import RolloutSetup
 from nexrl_core.config.converter import dump_config
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import TrainConfig
-from nexrl_core.rollout import PendingBatch, RunRequest, SamplingDefaults
-from nexrl_core.rollout_limits import TurnLimits
+from nexrl_core.run.limits import TurnLimits
+from nexrl_core.run.llm_client import SamplingDefaults
+from nexrl_core.run.rollout import PendingBatch, RunRequest
+from nexrl_core.training.backend import RolloutSetup
 from nexrl_episodes.book import EpisodeBook
 from nexrl_episodes.plugin import EpisodesOptions, recipe_problems
 from nexrl_episodes.server import EpisodeServer

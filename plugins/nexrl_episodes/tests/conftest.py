@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config.schema import ModelConfig, RolloutConfig, TrainConfig
-from nexrl_core.rollout import RunRequest, SamplingDefaults
+from nexrl_core.run.llm_client import SamplingDefaults
+from nexrl_core.run.rollout import RunRequest
 from nexrl_episodes.plugin import EpisodesOptions
 from nexrl_episodes.server import EpisodeServer
 from nexrl_episodes.source import open_book

@@ -1,7 +1,7 @@
 """The recipe's ``rollout.max_prompt_tokens`` (with ``rollout.prompt_overflow``) and
 ``rollout.max_response_tokens`` on an episode's OpenAI endpoint: the same limits, at the
 same boundaries, as the ``threads`` source (both plan calls with
-`nexrl_core.rollout_limits.TurnLimits`)."""
+`nexrl_core.run.limits.TurnLimits`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from nexrl_core.config.schema import PromptOverflow, RolloutConfig
-from nexrl_core.rollout import RolloutError
+from nexrl_core.run.rollout import RolloutError
 from nexrl_episodes import EpisodeClient
 from nexrl_testing.chat_models import RecordingChatModel
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import sqlalchemy
 
-from nexrl_core.backend import RolloutSetup
 from nexrl_core.config import load_config
-from nexrl_core.rollout import RunRequest
+from nexrl_core.run.rollout import RunRequest
+from nexrl_core.training.backend import RolloutSetup
 from nexrl_episodes import EpisodeClient
 from nexrl_episodes.plugin import EpisodesOptions
 from nexrl_episodes.source import EpisodeSource

@@ -19,7 +19,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from nexrl_core.algorithms import AdvantageInputs, AdvantageOutput, GroupKey, check_inputs_present
+from nexrl_core.training.algorithms import AdvantageInputs, AdvantageOutput, GroupKey, check_inputs_present
 from nexrl_grpo.config import DrGrpoConfig, GrpoConfig, ReinforcePlusPlusConfig, RlooConfig
 
 __all__ = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from nexrl_core.algorithms import StepTotals
+from nexrl_core.training.algorithms import StepTotals
 from nexrl_grpo.config import AggMode
 
 __all__ = ["aggregate", "masked_mean"]

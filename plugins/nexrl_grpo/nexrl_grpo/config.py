@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import attrs
 
-from nexrl_core.holder_trainer import HolderTrainerConfig
-from nexrl_core.self_hosted import UpdateSettings
+from nexrl_core.training.holder_trainer import HolderTrainerConfig
+from nexrl_core.training.self_hosted import UpdateSettings
 
 E = TypeVar("E", bound=enum.Enum)
 

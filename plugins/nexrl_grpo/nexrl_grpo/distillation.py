@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nexrl_core.algorithms import TEACHER_LOGPROBS, AdvantageInputs, AdvantageOutput
+from nexrl_core.training.algorithms import TEACHER_LOGPROBS, AdvantageInputs, AdvantageOutput
 from nexrl_grpo.advantages import (
     DrGrpoEstimator,
     GrpoEstimator,

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from nexrl_core.algorithms import PolicyLossInputs, PolicyLossOutput, StepTotals, check_inputs_present
+from nexrl_core.training.algorithms import PolicyLossInputs, PolicyLossOutput, StepTotals, check_inputs_present
 from nexrl_grpo.aggregation import aggregate, masked_mean
 from nexrl_grpo.config import (
     CispoLossConfig,

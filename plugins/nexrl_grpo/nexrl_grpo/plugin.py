@@ -8,10 +8,10 @@ resolved when a run picks that name.
 
 from __future__ import annotations
 
-from nexrl_core.holder_trainer import HolderTrainerConfig
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.self_hosted import TRANSPORT_TRAINER
-from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import AdvantageEstimatorSpec, PolicyLossSpec, TrainerSpec
+from nexrl_core.training.holder_trainer import HolderTrainerConfig
+from nexrl_core.training.self_hosted import TRANSPORT_TRAINER
 from nexrl_grpo.config import (
     CispoLossConfig,
     CrossEntropyLossConfig,

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from nexrl_core.holder_trainer import HolderTrainer, HolderTrainerConfig, build_estimator, check_teacher
-from nexrl_core.holders import ServiceHolder
-from nexrl_core.self_hosted import SelfHostedTrainer, batch_data_metrics
+from nexrl_core.training.holder_trainer import HolderTrainer, HolderTrainerConfig, build_estimator, check_teacher
+from nexrl_core.training.holders import ServiceHolder
+from nexrl_core.training.self_hosted import SelfHostedTrainer, batch_data_metrics
 from nexrl_core.types import Trajectory
 from nexrl_grpo.config import SelfHostedGrpoConfig
 from nexrl_grpo.kl import KLInReward
@@ -39,7 +39,7 @@ from nexrl_grpo.kl import KLInReward
 if TYPE_CHECKING:
     import torch
 
-    from nexrl_core.batch import Batch
+    from nexrl_core.training.batch import Batch
 
 __all__ = ["HolderGrpoTrainer", "HolderTrainerConfig", "SelfHostedGrpoConfig", "SelfHostedGrpoTrainer"]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from nexrl_core.algorithms import AdvantageInputs, GroupKey
+from nexrl_core.training.algorithms import AdvantageInputs, GroupKey
 from nexrl_grpo.advantages import DrGrpoEstimator, GrpoEstimator, ReinforcePlusPlusEstimator, RlooEstimator
 from nexrl_grpo.config import DrGrpoConfig, GrpoConfig, ReinforcePlusPlusConfig, RlooConfig
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.registry import find_spec, get_advantage_estimator, get_policy_loss
+from nexrl_core.plugins.registry import find_spec, get_advantage_estimator, get_policy_loss
 from nexrl_core.testing import AdvantageEstimatorContract, PolicyLossContract
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases
 

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from nexrl_core.algorithms import AdvantageInputs
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.schema import ComponentChoice, TeacherConfig
-from nexrl_core.holder_trainer import HolderTrainer, HolderTrainerConfig
-from nexrl_core.registry import get_advantage_estimator
+from nexrl_core.plugins.registry import get_advantage_estimator
+from nexrl_core.training.algorithms import AdvantageInputs
+from nexrl_core.training.holder_trainer import HolderTrainer, HolderTrainerConfig
 from nexrl_grpo.advantages import DrGrpoEstimator
 from nexrl_grpo.config import DrGrpoConfig, OnPolicyDistillationConfig, TaskAdvantage
 

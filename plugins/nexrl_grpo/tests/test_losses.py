@@ -9,7 +9,7 @@ import attrs
 import pytest
 import torch
 
-from nexrl_core.algorithms import PolicyLossInputs, StepTotals
+from nexrl_core.training.algorithms import PolicyLossInputs, StepTotals
 from nexrl_grpo.config import (
     AggMode,
     CispoLossConfig,

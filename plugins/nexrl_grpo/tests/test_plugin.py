@@ -10,9 +10,9 @@ import pluggy
 import pytest
 
 import nexrl_grpo
-from nexrl_core import hookspecs
-from nexrl_core.algorithms import ADVANTAGE_INPUTS, POLICY_LOSS_INPUTS
-from nexrl_core.specs import AdvantageEstimatorSpec, PolicyLossSpec
+from nexrl_core.plugins import hookspecs
+from nexrl_core.plugins.specs import AdvantageEstimatorSpec, PolicyLossSpec
+from nexrl_core.training.algorithms import ADVANTAGE_INPUTS, POLICY_LOSS_INPUTS
 from nexrl_grpo import plugin
 
 

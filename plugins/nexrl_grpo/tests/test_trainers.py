@@ -11,13 +11,13 @@ from collections.abc import Sequence
 import pluggy
 import pytest
 
-from nexrl_core import hookspecs
-from nexrl_core.batch import Batch
 from nexrl_core.config import load_config
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.holder_trainer import HolderTrainerConfig
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.self_hosted import UpdateSettings
+from nexrl_core.plugins import hookspecs
+from nexrl_core.training.batch import Batch
+from nexrl_core.training.holder_trainer import HolderTrainerConfig
+from nexrl_core.training.holders import TrainStepConfig
+from nexrl_core.training.self_hosted import UpdateSettings
 from nexrl_core.types import RemoteDatum, Trajectory, sort_trajectories
 from nexrl_grpo import plugin
 from nexrl_grpo.config import SelfHostedGrpoConfig

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nexrl_core.placement import ENV_RANK_ADDRESS, PlacementError, PlacementRequest, PlacementUnavailable, RankPlace, log_tail
+from nexrl_core.training.placement import ENV_RANK_ADDRESS, PlacementError, PlacementRequest, PlacementUnavailable, RankPlace, log_tail
 from nexrl_ray.options import RayPlacerOptions
 from nexrl_ray.rank_host import RankHost
 

@@ -3,8 +3,8 @@ when a group is placed)."""
 
 from __future__ import annotations
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import PlacerSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import PlacerSpec
 from nexrl_ray.options import RayPlacerOptions
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.placement import PlacementRequest, PlacementUnavailable
-from nexrl_core.registry import get_placer
+from nexrl_core.plugins.registry import get_placer
+from nexrl_core.training.placement import PlacementRequest, PlacementUnavailable
 from nexrl_ray.options import RayPlacerOptions
 
 RENDEZVOUS = """
@@ -146,7 +146,7 @@ def test_custom_resources_pin_every_rank_to_the_node_that_has_them(ray_cluster: 
 def test_without_a_cluster_the_placer_says_how_to_start_one_at_once() -> None:
     import subprocess
 
-    code = "from nexrl_core.registry import get_placer\nfrom nexrl_ray.options import RayPlacerOptions\nget_placer('ray', RayPlacerOptions(address='127.0.0.1:1'))\n"
+    code = "from nexrl_core.plugins.registry import get_placer\nfrom nexrl_ray.options import RayPlacerOptions\nget_placer('ray', RayPlacerOptions(address='127.0.0.1:1'))\n"
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert time.monotonic() - started < 60

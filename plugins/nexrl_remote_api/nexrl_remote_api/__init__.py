@@ -2,6 +2,6 @@
 
 `remote_backend` opens one from a recipe, starting the registered local service for the
 run when no ``base_url`` is given. What it is built from lives in the core, shared with
-every other backend over a holder: `nexrl_core.holder_backend.HolderBackend`,
-`nexrl_core.trainer.build_trainer` and `nexrl_core.holder_trainer.HolderTrainer`.
+every other backend over a holder: `nexrl_core.training.holder_backend.HolderBackend`,
+`nexrl_core.training.trainer.build_trainer` and `nexrl_core.training.holder_trainer.HolderTrainer`.
 """

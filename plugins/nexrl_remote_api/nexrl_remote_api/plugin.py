@@ -6,9 +6,9 @@ string and loaded when a recipe picks it.
 
 from __future__ import annotations
 
-from nexrl_core.backend import TEACHER_BACKEND
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.specs import BackendSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import BackendSpec
+from nexrl_core.training.backend import TEACHER_BACKEND
 from nexrl_remote_api.remote_backend import RemoteApiBackendConfig
 
 

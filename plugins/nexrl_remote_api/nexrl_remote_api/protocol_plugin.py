@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.serving import ServeOptions
-from nexrl_core.specs import ServiceHolderSpec, ServiceSpec
+from nexrl_core.http.serving import ServeOptions
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import ServiceHolderSpec, ServiceSpec
 
 __all__ = ["LOCAL_SERVICE_CAPABILITIES", "protocol_hooks"]
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config.checks import non_empty, optional_http_url, optional_non_empty, optional_positive_int, service_device
 from nexrl_core.config.converter import structure_config
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.holder_backend import HolderBackend
-from nexrl_core.holders import HolderTarget
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
-from nexrl_core.trainer import build_trainer
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
+from nexrl_core.training.backend import BackendSetup
+from nexrl_core.training.holder_backend import HolderBackend
+from nexrl_core.training.holders import HolderTarget
+from nexrl_core.training.trainer import build_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _recipe_error(error: ServiceStartError) -> ConfigError | None:
 
 
 def _registered(kind: str, name: str | None, key: str) -> Any:
-    from nexrl_core.registry import UnknownComponentError, find_spec, get_registry
+    from nexrl_core.plugins.registry import UnknownComponentError, find_spec, get_registry
 
     if name is None:
         known = ", ".join(get_registry().names(kind)) or "none installed"

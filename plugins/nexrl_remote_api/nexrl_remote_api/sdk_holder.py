@@ -3,8 +3,8 @@
 A holder on an SDK (``tinker``, ``nex-weaver``) talks to the hosted API and to NexRL's
 local service alike, and most of what it does is the same whatever the SDK. It pickles
 to its config and the current sampling weights and reconnects on first use. It renders
-chats with the model's template (`nexrl_core.chat_holder.TemplateChat`), merges a
-group's concurrent sample requests into one (`nexrl_core.coalesce.SampleCoalescer`) and
+chats with the model's template (`nexrl_core.chat.holder.TemplateChat`), merges a
+group's concurrent sample requests into one (`nexrl_core.training.coalesce.SampleCoalescer`) and
 reads each sampled sequence into a `SampleResult` the same way. It retries transient
 errors with backoff, naming the service in what it reports. It asks a NexRL service
 what it honours and, for a hosted one, refuses before step 1 and by recipe key what
@@ -23,12 +23,12 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import attrs
 
-from nexrl_core.capabilities import NexrlCapabilities, probe_nexrl_capabilities
-from nexrl_core.chat_holder import TemplateChat, TemplateChatModel
-from nexrl_core.chat_model import SamplingOptions
-from nexrl_core.coalesce import SampleCoalescer
-from nexrl_core.holders import LossOptionValue, TrainStepConfig, fixed_precision_refusals, service_run_info
-from nexrl_core.model_export import HF_CONFIG_FILE, ModelExportError
+from nexrl_core.chat.holder import TemplateChat, TemplateChatModel
+from nexrl_core.chat.model import SamplingOptions
+from nexrl_core.http.capabilities import NexrlCapabilities, probe_nexrl_capabilities
+from nexrl_core.training.coalesce import SampleCoalescer
+from nexrl_core.training.holders import LossOptionValue, TrainStepConfig, fixed_precision_refusals, service_run_info
+from nexrl_core.training.model_export import HF_CONFIG_FILE, ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_remote_api.retries import RetriesExhausted, call_with_retries
 from nexrl_remote_api.sdk_holder_config import SdkHolderConfig
@@ -54,7 +54,7 @@ class SampledSequence:
 
 
 class SdkServiceHolder(TemplateChatModel, Generic[ConfigT]):
-    """A `nexrl_core.holders.ServiceHolder` on a vendor SDK; subclasses supply the SDK's side.
+    """A `nexrl_core.training.holders.ServiceHolder` on a vendor SDK; subclasses supply the SDK's side.
 
     It pickles to its config plus the current sampling weights and reconnects on first
     use, so a copy sent to another process samples from the same weights.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from nexrl_core.holders import HolderTarget
+from nexrl_core.training.holders import HolderTarget
 
 
 @attrs.frozen(kw_only=True)
@@ -23,4 +23,4 @@ class SdkHolderConfig(HolderTarget):
     """First retry delay; it doubles with each retry."""
     coalesce_window_s: float = attrs.field(default=0.003, validator=attrs.validators.ge(0))
     """How long a sample request waits for others with the same prompt and options, to
-    send them as one ``num_samples`` request (`nexrl_core.coalesce`); 0 sends each alone."""
+    send them as one ``num_samples`` request (`nexrl_core.training.coalesce`); 0 sends each alone."""

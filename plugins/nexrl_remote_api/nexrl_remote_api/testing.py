@@ -24,17 +24,17 @@ from typing import Any
 import attrs
 import pytest
 
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config import ModelConfig
 from nexrl_core.config.lora import LoraSettings
 from nexrl_core.config.schema import DType
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.model_export import ModelExportError
-from nexrl_core.seeding import call_seed
+from nexrl_core.run.seeding import call_seed
 from nexrl_core.testing.aggregation_cases import loss_aggregation_cases, with_entropy_bonus
 from nexrl_core.testing.holder_contract import ServiceHolderContract
 from nexrl_core.testing.loss_option_contract import FROZEN, LossOptionCase, LossOptionContract, gradient_norm, probe_datums
 from nexrl_core.testing.toolcall_contract import ToolCallContract
+from nexrl_core.training.holders import TrainStepConfig
+from nexrl_core.training.model_export import ModelExportError
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder
 
@@ -92,7 +92,7 @@ class SdkHolderContract(ServiceHolderContract, ToolCallContract):
         """The API has no activation-checkpointing setting, so a recipe asking for it stops
         where the remote_api backend checks the holder, naming the key."""
         from nexrl_core.config import ConfigError, load_config
-        from nexrl_core.holder_backend import HolderBackend
+        from nexrl_core.training.holder_backend import HolderBackend
 
         config = load_config(None, ["model.name=nexrl-tiny", "model.gradient_checkpointing=true"])
         holder = holder_kit.holder(model=config.model)

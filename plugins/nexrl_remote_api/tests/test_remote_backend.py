@@ -7,9 +7,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config import ConfigError, load_config
-from nexrl_core.holders import HolderTarget
+from nexrl_core.training.backend import BackendSetup
+from nexrl_core.training.holders import HolderTarget
 from nexrl_remote_api.remote_backend import RemoteApiBackendConfig, holder_config
 
 

@@ -17,11 +17,11 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from nexrl_core.capabilities import NexrlCapabilities
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config import ModelConfig
-from nexrl_core.holders import TrainStepConfig
-from nexrl_core.model_export import ModelExportError
+from nexrl_core.http.capabilities import NexrlCapabilities
+from nexrl_core.training.holders import TrainStepConfig
+from nexrl_core.training.model_export import ModelExportError
 from nexrl_core.types import RemoteDatum
 from nexrl_remote_api.retries import RetriesExhausted
 from nexrl_remote_api.sdk_holder import SampledSequence, SdkServiceHolder

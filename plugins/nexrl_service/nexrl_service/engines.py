@@ -3,7 +3,7 @@
 * One engine per training model (full fine-tuning or LoRA, as its creation
   asked). It is built on first use: when the model is created, or after a restart from
   the model's last saved state. With worker groups (``--workers N``) a training model's
-  "engine" is a group engine instead (`nexrl_core.worker_groups`, from whichever installed
+  "engine" is a group engine instead (`nexrl_core.training.worker_groups`, from whichever installed
   plugin provides them): the same calls, run by its own group of N ranks. At most
   ``max_groups`` run at once: a create beyond that is refused (`TooManyRequests`, naming
   the limit), and releasing a model stops its group; once groups keep failing to start
@@ -29,9 +29,9 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.placement import PlacementUnavailable
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
-from nexrl_core.worker_groups import GroupEngines, GroupEngineSetup, GroupHooks, GroupSettings
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.training.placement import PlacementUnavailable
+from nexrl_core.training.worker_groups import GroupEngines, GroupEngineSetup, GroupHooks, GroupSettings
 from nexrl_engine.config import EngineConfig, TrainingSpec
 from nexrl_service.errors import RequestFailed, TooManyRequests
 from nexrl_service.group_starts import GroupStarts
@@ -96,7 +96,7 @@ class BaseModelInfo:
 
     def sampling_model(self, model: str) -> BaseModelInfo:
         """``model`` served beside this one for sampling and scoring only
-        (`nexrl_core.serving.ServeOptions.sampling_models`).
+        (`nexrl_core.http.serving.ServeOptions.sampling_models`).
 
         :raises ValueError: naming ``model``, for one that is not there or whose vocabulary
             is not this one's (its log-probs of this model's token ids would mean nothing).
@@ -121,7 +121,7 @@ class BaseModelInfo:
 
 @attrs.frozen(kw_only=True)
 class GroupLimits:
-    """Training models on worker groups (`nexrl_core.worker_groups`)."""
+    """Training models on worker groups (`nexrl_core.training.worker_groups`)."""
 
     engines: GroupEngines
     """The installed plugin's, which starts each model's group."""

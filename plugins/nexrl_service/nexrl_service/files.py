@@ -58,7 +58,7 @@ class CheckpointFiles:
         return self.model_dir(model_id) / kind / f"{safe_dirname(name)}.{secrets.token_hex(4)}"
 
     def autosave_dir(self, model_id: str) -> Path:
-        """Where a worker-group model saves its restart points (`nexrl_core.worker_groups`)."""
+        """Where a worker-group model saves its restart points (`nexrl_core.training.worker_groups`)."""
         return self.model_dir(model_id) / "autosave"
 
     def ephemeral_dir(self, model_id: str, sampler_id: str) -> Path:

@@ -31,8 +31,8 @@ from typing import IO, Any
 import attrs
 
 import nexrl_engine  # noqa: F401 - sets the OpenMP wait policy before anything loads torch
+from nexrl_core.http.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
 from nexrl_core.longlived import freeze_long_lived_objects
-from nexrl_core.serving import ServeOptions, ServiceStartError, UvicornServer, base_url_of, listen
 from nexrl_service.settings import ServerSettings
 from nexrl_service.tombstone import Tombstone
 
@@ -71,7 +71,7 @@ class LocalService:
     """A route of the protocol's app that answers 200 once it serves (waited on for a child)."""
     serves_sampling_models = False
     """Whether the protocol's routes sample from ``--sampling-model`` models
-    (`nexrl_core.serving.ServeOptions.sampling_models`); a service whose routes do not
+    (`nexrl_core.http.serving.ServeOptions.sampling_models`); a service whose routes do not
     refuses them when it is built."""
 
     def __init__(

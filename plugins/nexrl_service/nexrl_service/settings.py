@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH, ServeOptions, ServiceStartError
 from nexrl_service.hub import hub_name_problem
 
 __all__ = ["ServerSettings", "default_data_dir"]
@@ -43,9 +43,9 @@ class ServerSettings:
     model: str = "nexrl-tiny"
     """The one base model served: a shipped name or a local HF directory."""
     model_name: str | None = None
-    """What clients call it (`nexrl_core.serving.ServeOptions.model_name`)."""
+    """What clients call it (`nexrl_core.http.serving.ServeOptions.model_name`)."""
     sampling_models: tuple[str, ...] = ()
-    """Served for sampling and scoring only (`nexrl_core.serving.ServeOptions.sampling_models`)."""
+    """Served for sampling and scoring only (`nexrl_core.http.serving.ServeOptions.sampling_models`)."""
     dtype: str = "fp32"
     """Precision of every engine the service builds (``fp32`` or ``bf16``)."""
     device: str = "cpu"
@@ -84,7 +84,7 @@ class ServerSettings:
     batch_linger_max_s: float = 0.1
     workers: int = 0
     """Ranks per training model: 0 trains every model on an engine in this process, N
-    gives each its own worker group of N processes (`nexrl_core.worker_groups`)."""
+    gives each its own worker group of N processes (`nexrl_core.training.worker_groups`)."""
     max_worker_groups: int = 4
     """With ``workers``: most worker groups at once; creating one more model is refused."""
     placement: str | None = None
@@ -92,12 +92,12 @@ class ServerSettings:
     placement_options: dict[str, Any] = attrs.field(factory=dict)
     worker_heartbeat_s: float = 5.0
     worker_dead_after_s: float = 15.0
-    """A group whose ranks stop beating this long is lost and restarted (`nexrl_core.worker_groups`)."""
+    """A group whose ranks stop beating this long is lost and restarted (`nexrl_core.training.worker_groups`)."""
     worker_op_timeout_s: float = 600.0
     """A group op running longer is taken for a hung group and restarted."""
     worker_save_every: int = 10
     """A group model saves its restart point every this many optimizer steps and journals
-    the calls in between (`nexrl_core.worker_groups.GroupSettings.save_every`)."""
+    the calls in between (`nexrl_core.training.worker_groups.GroupSettings.save_every`)."""
     worker_max_restarts: int = 3
     """Restarts of a model's group one request may cause before it fails."""
     sampler_cache_size: int = 4

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nexrl_core.serving import ServiceStartError
+from nexrl_core.http.serving import ServiceStartError
 from nexrl_service.downloads import SignedDownloads
 from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits, WeightsRef
 from nexrl_service.errors import BadRequest, Forbidden, Gone, NotFound
@@ -49,7 +49,7 @@ def warm_up_imports() -> None:
     import peft  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-    from nexrl_core.registry import get_registry
+    from nexrl_core.plugins.registry import get_registry
 
     get_registry()
 
@@ -68,9 +68,9 @@ def _group_limits(settings: ServerSettings) -> GroupLimits | None:
     import torch
 
     from nexrl_core.config.errors import ConfigError
-    from nexrl_core.placement import LOCAL_PLACEMENT, PlacementError, is_loopback, open_placer
-    from nexrl_core.registry import RegistryError
-    from nexrl_core.worker_groups import GroupSettings, NoGroupEngines, open_group_engines
+    from nexrl_core.plugins.registry import RegistryError
+    from nexrl_core.training.placement import LOCAL_PLACEMENT, PlacementError, is_loopback, open_placer
+    from nexrl_core.training.worker_groups import GroupSettings, NoGroupEngines, open_group_engines
 
     try:
         engines = open_group_engines()

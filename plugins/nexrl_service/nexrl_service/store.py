@@ -228,7 +228,7 @@ class CheckpointRow(Base):
 
 
 class RestartRow(Base):
-    """A model's worker group was lost and restarted (`nexrl_core.worker_groups`)."""
+    """A model's worker group was lost and restarted (`nexrl_core.training.worker_groups`)."""
 
     __tablename__ = "group_restarts"
 

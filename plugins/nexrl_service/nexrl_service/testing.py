@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.serving import ServeOptions
+from nexrl_core.http.serving import ServeOptions
 from nexrl_service.server import LocalService
 
 __all__ = ["CLIENT_STEPS", "ClientsAtOnceContract", "local_service_fixtures", "start_local_service"]

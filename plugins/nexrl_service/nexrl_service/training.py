@@ -19,7 +19,7 @@ group saves that state itself every ``worker_save_every`` optimizer steps and jo
 the calls that change it in between, so a restarted service rebuilds it as its client
 last saw it; a model in this process loses the steps taken since its client last saved,
 which the log says. A group that loses a rank restarts itself without losing anything
-(`nexrl_core.worker_groups`).
+(`nexrl_core.training.worker_groups`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.worker_groups import GroupHooks, GroupRestart
+from nexrl_core.training.worker_groups import GroupHooks, GroupRestart
 from nexrl_engine.config import TrainingSpec
 from nexrl_service.engines import WeightsRef
 from nexrl_service.errors import ApiError, BadRequest, RequestFailed, TooManyRequests

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.placement import LOCAL_PLACEMENT, open_placer
-from nexrl_core.worker_groups import GroupSettings, open_group_engines
+from nexrl_core.training.placement import LOCAL_PLACEMENT, open_placer
+from nexrl_core.training.worker_groups import GroupSettings, open_group_engines
 from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
 from nexrl_service.errors import TooManyRequests
 

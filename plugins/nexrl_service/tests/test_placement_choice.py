@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nexrl_core.placement import PlacementRequest, PlacementUnavailable
-from nexrl_core.serving import ServeOptions, ServiceStartError
-from nexrl_core.worker_groups import GroupSettings, open_group_engines
+from nexrl_core.http.serving import ServeOptions, ServiceStartError
+from nexrl_core.training.placement import PlacementRequest, PlacementUnavailable
+from nexrl_core.training.worker_groups import GroupSettings, open_group_engines
 from nexrl_engine.config import TrainingSpec
 from nexrl_service.engines import BaseModelInfo, EnginePool, GroupLimits
 from nexrl_service.errors import TooManyRequests

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.http.serving import ServeOptions, ServiceStartError
 from nexrl_engine.loading import SHIPPED_HUB_NAMES
 from nexrl_service.server import LocalService
 from nexrl_service.state import ServiceState

@@ -1,5 +1,5 @@
 """The runtime installs and runs without nexrl-fsdp: it gets worker groups only through the
-core's seam (`nexrl_core.worker_groups`), and a service asked for ``--workers N`` with no
+core's seam (`nexrl_core.training.worker_groups`), and a service asked for ``--workers N`` with no
 plugin providing them refuses at start in one line naming the extra that brings them."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import nexrl_service
 for module in pkgutil.walk_packages(nexrl_service.__path__, "nexrl_service."):
     importlib.import_module(module.name)
 
-from nexrl_core.serving import ServeOptions, ServiceStartError
+from nexrl_core.http.serving import ServeOptions, ServiceStartError
 from nexrl_service.settings import ServerSettings
 from nexrl_service.state import _group_limits
 
@@ -61,7 +61,7 @@ def _imported(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: path.name)
 def test_no_module_of_the_runtime_imports_nexrl_fsdp(path: Path) -> None:
     fsdp = sorted(name for name in _imported(path) if name == "nexrl_fsdp" or name.startswith("nexrl_fsdp."))
-    assert fsdp == [], f"{path.name} imports {fsdp}: ask nexrl_core.worker_groups instead"
+    assert fsdp == [], f"{path.name} imports {fsdp}: ask nexrl_core.training.worker_groups instead"
 
 
 def test_without_a_worker_group_plugin_workers_are_refused_at_start_naming_the_extra(tmp_path: Path) -> None:

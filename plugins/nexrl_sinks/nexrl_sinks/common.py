@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from nexrl_core.metrics import write_atomic
+from nexrl_core.run.metrics import write_atomic
 
 TRACKER_RUN_FILE = "tracker_run.json"
 """In a sink's work directory: the tracker's run id and the last step it got."""

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.sinks import RunOutcome, SinkSetup
-from nexrl_core.specs import MetricsSinkSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import MetricsSinkSpec
+from nexrl_core.run.sinks import RunOutcome, SinkSetup
 from nexrl_sinks.common import import_sdk, numbers_of
 
 FLUSH_SECS = 10

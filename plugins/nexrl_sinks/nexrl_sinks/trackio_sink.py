@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.checks import non_empty, optional_non_empty
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.sinks import RunOutcome, SinkSetup
-from nexrl_core.specs import MetricsSinkSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.specs import MetricsSinkSpec
+from nexrl_core.run.sinks import RunOutcome, SinkSetup
 from nexrl_sinks.common import SinkUnavailable, TrackerRun, import_sdk, numbers_of, resumed_run
 
 FINAL_MODEL_ARTIFACT = "final_model"

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from nexrl_core.config import ConfigError, TrainConfig, dump_config, load_config
-from nexrl_core.hookspecs import hookimpl
-from nexrl_core.loop import RunSummary, run_training
-from nexrl_core.plugins import load_plugins
-from nexrl_core.registry import build_registry, reset_registry
-from nexrl_core.sinks import RunOutcome, SinkSetup
-from nexrl_core.specs import MetricsSinkSpec
+from nexrl_core.plugins.hookspecs import hookimpl
+from nexrl_core.plugins.loading import load_plugins
+from nexrl_core.plugins.registry import build_registry, reset_registry
+from nexrl_core.plugins.specs import MetricsSinkSpec
+from nexrl_core.run.loop import RunSummary, run_training
+from nexrl_core.run.sinks import RunOutcome, SinkSetup
 from nexrl_sinks.common import flat_config
 from nexrl_sinks.testing import OfflineRun, read_offline_runs
 
@@ -304,7 +304,7 @@ def test_a_resumed_tracker_run_gets_no_step_twice(tmp_path: Path) -> None:
     """The interrupted process sent steps 1-3, its last checkpoint was step 1: the resumed
     process sends 2 and 3 again, and the tracker keeps the first of each."""
     from nexrl_core.config.components import resolve_choice_list
-    from nexrl_core.registry import find_spec
+    from nexrl_core.plugins.registry import find_spec
 
     tracking_uri = mlflow_store(tmp_path)
     config = quickstart(tmp_path / "run", sinks_override(wandb_sink(tmp_path / "wandb-files"), mlflow_sink(tracking_uri)))

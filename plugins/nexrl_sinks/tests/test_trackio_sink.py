@@ -89,7 +89,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 
 from nexrl_core.config import load_config
-from nexrl_core.sinks import RunOutcome, SinkSetup
+from nexrl_core.run.sinks import RunOutcome, SinkSetup
 from nexrl_sinks.trackio_sink import TrackioOptions, TrackioSink
 from trackio.sqlite_storage import SQLiteStorage
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nexrl_core.chat_model import ChatModel, SamplingOptions
+from nexrl_core.chat.model import ChatModel, SamplingOptions
 from nexrl_core.types import SampleResult
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from nexrl_core.registry import get_registry
+from nexrl_core.plugins.registry import get_registry
 from nexrl_testing import recipe_key_records as key_records
 
 RECORDS_FIXTURE = "recipe_key_records"

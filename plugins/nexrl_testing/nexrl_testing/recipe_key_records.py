@@ -18,8 +18,8 @@ A key is set when a record that carries it to the code is built or structured wi
 value other than its default, in any of those processes: the recipe (`TrainConfig`) or
 one of its sections (``LoraSettings``, ``KLSettings``, ``AdamWSettings``, ...), the
 options object of a registered component (``GrpoConfig(eps=0.5)``), the step a trainer
-sends a service holder (`nexrl_core.holders.TrainStepConfig`: the loss, its options and
-AdamW) and a holder's config (its `nexrl_core.holders.HolderTarget` carries the recipe's
+sends a service holder (`nexrl_core.training.holders.TrainStepConfig`: the loss, its options and
+AdamW) and a holder's config (its `nexrl_core.training.holders.HolderTarget` carries the recipe's
 ``model`` and ``seed``). Data structured into one of them counts before it is checked,
 so a test of a refusal sets the key it gets refused. Building a component's options
 also sets its choice's ``name`` when the component is not the default one. Keys are
@@ -55,7 +55,12 @@ HOLDER_OPTIONS = "backend.options.holder"
 """Where the ``remote_api`` backend takes the chosen service holder's own options."""
 STARTUP_DIR = Path(__file__).with_name("key_record_startup")
 """Holds the ``sitecustomize`` that turns recording on in the processes a test starts."""
-INSTRUMENTED_MODULES = ("nexrl_core.config.converter", "nexrl_core.config.schema", "nexrl_core.holders", "nexrl_core.registry")
+INSTRUMENTED_MODULES = (
+    "nexrl_core.config.converter",
+    "nexrl_core.config.schema",
+    "nexrl_core.training.holders",
+    "nexrl_core.plugins.registry",
+)
 """Modules `instrument` hooks into, each once it has been imported."""
 
 _NO_DEFAULT = object()
@@ -198,7 +203,7 @@ class KeyNaming:
     def __init__(self, registry: Any) -> None:
         from nexrl_core.config.components import component_choices
         from nexrl_core.config.schema import TrainConfig
-        from nexrl_core.holders import HolderTarget
+        from nexrl_core.training.holders import HolderTarget
 
         self.registry = registry
         self.sections = section_paths()
@@ -213,7 +218,7 @@ class KeyNaming:
                 self.components.setdefault(spec.config_class, []).append(_Component(prefix, name, chosen, taken))
 
     def built(self, config: Any) -> list[str]:
-        from nexrl_core.holders import TrainStepConfig
+        from nexrl_core.training.holders import TrainStepConfig
 
         cls = type(config)
         if cls in self.sections:
@@ -262,7 +267,7 @@ class _Recorder:
 
     def naming(self) -> KeyNaming:
         """The naming of the registry built last in this process (none is built here)."""
-        registry = getattr(sys.modules.get("nexrl_core.registry"), "_default", None)
+        registry = getattr(sys.modules.get("nexrl_core.plugins.registry"), "_default", None)
         if self._naming is None or (registry is not None and self._naming.registry is not registry):
             self._naming = KeyNaming(registry)
         return self._naming
@@ -340,9 +345,9 @@ def _instrument(module: Any) -> None:
         module.converter = _RecordingConverter(module.converter, _recorder)
     elif name == "nexrl_core.config.schema":
         _record_constructions(section_paths())
-    elif name == "nexrl_core.holders":
+    elif name == "nexrl_core.training.holders":
         _record_constructions([module.TrainStepConfig])
-    elif name == "nexrl_core.registry" and not getattr(module.build_registry, "_nexrl_records_keys", False):
+    elif name == "nexrl_core.plugins.registry" and not getattr(module.build_registry, "_nexrl_records_keys", False):
         build = module.build_registry
 
         def build_registry(*args: Any, **kwargs: Any) -> Any:

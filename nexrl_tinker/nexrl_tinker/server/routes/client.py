@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
+from nexrl_core.http.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_service.runtime import BadRequest, ServiceState
 from nexrl_tinker.server.routes import Owner
 

@@ -10,7 +10,7 @@ import attrs
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
-from nexrl_core.openapi import json_body
+from nexrl_core.http.openapi import json_body
 from nexrl_service.runtime import BadRequest
 from nexrl_tinker.server.codec import (
     FORWARD_BACKWARD_JSON,

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from nexrl_core.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
+from nexrl_core.http.capabilities import NEXRL_CAPABILITIES_ROUTE, NexrlCapabilities
 from nexrl_service.runtime import ServiceState
 from nexrl_weaver.server.routes import Owner
 

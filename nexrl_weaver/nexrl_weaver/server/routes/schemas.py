@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 
 from nexrl_core.config.adamw import AdamWSettings
-from nexrl_core.openapi import OBJECT
-from nexrl_core.openapi import json_body as described_body
+from nexrl_core.http.openapi import OBJECT
+from nexrl_core.http.openapi import json_body as described_body
 from nexrl_service.runtime import SQL_INT_MAX
 from nexrl_weaver.server.tensors import DTYPES
 

@@ -8,10 +8,10 @@ go to ``<output.dir>/backend/engine``, next to the backend's own records, so
 
 from __future__ import annotations
 
-from nexrl_core.backend import BackendSetup
 from nexrl_core.config.errors import ConfigError
-from nexrl_core.holder_backend import HolderBackend
-from nexrl_core.trainer import build_trainer
+from nexrl_core.training.backend import BackendSetup
+from nexrl_core.training.holder_backend import HolderBackend
+from nexrl_core.training.trainer import build_trainer
 from nexrl_engine.inprocess.config import EngineHolderConfig, InProcessBackendConfig
 from nexrl_engine.inprocess.holder import EngineHolder
 from nexrl_engine.recipe_checks import check_device, check_model_name

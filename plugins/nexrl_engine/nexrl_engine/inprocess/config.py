@@ -9,8 +9,8 @@ from __future__ import annotations
 import attrs
 
 from nexrl_core.config.checks import non_empty
-from nexrl_core.holders import HolderTarget
-from nexrl_core.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.http.serving import DEFAULT_MAX_TOKENS_PER_MICROBATCH
+from nexrl_core.training.holders import HolderTarget
 from nexrl_engine.batching import BatchedSamplingOptions, positive_int
 from nexrl_engine.config import EngineConfig
 

@@ -1,4 +1,4 @@
-"""`EngineHolder`: a `nexrl_core.holders.ServiceHolder` on an `Engine` in this process.
+"""`EngineHolder`: a `nexrl_core.training.holders.ServiceHolder` on an `Engine` in this process.
 
 No service and no HTTP: the fastest path on one machine, and the baseline that the
 service backends' overhead is measured against. Four engines at most share the
@@ -33,11 +33,11 @@ from typing import Any
 import attrs
 import torch
 
-from nexrl_core.chat_holder import TemplateChatModel
-from nexrl_core.chat_model import SamplingOptions
+from nexrl_core.chat.holder import TemplateChatModel
+from nexrl_core.chat.model import SamplingOptions
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.lora import LoraSettings
-from nexrl_core.holders import TrainStepConfig
+from nexrl_core.training.holders import TrainStepConfig
 from nexrl_core.types import RemoteDatum, SampleResult
 from nexrl_engine.chat import EngineChat
 from nexrl_engine.config import EngineConfig
@@ -216,7 +216,7 @@ class EngineHolder(TemplateChatModel):
         return teacher
 
     def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """The teacher's log-probs of ``sequences`` (`nexrl_core.holders.TeacherHolder`).
+        """The teacher's log-probs of ``sequences`` (`nexrl_core.training.holders.TeacherHolder`).
 
         :raises ValueError: when the recipe names no teacher.
         """

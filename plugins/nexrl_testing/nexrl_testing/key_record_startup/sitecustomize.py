@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 _RECORDS_ENV = "NEXRL_RECIPE_KEY_RECORDS"
-_WATCHED = {"nexrl_core.config.converter", "nexrl_core.config.schema", "nexrl_core.holders", "nexrl_core.registry"}
+_WATCHED = {"nexrl_core.config.converter", "nexrl_core.config.schema", "nexrl_core.training.holders", "nexrl_core.plugins.registry"}
 """`nexrl_testing.recipe_key_records.INSTRUMENTED_MODULES`, spelled out so that
 nothing is imported before the process asks for it."""
 
