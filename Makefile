@@ -23,9 +23,9 @@ install:
 	$(PIP_INSTALL) --no-deps $(COOKBOOK)
 	$(PIP_INSTALL) $(COOKBOOK_DEPS)
 
-# The linters first (as `make lint`), then each distribution's tests from its own folder, as a
-# publisher would run them, one suite per CPU at once; the recipe-key walk and the mutation list
-# run last (tests/run_suites.py).
+# The linters (as `make lint`) beside each distribution's tests, each suite from its own folder
+# as a publisher would run them, one job per CPU at once; the recipe-key walk and the mutation
+# list run last (tests/run_suites.py).
 test:
 	$(BIN)/python tests/run_suites.py
 

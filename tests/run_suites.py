@@ -16,8 +16,9 @@ tests passed in this run, each its own baseline. (Started beside the suites from
 first, it held the 2 cores at a load of 5-7, where tests that time a shutdown failed
 for the load alone.) The recipe-key walk (`tests/test_recipe_keys.py`) runs last, on its own.
 
-Before any suite, the linters run over the whole repository (``LINTERS``, about a
-second); a finding fails `make test` like a failed suite, and is printed first.
+The linters (``LINTERS``) run over the whole repository as the first job, beside the
+longest suite: mypy takes about a minute on one core, which run before the suites left the
+other core idle. A finding fails `make test` like a failed suite.
 """
 
 from __future__ import annotations
@@ -120,14 +121,19 @@ def command(suite: Suite) -> list[str]:
     return [PYTHON, "-c", RUN_PYTEST, "--durations=60", *suite.args]
 
 
-def run_linters() -> dict[str, tuple[int, float]]:
-    """Each linter's exit status and seconds, its findings printed."""
+def run_linters(logs: Path, printing: threading.Lock) -> dict[str, tuple[int, float]]:
+    """Each linter's exit status and seconds, its findings printed whole when it ends."""
     results = {}
     for name, argv in LINTERS.items():
+        log = logs / f"{name.replace(' ', '_')}.log"
         began = time.monotonic()
-        print(f"=== {name}", flush=True)
-        code = subprocess.run(argv, cwd=ROOT).returncode
+        with log.open("wb") as out:
+            code = subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
         results[name] = (code, time.monotonic() - began)
+        with printing:
+            print(f"=== {name}: exit {code} in {results[name][1]:.0f} s", flush=True)
+            sys.stdout.buffer.write(log.read_bytes())
+            sys.stdout.flush()
     return results
 
 
@@ -171,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     suites, jobs = (GPU_SUITES, len(GPU_SUITES)) if args.gpu else (SUITES, max(1, args.jobs))
     began = time.monotonic()
-    linted = {} if args.gpu else run_linters()
     with tempfile.TemporaryDirectory(prefix="nexrl-records-") as folder:
         records, logs = Path(folder) / "records", Path(folder) / "logs"
         records.mkdir()
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         printing = threading.Lock()
         ended = Path(folder) / "suites-ended"
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            linting = None if args.gpu else pool.submit(run_linters, logs, printing)
             futures = {suite.name: pool.submit(run_suite, suite, records, logs, printing, jobs) for suite in suites}
             # queued last, so it takes the first CPU a suite leaves once every suite has started
             mutations = None if args.gpu else pool.submit(run_suite, BESIDE, records, logs, printing, jobs, {SUITES_ENDED_ENV: str(ended)})
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             last_began = time.monotonic()
             code = subprocess.run(command(LAST), cwd=ROOT / LAST.folder, env=environment(records, jobs)).returncode
             results[LAST.name] = (code, time.monotonic() - last_began)
-    results.update(linted)
+    results.update(linting.result() if linting is not None else {})
     print(f"=== {len(results)} suites in {time.monotonic() - began:.0f} s, {jobs} at once")
     for name, (code, seconds) in sorted(results.items(), key=lambda item: -item[1][1]):
         print(f"{seconds:8.0f} s  {'ok    ' if code == 0 else f'exit {code}'}  {name}")

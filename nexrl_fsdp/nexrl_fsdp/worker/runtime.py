@@ -10,7 +10,9 @@ first sends the gathered policy straight to a sampler process, `weights_push`). 
 is pickled: headers are JSON (as uint8 tensors between ranks), tensors are raw frames.
 
 A watchdog process (`watchdog`) beats for the rank and ends it when the API server is
-gone or calls the group dead, so no worker outlives its run.
+gone or calls the group dead, so no worker outlives its run. A rank whose watchdog is gone
+(nothing beats for it, nothing would end it) reports so and leaves between ops, within a
+second: its group is lost at once and replaced whole, not a heartbeat deadline later.
 
 A rank holds the group's key (``NEXRL_WORKER_KEY``, `nexrl_fsdp.direct_zmq.group_key`):
 it sends it as a bearer token on every call to the API server, acts only on commands
@@ -54,7 +56,7 @@ from nexrl_fsdp.worker.loopback import process_group_store
 from nexrl_fsdp.worker.rows import BatchError, check_batch
 from nexrl_fsdp.worker.weights_push import push_weights
 
-__all__ = ["WorkerRank"]
+__all__ = ["WatchdogGone", "WorkerRank"]
 
 logger = logging.getLogger("nexrl_fsdp.worker")
 
@@ -62,6 +64,10 @@ _MODEL_OPS = frozenset({"get_weights", "push_weights", "save_checkpoint", "load_
 """Ops of the self-hosted backend without a batch that need the model loaded."""
 _ERROR_BYTES = 8192
 """Most bytes of a rank's traceback that travel to rank 0."""
+
+
+class WatchdogGone(RuntimeError):
+    """The rank's watchdog exited: the rank leaves, and its group is replaced."""
 
 
 def _http(url: str, key: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
@@ -156,6 +162,7 @@ class WorkerRank:
             poller.register(self.data, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(1000))
+            self._check_watchdog()
             if self.rank == 0 and self.data in ready:
                 self._receive_data()
             if self.commands in ready:
@@ -164,6 +171,13 @@ class WorkerRank:
                     continue
                 if self._execute(command) == "destroy":
                     return
+
+    def _check_watchdog(self) -> None:
+        """Raise `WatchdogGone` once the watchdog has exited (the caller reports it to the API
+        server, which calls the group dead at once)."""
+        watchdog = self.watchdog
+        if watchdog is not None and (status := watchdog.poll()) is not None:
+            raise WatchdogGone(f"its watchdog (pid {watchdog.pid}) exited with status {status}, so nothing beats for it")
 
     def _command(self) -> dict[str, Any] | None:
         """The next command from the API server; None (logged) for one whose MAC is not the
