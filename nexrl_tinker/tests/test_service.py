@@ -71,6 +71,9 @@ def _process_gone(pid: int) -> bool:
 
 
 def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) -> None:
+    """The Tinker routes and their key from the child process ``nexrl train`` embeds (the
+    child's own life, its parent's death and a failed start: nexrl_service's
+    tests/test_separate_process.py)."""
     from nexrl_core.http.serving import ServeOptions
     from nexrl_tinker.server.service import TinkerService
 
@@ -96,56 +99,6 @@ def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) ->
     except httpx.HTTPError:
         pass
     assert (tmp_path / "tinker.db").is_file() and (tmp_path / "server.log").is_file()
-
-
-def test_separate_process_dies_with_its_parent(tmp_path) -> None:
-    import time
-
-    code = (
-        "import os, sys\n"
-        "from nexrl_core.http.serving import ServeOptions\n"
-        "from nexrl_tinker.server.service import TinkerService\n"
-        f"s = TinkerService(ServeOptions(port=0, data_dir={str(tmp_path)!r}, separate_process=True))\n"
-        "s.start()\n"
-        "print(s.pid, flush=True)\n"
-        "os._exit(0)  # no stop(): the child must notice on its own\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True).stdout
-    pid = int(out.split()[-1])
-    deadline = time.monotonic() + 30
-    while not _process_gone(pid):
-        assert time.monotonic() < deadline, f"the server process {pid} outlived its parent"
-        time.sleep(0.1)
-
-
-def test_separate_process_start_failure_reports_its_output(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model that is not there, or whose files do not parse, is refused before a process
-    starts; a child that dies while starting is reported with its output."""
-    from nexrl_core.http.serving import ServeOptions, ServiceStartError
-    from nexrl_tinker.server.service import TinkerService
-
-    missing = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path), model=str(tmp_path / "no-such-model"), separate_process=True))
-    with pytest.raises(ServiceStartError, match="no-such-model"):
-        missing.start()
-    assert missing.pid is None
-
-    broken = tmp_path / "broken-model"
-    broken.mkdir()
-    (broken / "config.json").write_text("{not json")
-    unparsable = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path / "data"), model=str(broken), separate_process=True))
-    with pytest.raises(ServiceStartError, match="config.json' is not a valid JSON file"):
-        unparsable.start()
-    assert unparsable.pid is None
-
-    # the child imports this package first, and it cannot be imported
-    shadow = tmp_path / "shadow" / "nexrl_engine"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError('this child cannot start')\n")
-    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
-    service = TinkerService(ServeOptions(port=0, data_dir=str(tmp_path / "data"), separate_process=True))
-    with pytest.raises(RuntimeError, match=r"(?s)exited with status 1; last output \(.*server\.log\):\n.*this child cannot start"):
-        service.start()
-    assert service.pid is None
 
 
 def test_no_cancel_route_and_the_sdk_is_told_not_to_cancel(base_url: str) -> None:

@@ -9,29 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
+from echo_service import EchoService
 
 from nexrl_core.http.serving import ServeOptions, ServiceStartError
 from nexrl_engine.loading import SHIPPED_HUB_NAMES
-from nexrl_service.server import LocalService
 from nexrl_service.state import ServiceState
-
-
-class EchoService(LocalService):
-    """The smallest protocol: a health route and one that reads the shared state."""
-
-    name = "echo"
-    title = "Echo service"
-
-    def create_app(self, state: ServiceState) -> Any:
-        from fastapi import FastAPI
-
-        app = FastAPI()
-
-        @app.get("/api/v1/healthz")
-        def healthz() -> dict[str, Any]:
-            return {"status": "ok", "model": state.base.name, "epoch": state.book.epoch}
-
-        return app
 
 
 def test_port_zero_serves_and_stop_leaves_no_threads(tmp_path: Path) -> None:
