@@ -54,17 +54,15 @@ def test_training_run_keeps_user_metadata(base_url: str, service_client) -> None
     assert again.user_metadata == {"renderer_name": "role_colon"}
 
 
-def test_stale_sessions_are_expired_and_release_resources(tmp_path: Path) -> None:
+def test_a_stale_session_expires_and_its_sampler_answers_the_sdk_not_found(tmp_path: Path) -> None:
+    """What an expiry looks like through the SDK (what it releases and keeps, engines,
+    lanes, snapshots and named checkpoints, is nexrl_service's tests/test_janitor.py)."""
     service = start_service(tmp_path, stale_session_s=1.0, janitor_interval_s=3600.0)
     try:
         with tinker.ServiceClient(base_url=service.base_url) as client:
             training = client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result(timeout=120)
             sampler = training.save_weights_and_get_sampling_client().result(timeout=120)
-            saved = training.save_state("keep").result(timeout=120).path
             state = service.state
-            ephemeral = state.store.get_sampler(sampler._sampling_session_id)
-            assert Path(ephemeral.weights_dir).is_dir()
-            assert state.engines.training(training.model_id) is not None
             session_id = client.holder.get_session_id()
             with state.store.tx() as s:  # the client is alive and heartbeating: age the session by hand
                 from nexrl_service.store import SessionRow
@@ -72,11 +70,7 @@ def test_stale_sessions_are_expired_and_release_resources(tmp_path: Path) -> Non
                 s.get(SessionRow, session_id).last_heartbeat = time.time() - 10
             state.janitor.sweep()
             assert state.store.get_session(session_id).status == "expired"
-            assert state.engines.training(training.model_id) is None
-            assert not Path(ephemeral.weights_dir).exists()
             with pytest.raises(tinker.NotFoundError, match="unknown sampling session"):
                 sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
-            # Named checkpoints survive the expiry.
-            assert state.store.get_checkpoint(saved) is not None
     finally:
         service.stop()
