@@ -9,6 +9,7 @@ import threading
 import httpx
 import pytest
 
+from nexrl_testing.processes import process_gone
 from nexrl_tinker.testing import TEST_API_KEY, start_service
 
 
@@ -55,21 +56,6 @@ def test_port_zero_start_stop_leaves_no_threads(tmp_path) -> None:
     assert (tmp_path / "tinker.db").is_file()
 
 
-def _process_gone(pid: int) -> bool:
-    """True once ``pid`` no longer runs (gone, or a zombie nobody reaped yet)."""
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) -> None:
     """The Tinker routes and their key from the child process ``nexrl train`` embeds (the
     child's own life, its parent's death and a failed start: nexrl_service's
@@ -90,7 +76,7 @@ def test_separate_process_starts_answers_and_stop_leaves_no_process(tmp_path) ->
     assert httpx.post(f"{url}/api/v1/client/config", json={"sdk_version": "0.38.0"}).status_code == 401
     service.stop()
     service.stop()  # idempotent
-    assert service.pid is None and _process_gone(pid)
+    assert service.pid is None and process_gone(pid)
     leftovers = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert leftovers == [], leftovers
     try:

@@ -16,6 +16,7 @@ import pytest
 from echo_service import EchoService
 
 from nexrl_core.http.serving import ServeOptions, ServiceStartError
+from nexrl_testing.processes import process_gone
 
 TESTS = Path(__file__).resolve().parent
 
@@ -24,18 +25,6 @@ TESTS = Path(__file__).resolve().parent
 def child_finds_the_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
     """The child imports `EchoService` by its module name, as it would a protocol package."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-
-
-def _process_gone(pid: int) -> bool:
-    """True once ``pid`` no longer runs (gone, or a zombie nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_the_child_serves_and_stop_leaves_no_process_and_no_thread(tmp_path: Path) -> None:
@@ -50,7 +39,7 @@ def test_the_child_serves_and_stop_leaves_no_process_and_no_thread(tmp_path: Pat
         service.start()
     service.stop()
     service.stop()  # idempotent
-    assert service.pid is None and _process_gone(pid)
+    assert service.pid is None and process_gone(pid)
     leftovers = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert leftovers == [], leftovers
     with pytest.raises(httpx.HTTPError):
@@ -71,7 +60,7 @@ def test_the_child_dies_with_its_parent(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True).stdout
     pid = int(out.split()[-1])
     deadline = time.monotonic() + 30
-    while not _process_gone(pid):
+    while not process_gone(pid):
         assert time.monotonic() < deadline, f"the server process {pid} outlived its parent"
         time.sleep(0.1)
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ListenerWatch", "LOOPBACK", "process_tree", "processes_with", "tcp_listeners"]
+__all__ = ["ListenerWatch", "LOOPBACK", "process_gone", "process_tree", "processes_with", "tcp_listeners"]
 
 LOOPBACK = ("127.0.0.1", "::1")
 """The addresses a local run may listen on."""
@@ -36,6 +36,19 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs: gone, or a zombie its parent has not reaped yet
+    (a test's child whose parent is the test process stays one until it is waited on)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def process_tree(root: int) -> list[int]:
