@@ -129,6 +129,9 @@ KL_ADAPTIVE = everywhere(
     f"{SELF_HOSTED}::test_grpo_prepares_kl_in_reward_and_advantages_through_the_workers",
 )
 TEACHER_REFUSED = "tests/test_teacher_recipe.py::test_a_teacher_is_refused_on_a_backend_that_cannot_hold_one"
+SELF_HOSTED_TEACHER = (
+    "nexrl_fsdp/tests/test_selfhosted_teacher.py::test_two_groups_on_one_workers_api_and_the_teachers_scores_are_the_advantage"
+)
 DISTILLATION = "plugins/nexrl_grpo/tests/test_distillation.py"
 SELF_HOSTED_LORA = f"{SELF_HOSTED}::test_quickstart_fsdp_trains_lora_adapters_end_to_end"
 LORA_TARGETS = per_backend(
@@ -194,11 +197,12 @@ CORE: dict[str, Entry] = {
         self_hosted=WORKERS_SCHEDULE_AND_CHECKPOINTING,
     ),
     "teacher.model": per_backend(
-        refused={"remote_api": TEACHER_REFUSED, "self-hosted": TEACHER_REFUSED},
+        refused={"remote_api": TEACHER_REFUSED},
         inprocess=(
             "plugins/nexrl_engine/tests/test_inprocess_teacher.py::test_the_teacher_scores_tokens_as_its_own_frozen_model",
             "plugins/nexrl_engine/tests/test_inprocess_teacher.py::test_a_distillation_step_trains_on_minus_coef_times_the_log_ratio_to_the_teacher",
         ),
+        self_hosted=SELF_HOSTED_TEACHER,
     ),
     "model.mixed_precision": per_backend(
         refused={"remote_api": "tests/test_mixed_precision_refusals.py::test_the_remote_api_backend_refuses_it_before_step_1"},
@@ -395,6 +399,7 @@ COMPONENTS: dict[str, Entry] = {
         )
         for key in ("placement", "placement_options")
     },
+    "backend.options.teacher_world_size [self-hosted]": per_backend(self_hosted=SELF_HOSTED_TEACHER),
     "backend.options.world_size [self-hosted]": per_backend(
         self_hosted=f"{SELF_HOSTED}::test_the_sampler_gets_the_cores_the_local_ranks_and_the_driver_leave"
     ),

@@ -7,19 +7,35 @@ teacher is silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.resources import as_file, files
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nexrl_core.config.components import resolve_options
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.load import load_config
+from nexrl_core.plugins.hookspecs import hookimpl
 from nexrl_core.plugins.registry import get_registry
+from nexrl_core.plugins.specs import BackendSpec
 from nexrl_core.run.loop import open_backend
 from nexrl_core.training.backend import TEACHER_BACKEND
 
-WITHOUT_TEACHER = sorted(name for name, spec in get_registry().specs["backends"].items() if TEACHER_BACKEND not in spec.capabilities)
+SHIPPED = ("inprocess", "remote_api", "self-hosted")
+
+
+class PlainBackendPlugin:
+    """A backend that holds no teacher (no `TEACHER_BACKEND` capability), as a third
+    party's may be; opening it would be a bug."""
+
+    @hookimpl
+    def nexrl_backends(self) -> list[BackendSpec]:
+        def never_opened(setup: Any) -> Any:
+            raise AssertionError("a backend that holds no teacher was opened for a recipe with one")
+
+        return [BackendSpec(name="acme.plain", factory=never_opened)]
 
 
 def _recipe(backend: str, *overrides: str):
@@ -27,19 +43,20 @@ def _recipe(backend: str, *overrides: str):
         return load_config(path, [f"backend.name={backend}", "backend.options={}", *overrides])
 
 
-@pytest.mark.parametrize("backend", WITHOUT_TEACHER)
-def test_a_teacher_is_refused_on_a_backend_that_cannot_hold_one(backend: str, tmp_path: Path) -> None:
-    config = _recipe(backend, "teacher.model=nexrl-tiny", "algorithm.advantage.name=on_policy_distillation")
-    with pytest.raises(ConfigError, match=f"teacher.model: backend {backend!r} cannot hold a teacher model"):
+def test_a_teacher_is_refused_on_a_backend_that_cannot_hold_one(tmp_path: Path, register_nexrl_plugin: Callable[[Any, str], Any]) -> None:
+    register_nexrl_plugin(PlainBackendPlugin(), "acme")
+    config = _recipe("acme.plain", "teacher.model=nexrl-tiny", "algorithm.advantage.name=on_policy_distillation")
+    with pytest.raises(ConfigError, match="teacher.model: backend 'acme.plain' cannot hold a teacher model"):
         open_backend(config, resolve_options("backends", config.backend, "backend"), tmp_path)
     assert not (tmp_path / "backend").exists(), "the refusal comes before the backend gets a directory"
 
 
-def test_the_backends_shipped_with_nexrl_say_which_hold_a_teacher() -> None:
+def test_every_backend_shipped_with_nexrl_holds_a_teacher() -> None:
     """``remote_api`` holds one through its holder, which refuses it when it cannot
-    (`nexrl_core.training.holder_backend.HolderBackend`)."""
-    assert not {"inprocess", "remote_api"} & set(WITHOUT_TEACHER)
-    assert "self-hosted" in WITHOUT_TEACHER
+    (`nexrl_core.training.holder_backend.HolderBackend`); ``self-hosted`` on a group of
+    its own."""
+    backends = get_registry().specs["backends"]
+    assert [name for name in SHIPPED if TEACHER_BACKEND not in backends[name].capabilities] == []
 
 
 def test_the_teacher_section_is_checked_when_the_recipe_loads() -> None:

@@ -239,6 +239,7 @@ class Batch:
             run_ids=self.non_tensors["run_ids"],
             old_logprobs=self.tensors.get("old_logprobs"),
             ref_logprobs=self.tensors.get("ref_logprobs"),
+            teacher_logprobs=self.tensors.get("teacher_logprobs"),
         )
 
 

@@ -41,6 +41,8 @@ from nexrl_core.training.holders import TrainStepConfig
 from nexrl_core.types import Trajectory, sort_trajectories
 
 if TYPE_CHECKING:
+    import torch
+
     from nexrl_core.training.batch import Batch
     from nexrl_core.training.transport import Transport
 
@@ -151,7 +153,9 @@ class SelfHostedTrainer:
         self.train_step: TrainStepConfig = self.config.train_step
         self.update: UpdateSettings = self.config.update
         self._transport: Transport | None = None
+        self._teacher: Transport | None = None
         self.world_size = 1
+        self.teacher_world_size = 1
         self.pad_token_id = 0
         self.trained_since_publish = False
         """Whether the workers hold weights sampling has not been given yet."""
@@ -160,11 +164,31 @@ class SelfHostedTrainer:
 
     # --- wiring ----------------------------------------------------------------------------
 
-    def bind(self, transport: Transport, *, world_size: int, pad_token_id: int) -> None:
-        """Use ``transport``'s workers (``world_size`` ranks; ``pad_token_id`` fills padding)."""
+    def bind(
+        self, transport: Transport, *, world_size: int, pad_token_id: int, teacher: Transport | None = None, teacher_world_size: int = 1
+    ) -> None:
+        """Use ``transport``'s workers (``world_size`` ranks; ``pad_token_id`` fills padding),
+        and ``teacher``'s (``teacher_world_size`` ranks), whose model, the recipe's
+        ``teacher``, is never trained, to score tokens with `teacher_log_prob`."""
         self._transport = transport
+        self._teacher = teacher
         self.world_size = world_size
+        self.teacher_world_size = teacher_world_size
         self.pad_token_id = pad_token_id
+
+    def teacher_log_prob(self, batch: Batch) -> torch.Tensor:
+        """The teacher model's log-prob of every token of ``batch`` (as
+        `Transport.compute_log_prob` lays them out), in passes as the update runs.
+
+        :raises RuntimeError: when the backend bound no teacher.
+        """
+        if self._teacher is None:
+            raise RuntimeError(f"{type(self).__name__} has no teacher; a backend binds one when the recipe sets teacher.model")
+        rows = batch.batch_size
+        scored = self._teacher.compute_log_prob(
+            batch.pad_to_world_size(self.teacher_world_size), self.update.micro_batch_rows, self.update.max_tokens_per_microbatch
+        )
+        return scored[:rows]
 
     @property
     def transport(self) -> Transport:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from nexrl_core.http.serving import ServeOptions
 from nexrl_core.plugins.hookspecs import hookimpl
 from nexrl_core.plugins.specs import BackendSpec, GroupEngineSpec, PlacerSpec, ServiceSpec, TransportSpec
+from nexrl_core.training.backend import TEACHER_BACKEND
 from nexrl_core.training.placement import LOCAL_PLACEMENT
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
 from nexrl_fsdp.local_placer import LocalPlacerOptions
@@ -28,6 +29,7 @@ def nexrl_backends() -> list[BackendSpec]:
             factory="nexrl_fsdp.selfhosted.backend:open_self_hosted",
             config_class=SelfHostedBackendConfig,
             description="FSDP2 workers under torchrun driven over direct ZMQ, a sampler process fed their weights",
+            capabilities=frozenset({TEACHER_BACKEND}),
         ),
     ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from tinker.proto import tinker_public_pb2 as pb
@@ -111,6 +113,15 @@ def test_json_form() -> None:
     }
     decoded = decode_forward_backward_json(body)
     assert decoded.seq_id == 2 and decoded.data[0].inputs["target_tokens"].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("model_input", [None, [], [{"type": "encoded_text", "tokens": [1]}], {"chunks": "1 2"}, "1 2"])
+def test_a_datum_whose_model_input_is_not_an_object_with_chunks_is_refused_by_name(model_input: Any) -> None:
+    """Whatever a JSON body puts in ``model_input`` (fuzzing once sent a list), the answer is
+    a 400 naming it, never a server error."""
+    body = {"model_id": "m", "seq_id": 1, "forward_backward_input": {"loss_fn": "cross_entropy", "data": [{"model_input": model_input}]}}
+    with pytest.raises(BadRequest, match="datum 0: model_input must be an object whose chunks are a list"):
+        decode_forward_backward_json(body)
 
 
 def test_outputs_round_trip_through_the_sdk_decoders() -> None:

@@ -6,7 +6,9 @@ placer starts can reach it (`nexrl_core.training.placement.Placer.control_host`:
 the ``local`` placer), ``python -m nexrl_fsdp.worker`` placed once per rank, and a
 connected transport. Ranks also exit on their own when the API server goes away, so
 nothing outlives the run. Each group has a key of its own (`group_key`), which its API
-server, its ranks (through their environment) and its transport check.
+server, its ranks (through their environment) and its transport check. Several groups
+may share one API server (a student and its teacher): the caller starts the server and
+gives it to each, and each group then stops its own ranks, not the server.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ class WorkerGroup:
         extra_env: dict[str, str] | None = None,
         key: str | None = None,
         cpus_per_rank: float = 1.0,
+        server: WorkersApiServer | None = None,
     ) -> None:
         """``placer`` starts the ranks (this machine's loopback when None; the caller
         closes a placer it passes). ``key`` is the group's key; a new one
         (`new_group_key`) when None. A caller passes its own when a process it started
         before the group (a sampler the ranks push weights to) must hold the same key.
+        ``server`` is a started API server the group registers on (its key must be
+        ``key``; its ``dead_after_s`` applies, and the caller stops it); None starts one
+        of the group's own, stopped with it.
 
         :raises nexrl_core.training.placement.PlacementError: when the placer cannot start the
             ranks (`PlacementUnavailable`: no room for them in time).
@@ -57,8 +63,14 @@ class WorkerGroup:
         self.log_path = Path(log_path)
         self.placer = placer or LocalPlacer()
         self.key = key or new_group_key()
-        self.server = WorkersApiServer(ServeOptions(host=self.placer.control_host(), port=0), key=self.key, dead_after_s=dead_after_s)
-        url = self.server.start()
+        self.identifier = identifier
+        self._owns_server = server is None
+        if server is None:
+            server = WorkersApiServer(ServeOptions(host=self.placer.control_host(), port=0), key=self.key, dead_after_s=dead_after_s)
+            server.start()
+        self.server = server
+        assert server.base_url is not None, "a shared API server is started by the caller"
+        url = server.base_url
         self.placed: PlacedRanks | None = None
         self._transport: DirectZmqTransport | None = None
         try:
@@ -120,7 +132,10 @@ class WorkerGroup:
         if transport is not None:
             transport.close()
             self._transport = None
-        self.server.stop()
+        if self._owns_server:
+            self.server.stop()
+        elif self.server.registry is not None:  # a shared server forgets this group, and lives on
+            self.server.registry.remove(self.identifier)
 
     def log_tail(self, limit: int = 4000) -> str:
         """The end of the workers' combined output (for error messages)."""

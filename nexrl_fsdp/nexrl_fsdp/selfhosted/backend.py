@@ -15,6 +15,12 @@ a later step may keep sampling while the workers train (``rollout.max_staleness`
 `close` stops the sampler process, destroys the group and stops the ranks' whole
 session; the sampler and the ranks also end themselves when this process dies.
 
+With the recipe's ``teacher.model`` (on-policy distillation) a second group, identifier
+``teacher`` and ``backend.options.teacher_world_size`` ranks, loads the teacher on the
+student's API server; its weights are never trained, and its only op in a run is
+``compute_log_prob``, which scores each step's tokens before the advantages. Either
+group lost is a lost run: both are stopped and started afresh (`restart`).
+
 One key (`nexrl_fsdp.direct_zmq.group_key`) guards the run's group and its sampler: a
 group started here gets a new one, which the sampler process (started first) holds too
 so rank 0's pushes reach it, and every restarted group reuses it; a ``workers_url``
@@ -31,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from nexrl_core.chat.model import ChatModel
 from nexrl_core.config.errors import ConfigError
 from nexrl_core.config.lr_schedule import LearningRateSchedule, LRSchedule
@@ -46,6 +54,7 @@ from nexrl_engine.config import EngineConfig
 from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 from nexrl_engine.loss_fns import build_loss_fn
 from nexrl_engine.recipe_checks import check_device, check_model_name
+from nexrl_fsdp.direct_zmq.api_server import WorkersApiServer
 from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env, new_group_key
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
 from nexrl_fsdp.direct_zmq.options import DirectZmqOptions
@@ -61,6 +70,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 WORKERS_LOG = "workers.log"
+TEACHER_LOG = "teacher.log"
+TEACHER_IDENTIFIER = "teacher"
 SAMPLER_LOG = "sampler.log"
 WORKER_LOSS_INPUTS = frozenset({"old_logprobs", "advantages", "ref_logprobs", "entropy"})
 
@@ -89,6 +100,7 @@ class SelfHostedBackend:
         *,
         work_dir: Path,
         group: WorkerGroup | None,
+        teacher_group: WorkerGroup | None = None,
         placer: Placer | None,
         run_info: Mapping[str, str],
         setup: BackendSetup,
@@ -103,6 +115,7 @@ class SelfHostedBackend:
         self.sampler = chat.process
         self.work_dir = work_dir
         self.group = group
+        self.teacher_group = teacher_group
         self.placer = placer
         self._run_info = dict(run_info)
         self._version = 0
@@ -167,10 +180,12 @@ class SelfHostedBackend:
         if self.sampler.death() is not None:
             self.sampler = self.chat.process = self.sampler.respawn()
             self.sampler.wait_ready()
-        logger.warning("the lost worker group's last output (%s):\n%s", self.group.log_path, self.group.log_tail(2000))
-        self.group.stop()
-        self.transport, self.group = _connect(self.setup, self.options, self.transport.options.key, self.placer)
-        _init_workers(self.setup, self.trainer, self.transport)
+        for group in (self.group, self.teacher_group):
+            if group is not None:
+                logger.warning("the worker group %r's last output (%s):\n%s", group.identifier, group.log_path, group.log_tail(2000))
+        _stop_groups(self.group, self.teacher_group)
+        self.transport, self.group, self.teacher_group = _connect(self.setup, self.options, self.transport.options.key, self.placer)
+        _init_workers(self.setup, self.trainer, self.transport, self.teacher_group)
         self.trainer.load_state(self._initial_trainer_state)
         self.publish()
         return True
@@ -215,7 +230,7 @@ class SelfHostedBackend:
             sampler_stopped = stopping.submit(self.sampler.stop)
             try:
                 if self.group is not None:
-                    self.group.stop()
+                    _stop_groups(self.group, self.teacher_group)
                 else:
                     try:
                         self.transport.destroy()
@@ -253,12 +268,44 @@ def _check(setup: BackendSetup, options: SelfHostedBackendConfig) -> SelfHostedT
             "backend.options.placement: the group at backend.options.workers_url was started elsewhere, so nothing is "
             "placed; leave placement and placement_options unset, or workers_url null to place the ranks"
         )
+    problems += _teacher_problems(setup, options)
     if setup.recipe.algorithm.kl.coef > 0 and not trainer.supports_kl:
         problems.append(f"algorithm.kl.coef: trainer {options.trainer!r} applies no KL penalty; set it to 0 or use self_hosted_grpo")
     if problems:
         trainer.close()
         raise ConfigError(problems)
     return trainer
+
+
+def _teacher_problems(setup: BackendSetup, options: SelfHostedBackendConfig) -> list[str]:
+    """What keeps the recipe's teacher off the workers, as ``key: why`` lines."""
+    teacher = setup.recipe.teacher.model
+    if teacher is None:
+        if options.teacher_world_size is not None:
+            return ["backend.options.teacher_world_size: the recipe sets no teacher.model; remove it or set teacher.model"]
+        return []
+    if options.workers_url is not None:
+        return [
+            "teacher.model: the group at backend.options.workers_url was started elsewhere, and a teacher's group is "
+            "started with the run's; leave workers_url null to distil on self-hosted workers"
+        ]
+    try:
+        scores_with = load_tokenizer(resolve_model_dir(teacher))
+    except (OSError, ValueError) as error:
+        return [f"teacher.model: cannot load {teacher!r}: {error}"]
+    if scores_with.get_vocab() != load_tokenizer(resolve_model_dir(str(setup.recipe.model.name))).get_vocab():
+        return [
+            f"teacher.model: {teacher!r} has another tokenizer than model.name {str(setup.recipe.model.name)!r}; the "
+            "teacher scores the student's token ids, so distil from a teacher of the same tokenizer"
+        ]
+    return []
+
+
+def _teacher_ranks(setup: BackendSetup, options: SelfHostedBackendConfig) -> int:
+    """Ranks of the teacher's group: none without ``teacher.model``."""
+    if setup.recipe.teacher.model is None:
+        return 0
+    return options.teacher_world_size if options.teacher_world_size is not None else options.world_size
 
 
 def sampler_threads(options: SelfHostedBackendConfig) -> str:
@@ -284,10 +331,16 @@ def rank_threads(options: SelfHostedBackendConfig) -> str:
 
 
 def start_group(
-    options: SelfHostedBackendConfig, log_path: Path, placer: Placer, extra_env: dict[str, str] | None = None, key: str | None = None
+    options: SelfHostedBackendConfig,
+    log_path: Path,
+    placer: Placer,
+    extra_env: dict[str, str] | None = None,
+    key: str | None = None,
+    server: WorkersApiServer | None = None,
 ) -> WorkerGroup:
     """The worker group ``options`` describe (no ``workers_url``), its ranks where
-    ``placer`` puts them, with ``key`` (a new one when None)."""
+    ``placer`` puts them, with ``key`` (a new one when None), on ``server`` (an API
+    server of its own when None)."""
     threads = rank_threads(options)
     return WorkerGroup(
         options.world_size,
@@ -301,7 +354,18 @@ def start_group(
         extra_env={"OMP_NUM_THREADS": threads, **(extra_env or {})},
         key=key,
         cpus_per_rank=float(threads),
+        server=server,
     )
+
+
+def _stop_groups(student: WorkerGroup | None, teacher: WorkerGroup | None) -> None:
+    """The teacher's group first: it registered on the API server the student's group owns."""
+    try:
+        if teacher is not None:
+            teacher.stop()
+    finally:
+        if student is not None:
+            student.stop()
 
 
 def _group_key(options: SelfHostedBackendConfig) -> str:
@@ -320,10 +384,21 @@ def _group_key(options: SelfHostedBackendConfig) -> str:
 
 def _connect(
     setup: BackendSetup, options: SelfHostedBackendConfig, key: str, placer: Placer | None
-) -> tuple[DirectZmqTransport, WorkerGroup | None]:
+) -> tuple[DirectZmqTransport, WorkerGroup | None, WorkerGroup | None]:
+    """The student's transport, its group (None for a ``workers_url`` group) and the
+    teacher's group on the same API server (None without ``teacher.model``)."""
     if placer is not None:
         group = start_group(options, setup.work_dir / WORKERS_LOG, placer, key=key)
-        return group.transport, group
+        teacher_ranks = _teacher_ranks(setup, options)
+        if not teacher_ranks:
+            return group.transport, group, None
+        try:
+            teacher_options = attrs.evolve(options, world_size=teacher_ranks, identifier=TEACHER_IDENTIFIER)
+            teacher = start_group(teacher_options, setup.work_dir / TEACHER_LOG, placer, key=key, server=group.server)
+        except BaseException:
+            group.stop()
+            raise
+        return group.transport, group, teacher
     assert options.workers_url is not None, "a run without a placer joins the group at workers_url"
     transport = DirectZmqTransport(
         DirectZmqOptions(
@@ -340,11 +415,14 @@ def _connect(
     except BaseException:
         transport.close()
         raise
-    return transport, None
+    return transport, None, None
 
 
-def _init_workers(setup: BackendSetup, trainer: SelfHostedTrainer, transport: DirectZmqTransport) -> Mapping[str, Any]:
-    """Load the recipe's model on the group's ranks and bind the trainer to them."""
+def _init_workers(
+    setup: BackendSetup, trainer: SelfHostedTrainer, transport: DirectZmqTransport, teacher: WorkerGroup | None = None
+) -> Mapping[str, Any]:
+    """Load the recipe's model on the group's ranks (and its teacher, without adapters,
+    on the teacher's) and bind the trainer to them."""
     engine = _engine_config(setup)
     info = transport.init_model(
         engine.model,
@@ -354,7 +432,16 @@ def _init_workers(setup: BackendSetup, trainer: SelfHostedTrainer, transport: Di
         gradient_checkpointing=setup.recipe.model.gradient_checkpointing,
         mixed_precision=setup.recipe.model.mixed_precision,
     )
-    trainer.bind(transport, world_size=setup.options.world_size, pad_token_id=int(info["pad_token_id"]))
+    if teacher is not None:
+        assert setup.recipe.teacher.model is not None, "a teacher's group is started for the recipe's teacher"
+        teacher.transport.init_model(setup.recipe.teacher.model, dtype=engine.dtype, seed=setup.recipe.seed)
+    trainer.bind(
+        transport,
+        world_size=setup.options.world_size,
+        pad_token_id=int(info["pad_token_id"]),
+        teacher=None if teacher is None else teacher.transport,
+        teacher_world_size=1 if teacher is None else teacher.nproc,
+    )
     return info
 
 
@@ -399,11 +486,12 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         extra_env={"OMP_NUM_THREADS": sampler_threads(options)},
     )
     group: WorkerGroup | None = None
+    teacher: WorkerGroup | None = None
     transport: DirectZmqTransport | None = None
     try:
         try:
-            transport, group = _connect(setup, options, key, placer)
-            info = _init_workers(setup, trainer, transport)
+            transport, group, teacher = _connect(setup, options, key, placer)
+            info = _init_workers(setup, trainer, transport, teacher)
         except OpRefused:
             raise
         except (WorkerGroupError, PlacementError) as error:
@@ -414,7 +502,15 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         if "master_dtype" in info:
             run_info["master_dtype"] = str(info["master_dtype"])
         backend = SelfHostedBackend(
-            trainer, transport, chat, work_dir=setup.work_dir, group=group, placer=placer, run_info=run_info, setup=setup
+            trainer,
+            transport,
+            chat,
+            work_dir=setup.work_dir,
+            group=group,
+            teacher_group=teacher,
+            placer=placer,
+            run_info=run_info,
+            setup=setup,
         )
         backend.publish()
         return backend
@@ -422,7 +518,7 @@ def open_self_hosted(setup: BackendSetup) -> SelfHostedBackend:
         sampler.stop()
         trainer.close()
         if group is not None:
-            group.stop()
+            _stop_groups(group, teacher)
         elif transport is not None:
             transport.close()
         if placer is not None:

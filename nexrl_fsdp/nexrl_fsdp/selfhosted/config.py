@@ -41,6 +41,9 @@ class SelfHostedBackendConfig:
     were started elsewhere (several machines, Kubernetes); null starts both here."""
     identifier: str = attrs.field(default="actor", validator=non_empty)
     """The worker group's name on the API server (``--identifier`` of the workers)."""
+    teacher_world_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive_int))
+    """Ranks of the teacher's own group (identifier ``teacher``, on the student's API
+    server), started when the recipe sets ``teacher.model``; null: ``world_size``."""
     trainer: str = attrs.field(default="self_hosted_grpo", validator=non_empty)
     """Registered trainer with capability ``transport``."""
     update: UpdateSettings = attrs.field(factory=UpdateSettings)

@@ -361,9 +361,10 @@ def decode_forward_backward_json(body: Mapping[str, Any], forward_only: bool = F
         where = f"datum {index}"
         if not isinstance(datum, Mapping):
             raise BadRequest(f"{where}: must be an object")
-        chunks = (datum.get("model_input") or {}).get("chunks")
+        model_input = datum.get("model_input")
+        chunks = model_input.get("chunks") if isinstance(model_input, Mapping) else None
         if not isinstance(chunks, list):
-            raise BadRequest(f"{where}: model_input.chunks must be a list")
+            raise BadRequest(f"{where}: model_input must be an object whose chunks are a list")
         tokens: list[int] = []
         for c_index, chunk in enumerate(chunks):
             if not isinstance(chunk, Mapping) or chunk.get("type", "encoded_text") != "encoded_text":

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from nexrl_core.training.algorithms import TEACHER_LOGPROBS
 from nexrl_core.training.holder_trainer import HolderTrainer, HolderTrainerConfig, build_estimator, check_teacher
 from nexrl_core.training.holders import ServiceHolder
 from nexrl_core.training.self_hosted import SelfHostedTrainer, batch_data_metrics
@@ -134,6 +135,8 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
             )
             metrics.update(kl_metrics)
         tensors["token_level_rewards"] = token_rewards
+        if TEACHER_LOGPROBS in self.estimator.requires:
+            tensors[TEACHER_LOGPROBS] = self.teacher_log_prob(batch) * loss_mask
         batch = attrs.evolve(batch, tensors=tensors)
         output = self.estimator(attrs.evolve(batch.to_advantage_inputs(), token_rewards=token_rewards))
         tensors["advantages"] = (output.advantages.detach().to("cpu").float() * loss_mask).contiguous()
