@@ -5,9 +5,13 @@ workers' API, whose frozen model scores every step's tokens before the advantage
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +23,12 @@ from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.config.components import resolve_options
 from nexrl_core.plugins.registry import find_spec
 from nexrl_core.testing.rollouts import sampled_group
-from nexrl_core.training.backend import BackendLost, BackendSetup
+from nexrl_core.training.backend import BackendSetup
 from nexrl_core.training.batch import Batch
 from nexrl_engine import Datum, Engine
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
 from nexrl_fsdp.selfhosted.backend import SelfHostedBackend
+from nexrl_testing.processes import processes_with
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_fsdp.yaml"
 KL_COEF = 0.5
@@ -125,32 +130,6 @@ def test_two_groups_on_one_workers_api_and_the_teachers_scores_are_the_advantage
     assert moved, "the teacher disagrees with the student on some sampled token"
 
 
-@pytest.mark.slow
-def test_a_killed_teacher_rank_is_a_lost_run_and_the_restarted_teacher_scores_as_before(distilling: SelfHostedBackend) -> None:
-    backend = distilling
-    assert backend.teacher_group is not None
-    backend.restart()  # the student's weights back at the base model's, as the next update after a restart sees them
-    trajectories = sampled_group(backend.chat_model())
-    before, _ = recorded_update(backend, trajectories)
-    teacher = backend.teacher_group
-    assert teacher is not None
-    (pid,) = teacher.rank_pids().values()
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while teacher.transport.info()["status"] != "dead":
-        assert time.monotonic() < deadline, "the teacher's lost rank was not noticed"
-        time.sleep(0.2)
-    with pytest.raises(BackendLost, match="worker group 'teacher' is dead"):
-        backend.train(trajectories, 1)
-    assert backend.restart(), "a lost teacher is restarted like a lost student"
-    assert backend.teacher_group is not teacher and list(backend.teacher_group.rank_pids().values()) != [pid]
-    after, _ = recorded_update(backend, trajectories)
-    for (tokens, mask, advantages), (tokens_before, mask_before, advantages_before) in zip(rows_of(after), rows_of(before)):
-        assert (tokens, mask) == (tokens_before, mask_before)
-        assert advantages == pytest.approx(advantages_before, abs=1e-5)
-    assert len(rows_of(after)) == len(rows_of(before))
-
-
 def test_teacher_settings_the_workers_cannot_honour_are_refused_before_anything_starts(
     tmp_path: Path, teacher_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,3 +148,79 @@ def test_teacher_settings_the_workers_cannot_honour_are_refused_before_anything_
             open_backend(recipe(tmp_path, *overrides), tmp_path / "backend")
         assert any(line.startswith(problem) for line in error.value.problems), error.value.problems
         assert not (tmp_path / "backend" / "workers.log").exists(), "no worker may start for a refused recipe"
+
+
+NEXRL = str(Path(sys.executable).with_name("nexrl"))
+STEPS, CHECKPOINT = 4, 2
+
+
+def distillation_run(out_dir: Path, teacher: Path, marker: str) -> subprocess.Popen[str]:
+    """``nexrl train`` of a short self-hosted distillation, its processes carrying ``marker``."""
+    command = [
+        NEXRL, "train", str(RECIPE), f"output.dir={out_dir}", f"teacher.model={teacher}", *DISTIL,
+        f"schedule.steps={STEPS}", f"schedule.checkpoint_every={CHECKPOINT}", "schedule.validate_every=1000", "task.val_size=8",
+        "rollout.prompts_per_step=2", "rollout.group_size=4", "backend.options.max_restarts=1", "--no-progress",
+    ]  # fmt: skip
+    name, _, value = marker.partition("=")
+    with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, name: value})
+
+
+def step_rows(out_dir: Path) -> dict[int, dict[str, float]]:
+    rows: dict[int, dict[str, float]] = {}
+    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("step", 0) >= 1 and "teacher/reverse_kl" in row:
+            rows[int(row["step"])] = row
+    return rows
+
+
+def teacher_ranks(marker: str) -> list[int]:
+    """The run's teacher ranks: ``python -m nexrl_fsdp.worker ... --identifier teacher``."""
+    found = []
+    for pid in processes_with(marker):
+        try:
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # the module the first -m names (a launcher names its ranks' module later in its arguments)
+        runs_a_rank = b"-m" in arguments and arguments[arguments.index(b"-m") + 1 :][:1] == [b"nexrl_fsdp.worker"]
+        if runs_a_rank and b"teacher" in arguments:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.slow
+def test_a_teacher_rank_killed_during_a_run_is_restarted_once_and_every_step_is_the_uninterrupted_runs(
+    tmp_path: Path, teacher_dir: Path
+) -> None:
+    """``nexrl train`` with both groups; the teacher's rank SIGKILLed once the step-2
+    checkpoint is recorded: the run restarts once, from that checkpoint, and every step's
+    numbers equal an uninterrupted run's."""
+    straight = distillation_run(tmp_path / "straight", teacher_dir, f"NEXRL_TEACHER_TEST={uuid.uuid4().hex}")
+    assert straight.wait(timeout=600) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+    marker = f"NEXRL_TEACHER_TEST={uuid.uuid4().hex}"
+    healed = tmp_path / "healed"
+    run = distillation_run(healed, teacher_dir, marker)
+    try:
+        deadline = time.monotonic() + 300
+        state = healed / "run_state.json"
+        while not (state.exists() and json.loads(state.read_text() or "{}").get("step") == CHECKPOINT):
+            assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "healed.log").read_text()[-3000:]
+            time.sleep(0.05)
+        (rank,) = teacher_ranks(marker)
+        os.kill(rank, signal.SIGKILL)
+        assert run.wait(timeout=600) == 0, (tmp_path / "healed.log").read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    output = (tmp_path / "healed.log").read_text()
+    assert output.count("restart 1:") == 1 and "restart 2:" not in output, output[-3000:]
+    assert not processes_with(marker)
+    expected, got = step_rows(tmp_path / "straight"), step_rows(healed)
+    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        for key in ("reward/mean", "teacher/reverse_kl", "data/advantages/mean"):
+            assert got[step][key] == pytest.approx(expected[step][key], rel=1e-4, abs=1e-6), f"step {step} {key}"
+        assert expected[step]["teacher/reverse_kl"] != 0
