@@ -169,11 +169,12 @@ class SelfHostedBackend:
         self.publish()
 
     def restart(self) -> bool:
-        """Stop the lost group, start a new one at the base weights and give those to the
-        sampler, started anew first if its process died (the loop then loads the last
-        checkpoint into both, so the group restarts even when only the sampler was lost);
-        False when ``max_restarts`` are spent or the group is not one this backend
-        started (``workers_url``)."""
+        """Stop the groups (the student's, and the teacher's when there is one, whichever
+        was lost), start new ones (the student at the base weights, the teacher at its
+        own) and give the student's weights to the sampler, started anew first if its
+        process died (the loop then loads the last checkpoint into both, so the groups
+        restart even when only the sampler was lost); False when ``max_restarts`` are
+        spent or the group is not one this backend started (``workers_url``)."""
         if self.group is None or self.restarts_left <= 0:
             return False
         self.restarts_left -= 1
