@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nexrl_core.run.loop import RESTARTS_METRIC
-from nexrl_testing.processes import processes_with
+from nexrl_testing.processes import processes_running, processes_with
 
 NEXRL = str(Path(sys.executable).with_name("nexrl"))
 STEPS, CHECKPOINT = 8, 4
@@ -160,46 +160,32 @@ def test_resume_after_a_hard_kill_restores_the_trainer_state(tmp_path: Path, str
     assert [got[step]["kl/coef"] for step in range(1, STEPS + 1)] == pytest.approx(coefs, rel=1e-3)
 
 
-def _processes_running(marker: str, module: bytes) -> list[int]:
-    """The processes carrying ``marker`` that run ``python -m module`` (not a launcher of it)."""
-    found = []
-    for pid in processes_with(marker):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # the module the first -m names: a launcher names its ranks' module later in its arguments
-        if b"-m" in cmdline and cmdline[cmdline.index(b"-m") + 1 :][:1] == [module]:
-            found.append(pid)
-    return sorted(found)
-
-
 def last_rank(marker: str) -> int:
-    ranks = _processes_running(marker, b"nexrl_fsdp.worker")
+    ranks = processes_running(marker, "nexrl_fsdp.worker")
     assert len(ranks) == 2, ranks
     return ranks[-1]
 
 
 def last_watchdog(marker: str) -> int:
     """The newest watchdog, which beats for one rank (the rank itself runs on, unwatched)."""
-    watchdogs = _processes_running(marker, b"nexrl_fsdp.worker.watchdog")
+    watchdogs = processes_running(marker, "nexrl_fsdp.worker.watchdog")
     assert len(watchdogs) == 2, watchdogs
     return watchdogs[-1]
 
 
 def launcher(marker: str) -> int:
     """The process that started the group's ranks (and whose end their watchdogs watch for)."""
-    (pid,) = _processes_running(marker, b"nexrl_fsdp.worker.loopback")
+    (pid,) = processes_running(marker, "nexrl_fsdp.worker.loopback")
     return pid
 
 
 def sampler_process(marker: str) -> int:
-    (pid,) = _processes_running(marker, b"nexrl_fsdp.selfhosted.sampler_server")
+    (pid,) = processes_running(marker, "nexrl_fsdp.selfhosted.sampler_server")
     return pid
 
 
 def embedded_service(marker: str) -> int:
-    (pid,) = _processes_running(marker, b"nexrl_service.server")
+    (pid,) = processes_running(marker, "nexrl_service.server")
     return pid
 
 

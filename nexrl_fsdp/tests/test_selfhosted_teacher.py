@@ -27,8 +27,8 @@ from nexrl_core.training.backend import BackendSetup
 from nexrl_core.training.batch import Batch
 from nexrl_engine import Datum, Engine
 from nexrl_fsdp.direct_zmq.group_key import ENV_WORKER_KEY, new_group_key
-from nexrl_fsdp.selfhosted.backend import SelfHostedBackend
-from nexrl_testing.processes import processes_with
+from nexrl_fsdp.selfhosted.backend import TEACHER_IDENTIFIER, SelfHostedBackend
+from nexrl_testing.processes import processes_running, processes_with
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_fsdp.yaml"
 KL_COEF = 0.5
@@ -175,21 +175,6 @@ def step_rows(out_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def teacher_ranks(marker: str) -> list[int]:
-    """The run's teacher ranks: ``python -m nexrl_fsdp.worker ... --identifier teacher``."""
-    found = []
-    for pid in processes_with(marker):
-        try:
-            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # the module the first -m names (a launcher names its ranks' module later in its arguments)
-        runs_a_rank = b"-m" in arguments and arguments[arguments.index(b"-m") + 1 :][:1] == [b"nexrl_fsdp.worker"]
-        if runs_a_rank and b"teacher" in arguments:
-            found.append(pid)
-    return found
-
-
 @pytest.mark.slow
 def test_a_teacher_rank_killed_during_a_run_is_restarted_once_and_every_step_is_the_uninterrupted_runs(
     tmp_path: Path, teacher_dir: Path
@@ -208,7 +193,7 @@ def test_a_teacher_rank_killed_during_a_run_is_restarted_once_and_every_step_is_
         while not (state.exists() and json.loads(state.read_text() or "{}").get("step") == CHECKPOINT):
             assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "healed.log").read_text()[-3000:]
             time.sleep(0.05)
-        (rank,) = teacher_ranks(marker)
+        (rank,) = processes_running(marker, "nexrl_fsdp.worker", argument=TEACHER_IDENTIFIER)
         os.kill(rank, signal.SIGKILL)
         assert run.wait(timeout=600) == 0, (tmp_path / "healed.log").read_text()[-3000:]
     finally:

@@ -53,7 +53,7 @@ from nexrl_engine.batching import BatchedSamplingOptions
 from nexrl_engine.config import EngineConfig
 from nexrl_engine.loading import load_tokenizer, resolve_model_dir
 from nexrl_engine.loss_fns import build_loss_fn
-from nexrl_engine.recipe_checks import check_device, check_model_name
+from nexrl_engine.recipe_checks import check_device, check_model_name, teacher_tokenizer_problem
 from nexrl_fsdp.direct_zmq.api_server import WorkersApiServer
 from nexrl_fsdp.direct_zmq.group_key import MissingGroupKey, key_from_env, new_group_key
 from nexrl_fsdp.direct_zmq.launch import WorkerGroup
@@ -295,10 +295,7 @@ def _teacher_problems(setup: BackendSetup, options: SelfHostedBackendConfig) -> 
     except (OSError, ValueError) as error:
         return [f"teacher.model: cannot load {teacher!r}: {error}"]
     if scores_with.get_vocab() != load_tokenizer(resolve_model_dir(str(setup.recipe.model.name))).get_vocab():
-        return [
-            f"teacher.model: {teacher!r} has another tokenizer than model.name {str(setup.recipe.model.name)!r}; the "
-            "teacher scores the student's token ids, so distil from a teacher of the same tokenizer"
-        ]
+        return [teacher_tokenizer_problem(teacher, str(setup.recipe.model.name))]
     return []
 
 

@@ -11,7 +11,7 @@ from nexrl_core.config.schema import TrainConfig
 from nexrl_core.run.limits import context_problems
 from nexrl_engine.loading import check_chat_model_dir, context_length, resolve_model_dir
 
-__all__ = ["check_device", "check_model_name", "device_problem"]
+__all__ = ["check_device", "check_model_name", "device_problem", "teacher_tokenizer_problem"]
 
 
 def check_model_name(recipe: TrainConfig) -> str:
@@ -61,3 +61,12 @@ def check_device(device: str, key: str) -> None:
     problem = device_problem(device)
     if problem is not None:
         raise ConfigError([f"{key}: {problem}"])
+
+
+def teacher_tokenizer_problem(teacher: str, student: str) -> str:
+    """The refusal of a ``teacher.model`` whose tokenizer is not ``model.name``'s: it would
+    score token ids that mean other text."""
+    return (
+        f"teacher.model: {teacher!r} has another tokenizer than model.name {student!r}; the "
+        "teacher scores the student's token ids, so distil from a teacher of the same tokenizer"
+    )

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ListenerWatch", "LOOPBACK", "process_gone", "process_tree", "processes_with", "tcp_listeners"]
+__all__ = ["ListenerWatch", "LOOPBACK", "process_gone", "process_tree", "processes_running", "processes_with", "tcp_listeners"]
 
 LOOPBACK = ("127.0.0.1", "::1")
 """The addresses a local run may listen on."""
@@ -36,6 +36,22 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def processes_running(marker: str, module: str, *, argument: str | None = None) -> list[int]:
+    """The processes carrying ``marker`` that run ``python -m module`` (not a launcher of it),
+    and, with ``argument``, have it on their command line; sorted by pid."""
+    found = []
+    for pid in processes_with(marker):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # the module the first -m names: a launcher names its ranks' module later in its arguments
+        runs = b"-m" in cmdline and cmdline[cmdline.index(b"-m") + 1 :][:1] == [module.encode()]
+        if runs and (argument is None or argument.encode() in cmdline):
+            found.append(pid)
+    return sorted(found)
 
 
 def process_gone(pid: int) -> bool:

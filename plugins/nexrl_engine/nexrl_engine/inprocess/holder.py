@@ -45,6 +45,7 @@ from nexrl_engine.engine import Engine
 from nexrl_engine.inprocess.config import EngineHolderConfig
 from nexrl_engine.lora import adapters_disabled
 from nexrl_engine.loss_fns import build_loss_fn
+from nexrl_engine.recipe_checks import teacher_tokenizer_problem
 from nexrl_engine.types import Datum
 
 __all__ = ["EngineHolder", "engine_datum"]
@@ -207,12 +208,7 @@ class EngineHolder(TemplateChatModel):
         except (ValueError, OSError) as error:
             raise ConfigError([f"teacher.model: cannot load {model!r}: {error}"]) from None
         if teacher.tokenizer.get_vocab() != self.engine.tokenizer.get_vocab():
-            raise ConfigError(
-                [
-                    f"teacher.model: {model!r} has another tokenizer than model.name {self.config.model.name!r}; the "
-                    "teacher scores the student's token ids, so distil from a teacher of the same tokenizer"
-                ]
-            )
+            raise ConfigError([teacher_tokenizer_problem(model, str(self.config.model.name))])
         return teacher
 
     def teacher_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
