@@ -245,9 +245,6 @@ def test_flat_shape_lists() -> None:
 def test_nested_shape_lists() -> None:
     conversion = convert_v1_recipe(SHAPES["v1.4"])
     assert lines(conversion)["unsupported"] == [
-        "service.train_service.teacher: a second model (role teacher) beside the actor, as on-policy distillation uses, which the converter "
-        "does not carry yet; instead: train the actor alone, or distil with teacher.model and algorithm.advantage.name on_policy_distillation "
-        "on backend inprocess (the teacher's model directory) or remote_api (a model the service samples, with a holder that scores under it)",
         "rollout_worker.agent_cls = single_turn_math: v1's built-in agent single_turn_math; instead: write it as an agent function "
         "(examples/math/math_agent.py does single_turn_math's job: copy it beside the recipe) and pass --agent math_agent:solve (task.agent)",
     ]
@@ -257,8 +254,10 @@ def test_nested_shape_lists() -> None:
         "service.inference_service.identifier", "service.inference_service.backend", "service.inference_service.freeze_for_weight_sync",
         "service.inference_service.weight_type", "service.train_service.student.identifier", "service.train_service.student.role",
         "validate.data.type", "validate.data.data_files", "data.max_prompt_length", "data.filter_prompts", "rollout_worker.type",
-        "rollout_worker.max_sequence_length", "weight.staleness_threshold",
+        "rollout_worker.max_sequence_length", "weight.staleness_threshold", "service.train_service.teacher.identifier",
+        "service.train_service.teacher.role", "service.train_service.teacher.backend", "service.train_service.teacher.config.model",
     ]  # fmt: skip
+    assert "teacher" not in conversion.recipe, "v1's remote_api_grpo read no teacher"
     backend = conversion.recipe["backend"]
     assert backend["options"]["base_url"] == "https://tinker.thinkingmachines.dev/services/tinker-prod", "null meant the hosted service"
     assert backend["options"]["api_key_env"] == "TINKER_API_KEY"
@@ -288,7 +287,7 @@ def test_a_key_that_changes_training_without_equivalent_stops_the_conversion(tmp
     result = CliRunner().invoke(cli, ["convert-v1", str(SHAPES["v1.4"]), "-o", str(out)])
     assert result.exit_code == 2
     assert "rollout_worker.agent_cls = single_turn_math: v1's built-in agent" in result.stderr
-    assert "not converted: 2 keys change training in a way NexRL cannot" in result.stderr
+    assert "not converted: 1 key changes training in a way NexRL cannot" in result.stderr
     assert not out.exists()
 
 
@@ -305,22 +304,112 @@ def test_everything_carried_exits_0_with_the_lists(tmp_path: Path) -> None:
     assert "#   service.train_service.student.config.weight_decay: v1 never sent this" in result.stdout, "the choice heads the file"
 
 
-def test_a_v1_distillation_recipe_names_where_each_of_its_keys_goes_in_nexrl(tmp_path: Path) -> None:
-    """v1's remote_api_opd keys (a Weaver recipe's teachers, kl_penalty_coef, kl_discount_factor)
-    are not supported on the backends v1 ran on, and each line names the NexRL key to set on
-    the inprocess backend instead; the conversion stops rather than train without the teacher."""
-    recipe = yaml.safe_load((SHAPES["v1.4"]).read_text())
-    recipe["trainer"] = {"type": "remote_api_opd", "teachers": [{"base_model": "Qwen/Qwen3-8B", "checkpoint": None}]}
-    recipe["service"]["train_service"]["student"]["config"].update(kl_penalty_coef=0.5, kl_discount_factor=0.9)
-    del recipe["service"]["train_service"]["teacher"]
+def distillation_recipe(tmp_path: Path, *, trainer: str = "remote_api_opd", **student_config: object) -> dict:
+    """The nested fixture under v1's OPD trainer: its teacher service scores, the student's config takes ``student_config``."""
     (tmp_path / "common.yaml").write_text((DATA / "nested" / "common.yaml").read_text())
-    (tmp_path / "opd.yaml").write_text(yaml.safe_dump(recipe))
-    unsupported = lines(convert_v1_recipe(tmp_path / "opd.yaml"))["unsupported"]
-    named = {line.split(" = ")[0]: line for line in unsupported}
-    assert "teacher.model" in named["trainer.teachers"] and "on_policy_distillation" in named["trainer.teachers"]
-    assert "algorithm.advantage.options.kl_coef" in named["service.train_service.student.config.kl_penalty_coef"]
-    assert "algorithm.advantage.options.kl_discount" in named["service.train_service.student.config.kl_discount_factor"]
-    assert "distils from a teacher" in named["trainer.type"] and "backend inprocess" in named["trainer.type"]
+    recipe = yaml.safe_load((SHAPES["v1.4"]).read_text())
+    recipe["trainer"]["type"] = trainer
+    recipe["service"]["train_service"]["student"]["config"].update(student_config)
+    return recipe
+
+
+def convert(tmp_path: Path, recipe: dict) -> Conversion:
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return convert_v1_recipe(tmp_path / "recipe.yaml")
+
+
+def test_a_v1_distillation_recipe_becomes_a_teacher_and_the_distillation_estimator(tmp_path: Path, v1_env: None) -> None:
+    """v1.4's Tinker OPD: the teacher service's model is teacher.model, the advantage the teacher's reverse KL alone,
+    kl_penalty_coef and kl_discount_factor its weight and discount; `nexrl config show` takes the recipe."""
+    conversion = convert(tmp_path, distillation_recipe(tmp_path, kl_penalty_coef=0.5, kl_discount_factor=0.9))
+    assert conversion.recipe["teacher"] == {"model": "Qwen/Qwen3-8B"}
+    assert conversion.recipe["algorithm"]["advantage"] == {
+        "name": "on_policy_distillation",
+        "options": {"task_advantage": "none", "kl_coef": 0.5, "kl_discount": 0.9},
+    }
+    assert conversion.recipe["backend"]["options"]["trainer"] == "remote_api_grpo"
+    assert [line for line in lines(conversion)["unsupported"] if "teacher" in line] == []
+    out = tmp_path / "converted.yaml"
+    out.write_text(conversion.to_yaml())
+    shown = CliRunner().invoke(cli, ["config", "show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert yaml.safe_load(shown.stdout)["algorithm"]["advantage"]["options"]["kl_coef"] == 0.5
+
+
+def test_v1s_default_weight_is_written_and_trainer_teachers_names_the_teacher(tmp_path: Path) -> None:
+    recipe = distillation_recipe(tmp_path)
+    del recipe["service"]["train_service"]["teacher"]
+    recipe["trainer"]["teachers"] = [{"base_model": "Qwen/Qwen3-8B", "checkpoint": None}]
+    conversion = convert(tmp_path, recipe)
+    assert conversion.recipe["teacher"] == {"model": "Qwen/Qwen3-8B"}
+    assert conversion.recipe["algorithm"]["advantage"]["options"] == {"task_advantage": "none", "kl_coef": 1.0, "kl_discount": 0.0}
+    assert (
+        "service.train_service.student.config.kl_penalty_coef (v1 default) -> algorithm.advantage.options.kl_coef = 1.0"
+        in lines(conversion)["carried"]
+    )
+
+
+def self_hosted_distillation(tmp_path: Path, *, url: str | None = None) -> dict:
+    """A v1.4 self_hosted_opd recipe: a student of 2 pods x 2 GPUs and a teacher of 1 x 3, each its own service."""
+    recipe = distillation_recipe(tmp_path, trainer="self_hosted_opd")
+    del recipe["service"]["tinker_service"], recipe["weight"]
+    student = {"identifier": "student", "role": "actor", "backend": "direct-zmq", "resource": {"world_size": 2, "gpus_per_pod": 2}}
+    teacher = {"identifier": "teacher", "role": "teacher", "backend": "direct-zmq", "resource": {"world_size": 1, "gpus_per_pod": 3}}
+    student["actor"], teacher["actor"] = (
+        {"model": {"path": "/models/student"}},
+        {"model": {"path": "/models/teacher"}, "optim": {"lr": 1e-6}},
+    )
+    if url is not None:
+        student["url"] = teacher["url"] = url
+    recipe["service"]["train_service"] = {"student": student, "teacher": teacher}
+    recipe["trainer"]["algorithm"] = {"distillation_coeff": 2.0}
+    return recipe
+
+
+def test_a_self_hosted_teacher_gets_its_own_ranks_and_its_training_settings_are_dropped(tmp_path: Path) -> None:
+    conversion = convert(tmp_path, self_hosted_distillation(tmp_path))
+    options = conversion.recipe["backend"]["options"]
+    assert (options["world_size"], options["teacher_world_size"]) == (4, 3)
+    assert conversion.recipe["teacher"] == {"model": "/models/teacher"}
+    assert conversion.recipe["model"]["name"] == "/models/student"
+    assert conversion.recipe["algorithm"]["advantage"]["options"]["kl_coef"] == 2.0
+    assert "service.train_service.teacher.actor.optim.lr" in dropped_keys(conversion), "the frozen teacher trains nothing"
+
+
+@pytest.mark.parametrize(
+    ("change", "refused", "says"),
+    [
+        ("url", "service.train_service.teacher.actor.model.path", "remove both services' url"),
+        ("two entries", "trainer.teachers", "one teacher, and this is 2"),
+        ("a checkpoint", "trainer.teachers", "export the checkpoint's weights"),
+        ("no teacher", "trainer.type", "the recipe names none"),
+        ("another backend", "service.train_service.teacher.config.model", "give both one backend"),
+        ("weaver", "service.train_service.teacher.config.model", "holds no teacher"),
+    ],
+)
+def test_a_teacher_nexrl_cannot_hold_is_refused_by_its_key(tmp_path: Path, change: str, refused: str, says: str) -> None:
+    recipe = self_hosted_distillation(tmp_path, url="http://10.0.0.1:8000") if change == "url" else distillation_recipe(tmp_path)
+    services = recipe["service"]["train_service"]
+    if change in ("two entries", "a checkpoint", "no teacher"):
+        del services["teacher"]
+        entries = {
+            "two entries": ["Qwen/Qwen3-8B", "Qwen/Qwen3-4B"],
+            "a checkpoint": [{"base_model": "Qwen/Qwen3-8B", "checkpoint": "tinker://x"}],
+        }
+        if change in entries:
+            recipe["trainer"]["teachers"] = entries[change]
+    elif change == "another backend":
+        services["teacher"]["backend"] = "weaver"
+    elif change == "weaver":
+        for service in services.values():
+            service["backend"] = "weaver"
+        recipe["service"]["weaver_service"] = recipe["service"].pop("tinker_service")
+        recipe["weight"]["sync_method"] = "weaver"
+    conversion = convert(tmp_path, recipe)
+    (line,) = [line for line in lines(conversion)["unsupported"] if line.startswith(refused + " = ")]
+    assert says in line
+    assert "teacher" not in conversion.recipe
+    assert conversion.recipe["algorithm"]["advantage"]["name"] == "grpo"
 
 
 def test_an_unknown_key_is_named(tmp_path: Path) -> None:

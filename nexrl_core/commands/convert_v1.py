@@ -101,7 +101,7 @@ def convert_v1(
     if conversion.unsupported and not drop_unsupported:
         count = len(conversion.unsupported)
         click.echo(
-            f"nexrl convert-v1: not converted: {count} key{'' if count == 1 else 's'} change training in a way NexRL cannot "
+            f"nexrl convert-v1: not converted: {count} key{'' if count == 1 else 's'} change{'s' if count == 1 else ''} training in a way NexRL cannot "
             "(listed under 'not supported'); pass --drop-unsupported to write the recipe without them",
             err=True,
         )

@@ -7,7 +7,8 @@ A v1 recipe comes in one of three shapes, brought here to one (`Shape`):
   ``training_config_path`` (its ``actor`` section);
 - ``v1``: ``service.train_service`` with those keys directly, resources under ``resource``;
 - ``v1.4``: ``service.train_service.<name>`` per model, each with ``role``, ``backend``,
-  ``resource`` and ``actor`` (workers) or ``config`` (a training API).
+  ``resource`` and ``actor`` (workers) or ``config`` (a training API); the one of
+  ``role: teacher`` (on-policy distillation's teacher) is written ``teacher_service.*``.
 
 Every key then goes through the table (`nexrl_core.v1.table`): a key the table lacks
 stops the conversion with the key named, before anything is written. Each key the
@@ -35,6 +36,8 @@ from nexrl_core.v1.table import ABSENT, Fate, KeyRule, KeyTable, Profile, key_ta
 __all__ = ["Carried", "Conversion", "Converter", "Note", "V1RecipeError", "convert_v1_recipe", "show"]
 
 TRAIN_SERVICE = "train_service"
+TEACHER_SERVICE = "teacher_service"
+"""Where v1.4's train service of ``role: teacher`` sits in the table's one shape."""
 
 
 @attrs.frozen
@@ -101,11 +104,15 @@ class Shape:
     """The written prefix of canonical ``train_service.`` keys."""
     actor_prefix: str | None = None
     """The written prefix of ``train_service.actor.`` keys when they live in another file."""
+    teacher_prefix: str | None = None
+    """The written prefix of ``teacher_service.`` keys (v1.4's service of role teacher)."""
 
     def written(self, key: str) -> str:
         """The key as this shape writes the canonical ``key``."""
         if self.actor_prefix is not None and key.startswith(f"{TRAIN_SERVICE}.actor."):
             return self.actor_prefix + key.removeprefix(f"{TRAIN_SERVICE}.actor.")
+        if self.teacher_prefix is not None and key.startswith(f"{TEACHER_SERVICE}."):
+            return self.teacher_prefix + key.removeprefix(f"{TEACHER_SERVICE}.")
         if key.startswith(f"{TRAIN_SERVICE}."):
             return self.prefix + key.removeprefix(f"{TRAIN_SERVICE}.")
         return key
@@ -140,7 +147,7 @@ class Shaped:
 
     shape: Shape
     keys: dict[str, Any]
-    """The recipe with the actor's train service under ``train_service``."""
+    """The recipe with the actor's train service under ``train_service`` (and a teacher's under ``teacher_service``)."""
     worker_file: dict[str, Any] = attrs.field(factory=dict)
     """The design documents' worker training-config file, by its path as the recipe names it."""
     others: list[Note] = attrs.field(factory=list)
@@ -171,18 +178,22 @@ def _shape(raw: dict[str, Any], recipe: Path) -> Shaped:
     if len(actors) != 1 or actors[0] not in nested:
         raise V1RecipeError(f"service.train_service: cannot tell which service is the actor (role actor: {actors or 'none'})")
     (actor,) = actors
-    others = [
-        Note(
-            f"service.train_service.{name}",
-            f"a second model (role {entry.get('role', '?') if isinstance(entry, dict) else '?'}) beside the actor, as on-policy "
-            "distillation uses, which the converter does not carry yet; instead: train the actor alone, or distil with teacher.model "
-            "and algorithm.advantage.name on_policy_distillation on backend inprocess (the teacher's model directory) or remote_api "
-            "(a model the service samples, with a holder that scores under it)",
-        )
-        for name, entry in service.items()
-        if name != actor
-    ]
-    return Shaped(Shape("v1.4", f"service.train_service.{actor}."), {**body, TRAIN_SERVICE: service[actor]}, others=others)
+    teachers = [name for name, entry in nested.items() if name != actor and entry.get("role") == "teacher"]
+    teacher = teachers[0] if teachers else None
+    others = [_beside_the_actor(name, entry, teacher) for name, entry in service.items() if name not in (actor, teacher)]
+    keys = {**body, TRAIN_SERVICE: service[actor]} | ({TEACHER_SERVICE: service[teacher]} if teacher else {})
+    shape = Shape("v1.4", f"service.train_service.{actor}.", teacher_prefix=f"service.train_service.{teacher}." if teacher else None)
+    return Shaped(shape, keys, others=others)
+
+
+def _beside_the_actor(name: str, entry: Any, teacher: str | None) -> Note:
+    """The not-supported line for a v1.4 train service that is neither the actor nor the teacher."""
+    role = entry.get("role", "?") if isinstance(entry, dict) else "?"
+    if role == "teacher":
+        why = f"a second teacher beside {teacher}; NexRL distils from one teacher; instead: keep the one to distil from"
+    else:
+        why = f"a second model (role {role}) beside the actor, which NexRL does not train in the same run; instead: train it in a run of its own"
+    return Note(f"service.train_service.{name}", why)
 
 
 def _leaves(shaped: Shaped, table: KeyTable) -> dict[str, Leaf]:

@@ -65,9 +65,17 @@ the one way they are brought to:
   file `training_config_path` names (its `actor.*` is `train_service.actor.*` below);
 - v1's: `service.train_service.*`, resources under `resource.*`;
 - v1.4's: `service.train_service.<name>.*` per model, with `role`, `backend`, `resource`
-  and `actor` or `config`; the `role: actor` service is converted, any other (a
-  distillation teacher) is reported as not supported (the converter does not carry a
-  teacher yet), naming `teacher.model` and `on_policy_distillation` instead.
+  and `actor` or `config`; the `role: actor` service is the student, the one of
+  `role: teacher` is written `teacher_service.*` below, and any other is reported as not
+  supported.
+
+Under v1's distillation trainers (`remote_api_opd`, `self_hosted_opd`) the teacher,
+from `trainer.teachers` (one entry: a model name, or a mapping with `base_model`) or
+from the `role: teacher` service, becomes `teacher.model` (and, on self-hosted workers,
+`backend.options.teacher_world_size` from its resources), and the advantage becomes
+`on_policy_distillation` with `task_advantage: none`, as v1's advantage was the
+teacher's reverse KL alone. Under any other trainer v1 read no teacher, so its keys are
+dropped.
 
 A key ending in `.*` stands for every key under it.
 """
@@ -129,7 +137,8 @@ def _what(rule: KeyRule, profiles: tuple[Profile, ...]) -> str:
         return f"not supported: {rule.why}; instead: {rule.instead}{inert}"
     note = f": {rule.why}." if rule.why else "."
     values = " Values: " + ", ".join(f"{_value(old)} -> {_value(new)}" for old, new in rule.values.items()) + "." if rule.values else ""
-    return f"carried{note}{values}{default}{_kinds(rule, profiles)}"
+    verb = "read" if rule.fate is Fate.RULE and not rule.new else "carried"
+    return f"{verb}{note}{values}{default}{_kinds(rule, profiles)}"
 
 
 def _launch_lines() -> list[str]:

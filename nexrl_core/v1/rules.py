@@ -16,21 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from nexrl_core.config.env_refs import env_refs, is_single_ref
-from nexrl_core.v1.convert import Converter, show
+from nexrl_core.v1.convert import TRAIN_SERVICE, Converter, show
+from nexrl_core.v1.distillation import distillation, names_a_teacher, opd_trainer
+from nexrl_core.v1.reading import number, ranks
 from nexrl_core.v1.table import ABSENT
 
 __all__ = ["RULES"]
 
 ACTOR = "train_service.actor."
-
-
-def _number(converter: Converter, v1: str, value: Any) -> float | None:
-    """``value`` as a number, or None after a not-supported line (an environment reference,
-    say, which only the run resolves)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    converter.refuse(v1, f"the conversion needs a number here to compute from, got {value!r}", "write the number in the v1 recipe")
-    return None
 
 
 def run_dir(converter: Converter) -> None:
@@ -52,12 +45,18 @@ def backend(converter: Converter) -> None:
     v1_trainer = converter.value("trainer.type")
     if v1_trainer is ABSENT or v1_trainer == trainer:
         converter.carry("trainer.type", {"backend.options.trainer": trainer})
-    elif str(v1_trainer).endswith("_opd"):
+    elif opd_trainer(converter) and names_a_teacher(converter):
+        converter.carry(
+            "trainer.type",
+            {"backend.options.trainer": trainer},
+            note=f"v1's {v1_trainer} is {trainer} with teacher.model and the on_policy_distillation estimator",
+        )
+    elif opd_trainer(converter):
         converter.refuse(
             "trainer.type",
-            f"v1's {v1_trainer} trainer distils from a teacher, whose keys the converter does not carry yet",
-            f"distil with {trainer}, teacher.model and algorithm.advantage.name on_policy_distillation, on backend inprocess "
-            "or remote_api (with a holder that scores under a teacher)",
+            f"v1's {v1_trainer} trainer distils from a teacher, and the recipe names none (trainer.teachers, or a train service "
+            "of role teacher)",
+            f"name the teacher, or train with {trainer}",
         )
     else:
         converter.refuse(
@@ -124,25 +123,8 @@ def lora(converter: Converter) -> None:
 
 
 def world_size(converter: Converter) -> None:
-    """Ranks: ``world_size``, or v1.4's pods times GPUs per pod."""
-    if converter.kind != "workers":
-        return
-    flat, pods, gpus = (converter.value(f"train_service.{key}") for key in ("world_size", "resource.world_size", "resource.gpus_per_pod"))
-    if pods is not ABSENT or gpus is not ABSENT:
-        pods, gpus = (1 if value is ABSENT else value for value in (pods, gpus))
-        total = (
-            _number(converter, "train_service.resource.world_size", pods),
-            _number(converter, "train_service.resource.gpus_per_pod", gpus),
-        )
-        if None in total:
-            return
-        ranks = int(total[0] * total[1])  # type: ignore[operator]
-        for key in ("train_service.resource.world_size", "train_service.resource.gpus_per_pod"):
-            if converter.present(key):
-                converter.carry(key, {"backend.options.world_size": ranks}, note="pods x GPUs per pod")
-        converter.drop("train_service.world_size", "v1.4 read the pods and GPUs per pod under resource instead")
-    elif flat is not ABSENT:
-        converter.carry("train_service.world_size", {"backend.options.world_size": flat})
+    """The student's ranks."""
+    ranks(converter, TRAIN_SERVICE, "backend.options.world_size")
 
 
 def op_timeout(converter: Converter) -> None:
@@ -150,9 +132,9 @@ def op_timeout(converter: Converter) -> None:
     value = converter.value("train_service.config.zmq_recv_timeout_ms")
     if value is ABSENT:
         return
-    number = _number(converter, "train_service.config.zmq_recv_timeout_ms", value)
-    if number is not None:
-        converter.carry("train_service.config.zmq_recv_timeout_ms", {"backend.options.op_timeout_s": number / 1000})
+    milliseconds = number(converter, "train_service.config.zmq_recv_timeout_ms", value)
+    if milliseconds is not None:
+        converter.carry("train_service.config.zmq_recv_timeout_ms", {"backend.options.op_timeout_s": milliseconds / 1000})
 
 
 def model_path(converter: Converter) -> None:
@@ -230,7 +212,7 @@ def prompt_limit(converter: Converter) -> None:
         converter.drop("data.max_prompt_length", "read only with data.filter_prompts true")
     if converter.present("rollout_worker.max_prompt_length"):
         sources.append(("rollout_worker.max_prompt_length", converter.value("rollout_worker.max_prompt_length")))
-    numbers = [(key, number) for key, value in sources if (number := _number(converter, key, value)) is not None]
+    numbers = [(key, found) for key, value in sources if (found := number(converter, key, value)) is not None]
     if not numbers:
         converter.drop("data.filter_prompts", "no prompt limit to filter by" if filtering else "false: v1's loader kept long prompts")
         return
@@ -248,7 +230,7 @@ def sequence_limit(converter: Converter) -> None:
     key = "rollout_worker.max_sequence_length"
     if not converter.present(key):
         return
-    limit = _number(converter, key, converter.value(key))
+    limit = number(converter, key, converter.value(key))
     if limit is None:
         return
     prompt, reply = converter.output("rollout.max_prompt_tokens"), converter.output("rollout.max_tokens")
@@ -601,7 +583,7 @@ def warmup(converter: Converter) -> None:
     if converter.kind != "workers":
         return
     ratio_key, total_key, style_key = (f"{ACTOR}optim.{name}" for name in ("lr_warmup_steps_ratio", "total_training_steps", "warmup_style"))
-    ratio = _number(converter, ratio_key, converter.value(ratio_key))
+    ratio = number(converter, ratio_key, converter.value(ratio_key))
     if ratio is not None:
         total = converter.value(total_key)
         if ratio == 0:
@@ -640,7 +622,7 @@ def mini_batches(converter: Converter) -> None:
     key = f"{ACTOR}ppo_mini_batch_size"
     if converter.value(key) is ABSENT:
         return
-    size = _number(converter, key, converter.value(key))
+    size = number(converter, key, converter.value(key))
     prompts = converter.output("rollout.prompts_per_step")
     if size is None:
         return
@@ -680,7 +662,7 @@ def micro_batches(converter: Converter) -> None:
         return
     if not converter.present(global_key):
         return
-    rows = _number(converter, global_key, converter.value(global_key))
+    rows = number(converter, global_key, converter.value(global_key))
     if rows is None:
         return
     ranks = converter.output("backend.options.world_size")
@@ -702,6 +684,7 @@ RULES: dict[str, Callable[[Converter], None]] = {
         api_key,
         lora,
         world_size,
+        distillation,
         op_timeout,
         model_path,
         data_files,

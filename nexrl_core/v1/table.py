@@ -127,6 +127,8 @@ class Profile:
     """How the service reduces the loss over tokens."""
     unsent: dict[str, Any] = attrs.field(factory=dict)
     """v1 keys v1 accepted and never sent to this service -> the value the service used."""
+    holds_teacher: bool = True
+    """Whether the converted backend holds a distillation teacher (``teacher.model``)."""
 
 
 @attrs.frozen(kw_only=True)
