@@ -125,6 +125,7 @@ def test_bad_targets_are_refused_with_what_to_do(tmp_path: Path) -> None:
         ([str(recipe)], 2, "task: no held-out items to evaluate on"),
         ([str(recipe), "--data", "missing.jsonl"], 2, "task.val_data_path: cannot read 'missing.jsonl'"),
         ([str(recipe), "--samples", "0"], 2, "--samples"),
+        ([str(recipe), "--teacher"], 1, "--teacher scores the recipe's teacher.model, and the recipe sets none"),
     ]
     for arguments, status, message in cases:
         done = nexrl_eval(*arguments, cwd=tmp_path)
@@ -197,6 +198,16 @@ def test_eval_reproduces_the_runs_validation_for_the_same_weights(tmp_path: Path
         assert [item["rewards"][0] for item in several["per_item"]] == [item["rewards"][0] for item in base["per_item"]]
         assert set(several["pass_at_k"]) == {"pass@1", "pass@2", "pass@3"}
         assert several["pass_at_k"]["pass@3"] >= several["pass_at_k"]["pass@1"]
+
+        distil = ["teacher.model=nexrl-tiny", "algorithm.advantage.name=on_policy_distillation"]
+        out = run_dir / "eval-test" / "side.json"
+        done = nexrl_eval(str(run_dir), *distil, "--teacher", "--out", str(out), cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        beside = json.loads(out.read_text()), json.loads(out.with_name("side-teacher.json").read_text())
+        scored = [{key: report["metrics"][key] for key in first} for report in beside]
+        assert scored == [last, first], "the student (the run's final model) and its teacher (the base model), each as alone"
+        (line,) = [line for line in done.stdout.splitlines() if "mean reward" in line]
+        assert [f"{report['reward_mean']:.4f}" in line for report in beside] == [True, True], "side by side in one table"
 
     checkpoint = eval_report(run_dir, "checkpoint", "--step", str(STEPS))
     assert {key: checkpoint["metrics"][key] for key in last} == last

@@ -12,6 +12,8 @@ from nexrl_core.config import ConfigError, TrainConfig, load_config
 from nexrl_core.http.serving import ServiceStartError
 from nexrl_core.run.evaluation import EVAL_DIR, ModelChoice
 
+TEACHER_LABEL = "teacher"
+
 
 @attrs.frozen(kw_only=True)
 class EvalTarget:
@@ -50,9 +52,7 @@ def choose_model(target: EvalTarget, config: TrainConfig, model: str | None, ste
     from nexrl_core.training.model_export import FINAL_MODEL_DIR
 
     if model is not None:
-        local = Path(model).expanduser()
-        name = str(local.resolve()) if local.is_dir() else model
-        return ModelChoice(label=f"model-{local.name or 'root'}", description=name, model_dir=name)
+        return named_model(model, label=f"model-{Path(model).expanduser().name or 'root'}")
     if step is not None:
         if target.run_dir is None:
             raise TrainingError("--step picks a checkpoint of a run: pass the run's output directory, not a recipe")
@@ -79,6 +79,30 @@ def choose_model(target: EvalTarget, config: TrainConfig, model: str | None, ste
     return ModelChoice(label="base", description=f"base model {config.model.name}")
 
 
+def named_model(model: str, *, label: str) -> ModelChoice:
+    """A Hugging Face directory (by its absolute path) or a name the backend knows."""
+    local = Path(model).expanduser()
+    name = str(local.resolve()) if local.is_dir() else model
+    return ModelChoice(label=label, description=name, model_dir=name)
+
+
+def teacher_model(config: TrainConfig) -> ModelChoice:
+    """The recipe's ``teacher.model``, for ``--teacher``.
+
+    :raises TrainingError: when the recipe has no teacher.
+    """
+    from nexrl_core.run.state import TrainingError
+
+    if config.teacher.model is None:
+        raise TrainingError("--teacher scores the recipe's teacher.model, and the recipe sets none; set teacher.model=DIR")
+    return named_model(config.teacher.model, label=TEACHER_LABEL)
+
+
+def teacher_report_path(model_report: Path) -> Path:
+    """The teacher's report, beside the model's: ``<model report>-teacher.json``."""
+    return model_report.with_name(f"{model_report.stem}-{TEACHER_LABEL}{model_report.suffix}")
+
+
 def default_report_path(target: EvalTarget, config: TrainConfig, choice: ModelChoice, data: str | None, samples: int) -> Path:
     """``<run or output.dir>/eval/<model>[-<data>][-samples<K>].json``, so different evaluations keep their reports."""
     base = target.run_dir if target.run_dir is not None else Path(config.output.dir)
@@ -99,6 +123,11 @@ def default_report_path(target: EvalTarget, config: TrainConfig, choice: ModelCh
 )
 @click.option("--pass-reward", type=float, default=1.0, show_default=True, help="A sample passes when its reward is at least this.")
 @click.option(
+    "--teacher",
+    is_flag=True,
+    help="Also score the recipe's teacher.model on the same items, printed beside the model (its report: <report>-teacher.json).",
+)
+@click.option(
     "--out",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
@@ -114,6 +143,7 @@ def eval_command(
     samples: int,
     data: str | None,
     pass_reward: float,
+    teacher: bool,
     out: Path | None,
 ) -> None:
     """Score a model on the held-out items of RECIPE_OR_RUN's task, without training.
@@ -123,7 +153,8 @@ def eval_command(
     recipe's base model. Items, agent, backend, seed and rollout.val_temperature come
     from the recipe (KEY=VALUE overrides it), so the final model of a run scores what
     the run's last validation logged. Prints a table and writes a JSON report: mean
-    reward, pass@k (unbiased), response tokens per sample, seconds per item.
+    reward, pass@k (unbiased), response tokens per sample, seconds per item. With
+    --teacher, a distillation run's teacher is scored too, side by side with the student.
     """
     from rich.console import Console
     from rich.table import Table
@@ -142,18 +173,25 @@ def eval_command(
         config = load_config(target.recipe, list(overrides))
         if data is not None:
             config = attrs.evolve(config, task=attrs.evolve(config.task, val_data_path=data))
-        choice = choose_model(target, config, model, step)
-        report = evaluate(config, choice, samples=samples, pass_reward=pass_reward, recipe_dir=target.recipe_dir, recipe=str(target.recipe))
+        choices = [choose_model(target, config, model, step)] + ([teacher_model(config)] if teacher else [])
+        reports = [
+            evaluate(config, choice, samples=samples, pass_reward=pass_reward, recipe_dir=target.recipe_dir, recipe=str(target.recipe))
+            for choice in choices
+        ]
     except (ConfigError, ServiceStartError) as error:
         click.echo(str(error), err=True)
         ctx.exit(USAGE_ERROR_EXIT_CODE)
     except (TrainingError, RolloutError, RegistryError) as error:
         raise click.ClickException(str(error)) from error
-    written = write_report(report, out if out is not None else default_report_path(target, config, choice, data, samples))
-    table = Table(title="nexrl eval", show_header=False)
+    first = out if out is not None else default_report_path(target, config, choices[0], data, samples)
+    paths = [first, teacher_report_path(first)][: len(reports)]
+    written = [write_report(report, path) for report, path in zip(reports, paths, strict=True)]
+    table = Table(title="nexrl eval", show_header=teacher)
     table.add_column("what")
-    table.add_column("value")
-    for what, value in report_rows(report):
-        table.add_row(what, value)
+    for choice in choices:
+        table.add_column(choice.label)
+    for rows in zip(*(report_rows(report) for report in reports), strict=True):
+        table.add_row(rows[0][0], *(value for _, value in rows))
     Console().print(table)
-    click.echo(f"report: {written}")
+    for path in written:
+        click.echo(f"report: {path}")
