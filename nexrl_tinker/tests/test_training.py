@@ -79,6 +79,35 @@ def test_sft_halves_the_loss_and_new_sampler_sees_it(service_client) -> None:
     assert correct >= len(PROBLEMS) - 2
 
 
+def _train(training, data: list[types.Datum], steps: int) -> None:
+    for _ in range(steps):
+        training.forward_backward(data, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=2e-3)).result(timeout=120)
+
+
+def test_inflight_samplers_take_each_later_inflight_save_and_snapshots_keep_theirs(service_client) -> None:
+    """Tinker's inflight contract: every inflight sampling client of a training model
+    samples from its newest inflight save, clients made before it included; a snapshot
+    client, and a later snapshot save, move nothing else."""
+    training = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=16, seed=2).result(timeout=120)
+    data, _, _ = build_data(training.get_tokenizer())
+    first = training.save_weights_and_get_sampling_client(kind="inflight").result(timeout=120)
+    snapshot = training.save_weights_and_get_sampling_client().result(timeout=120)
+    before = target_logprob(first, data[0])
+    _train(training, data, 3)
+    second = training.save_weights_and_get_sampling_client(kind="inflight").result(timeout=120)
+    moved = target_logprob(second, data[0])
+    assert moved > before + 1, "three steps toward the taught answer raise its logprob"
+    assert target_logprob(first, data[0]) == pytest.approx(moved, abs=1e-4), "the first inflight client took the second save"
+    assert target_logprob(snapshot, data[0]) == pytest.approx(before, abs=1e-4), "a snapshot keeps its weights"
+    _train(training, data, 1)
+    later = training.save_weights_and_get_sampling_client().result(timeout=120)
+    assert target_logprob(later, data[0]) > moved
+    assert [target_logprob(client, data[0]) for client in (first, second)] == pytest.approx([moved, moved], abs=1e-4), (
+        "a snapshot save moves no inflight client"
+    )
+
+
 def _datum(tokens: list[int]) -> types.Datum:
     return types.Datum(
         model_input=types.ModelInput.from_ints(tokens[:-1]),

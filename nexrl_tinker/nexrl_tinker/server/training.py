@@ -43,6 +43,10 @@ from nexrl_tinker.server.schemas import (
 
 __all__ = ["TrainingService", "normalise_metrics"]
 
+SAMPLER_KINDS = ("snapshot", "inflight")
+"""A sampler save's kinds (the SDK's ``SamplingClientKind``): fixed weights, or the model's
+mutable inflight target, which every later inflight save moves for every inflight session."""
+
 
 def normalise_metrics(metrics: Mapping[str, float], default_reduction: str = "mean") -> dict[str, float]:
     """Every key as ``name:reduction`` with exactly one colon: the SDK splits on it to
@@ -259,6 +263,12 @@ class TrainingService:
             model = self.ops.usable_model(owner, body.model_id)
             if body.path is None and body.sampling_session_seq_id is None:
                 raise BadRequest("save_weights_for_sampler needs a 'path' (a name) or a 'sampling_session_seq_id'")
+            if body.kind not in SAMPLER_KINDS:
+                raise BadRequest(f"save_weights_for_sampler kind {body.kind!r}: one of {', '.join(SAMPLER_KINDS)}")
+            if body.kind == "inflight" and body.path is not None:
+                raise BadRequest(
+                    "an inflight save names no path: it rebinds the model's inflight sampling sessions (give sampling_session_seq_id)"
+                )
 
         def prepare() -> Callable[[], Outcome]:
             if body.path is not None:
@@ -279,7 +289,7 @@ class TrainingService:
 
             def run_ephemeral() -> Outcome:
                 sampler_id = new_sampler_id(model.session_id, seq)
-                self.ops.ephemeral_sampler(model, seq, sampler_id)
+                self.ops.ephemeral_sampler(model, seq, sampler_id, inflight=body.kind == "inflight")
                 return Outcome.json({"path": None, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
             return run_ephemeral

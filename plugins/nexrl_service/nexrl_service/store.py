@@ -148,7 +148,8 @@ class ModelRow(Base):
 
 
 class SamplerRow(Base):
-    """A sampling session, numbered ``seq`` within its session and bound to fixed weights."""
+    """A sampling session, numbered ``seq`` within its session and bound to fixed weights,
+    or, ``inflight``, to its training run's newest inflight save."""
 
     __tablename__ = "samplers"
 
@@ -167,6 +168,9 @@ class SamplerRow(Base):
     weights_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     ephemeral: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
+    inflight: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether each later inflight save of its training run rebinds it (Tinker's
+    ``kind="inflight"``): its weights are the newest inflight save's, never older than its own."""
 
 
 class FutureRow(Base):
@@ -470,6 +474,17 @@ class Store:
                     .order_by(SamplerRow.created_at)
                 )
             )
+
+    def rebind_inflight_samplers(self, model_id: str, weights_dir: str) -> list[str]:
+        """Bind every inflight sampler of ``model_id`` to ``weights_dir``; the directories they left."""
+        with self.tx() as s:
+            rows = list(s.scalars(select(SamplerRow).where(SamplerRow.model_id == model_id, SamplerRow.inflight.is_(True))))
+            left = sorted({row.weights_dir for row in rows if row.weights_dir and row.weights_dir != weights_dir})
+            s.execute(
+                update(SamplerRow).where(SamplerRow.model_id == model_id, SamplerRow.inflight.is_(True)).values(weights_dir=weights_dir)
+            )
+        self._forget(SamplerRow, *(row.sampler_id for row in rows))
+        return left
 
     def delete_samplers(self, sampler_ids: Sequence[str]) -> None:
         if not sampler_ids:

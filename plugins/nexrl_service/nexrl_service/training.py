@@ -453,9 +453,13 @@ class TrainingOps:
                 self.state.store.update_model(model.model_id, state_dir=str(directory))
             self.state.forget_checkpoint_files(replaced)
 
-    def ephemeral_sampler(self, model: ModelRow, seq: int, sampler_id: str) -> None:
+    def ephemeral_sampler(self, model: ModelRow, seq: int, sampler_id: str, *, inflight: bool = False) -> None:
         """Snapshot the trainable weights and bind the new sampling session ``sampler_id``
-        to them; only the newest ``ephemeral_keep`` snapshots of a model are kept."""
+        to them; only the newest ``ephemeral_keep`` snapshots of a model are kept.
+
+        An ``inflight`` save also rebinds the model's earlier inflight sessions to the
+        new snapshot, whose predecessor is then removed: every inflight session samples
+        from the newest inflight save, never from older weights than at its creation."""
         engine = self.engine_for(model.model_id)
         directory = self.state.files.ephemeral_dir(model.model_id, sampler_id)
         engine.save_state(directory, include_optimizer=False)
@@ -474,15 +478,22 @@ class TrainingOps:
                 weights_kind="state",
                 weights_dir=str(directory),
                 ephemeral=True,
+                inflight=inflight,
                 created_at=time.time(),
             )
         )
+        if inflight:
+            self._forget_weights(self.state.store.rebind_inflight_samplers(model.model_id, str(directory)))
         keep = self.state.settings.ephemeral_keep
-        old = self.state.store.ephemeral_samplers_of_model(model.model_id)[:-keep] if keep > 0 else []
-        for sampler in old:
-            self.state.engines.forget_sampler(sampler.weights_dir or "")
-            self.state.files.remove(sampler.weights_dir)
+        snapshots = [sampler for sampler in self.state.store.ephemeral_samplers_of_model(model.model_id) if not sampler.inflight]
+        old = snapshots[:-keep] if keep > 0 else []
+        self._forget_weights([sampler.weights_dir or "" for sampler in old])
         self.state.store.delete_samplers([s.sampler_id for s in old])
+
+    def _forget_weights(self, directories: list[str]) -> None:
+        for directory in directories:
+            self.state.engines.forget_sampler(directory)
+            self.state.files.remove(directory)
 
     def load_state(self, model: ModelRow, checkpoint: CheckpointRow, load_optimizer: bool) -> None:
         """Load ``checkpoint`` into the model's engine; it becomes the model's last state."""

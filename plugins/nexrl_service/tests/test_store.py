@@ -171,8 +171,9 @@ def test_checkpoints_replace_and_expire(url: str) -> None:
 
 
 def test_a_database_from_before_the_newer_columns_gets_them(url: str) -> None:
-    """A data directory an older release made (no ``checkpoints.public``, no ``copied_by``)
-    opens, and its checkpoints read as private and not copied."""
+    """A data directory an older release made (no ``checkpoints.public``, no ``copied_by``,
+    no ``samplers.inflight``) opens, its checkpoints read as private and not copied and its
+    samplers as snapshots."""
     from sqlalchemy import create_engine, text
 
     store = Store(url)
@@ -180,6 +181,9 @@ def test_a_database_from_before_the_newer_columns_gets_them(url: str) -> None:
         store.add_session(_session())
         store.add_model(_model())
         store.put_checkpoint(_checkpoint("scheme://m1/weights/a", "/data/a"))
+        store.add_sampler(
+            SamplerRow(sampler_id="sp1", session_id="s1", seq=0, owner="o1", base_model="nexrl-tiny", weights_kind="base", created_at=0.0)
+        )
     finally:
         store.close()
     engine = create_engine(url)
@@ -187,9 +191,11 @@ def test_a_database_from_before_the_newer_columns_gets_them(url: str) -> None:
         connection.execute(text("DROP INDEX ix_checkpoints_copied_by"))
         connection.execute(text("ALTER TABLE checkpoints DROP COLUMN copied_by"))
         connection.execute(text("ALTER TABLE checkpoints DROP COLUMN public"))
+        connection.execute(text("ALTER TABLE samplers DROP COLUMN inflight"))
     engine.dispose()
     store = Store(url)
     try:
+        assert store.get_sampler("sp1").inflight is False
         row = store.get_checkpoint("scheme://m1/weights/a")
         assert row is not None and row.public is False and row.copied_by is None
         assert store.update_checkpoint(row.path, public=True, copied_by="k").public is True
