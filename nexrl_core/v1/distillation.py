@@ -77,12 +77,8 @@ def _listed_model(converter: Converter) -> tuple[str | None, str]:
 
 def _placement_problem(converter: Converter) -> str:
     """Why the converted backend cannot hold this teacher, or ''."""
-    profile = converter.profile
-    if not profile.holds_teacher:
-        return (
-            f"NexRL's holder for {profile.about} holds no teacher; instead: distil on the Tinker API (v1 backend tinker) or "
-            "in-process (backend inprocess, a local Hugging Face directory)"
-        )
+    if converter.profile.no_teacher:
+        return converter.profile.no_teacher
     student, teacher = converter.value(f"{TRAIN_SERVICE}.backend"), converter.value(f"{TEACHER_SERVICE}.backend")
     if teacher is not ABSENT and teacher != student:
         return f"the teacher's backend is {teacher} and the student's {student}; NexRL holds both on the student's; instead: give both one backend"

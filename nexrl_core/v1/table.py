@@ -127,8 +127,9 @@ class Profile:
     """How the service reduces the loss over tokens."""
     unsent: dict[str, Any] = attrs.field(factory=dict)
     """v1 keys v1 accepted and never sent to this service -> the value the service used."""
-    holds_teacher: bool = True
-    """Whether the converted backend holds a distillation teacher (``teacher.model``)."""
+    no_teacher: str | None = None
+    """Why the converted backend holds no distillation teacher (``teacher.model``), and,
+    after ``; instead: ``, what to do; None where it holds one."""
 
 
 @attrs.frozen(kw_only=True)
