@@ -137,6 +137,27 @@ class PreferenceDatasetBuilder(ChatDatasetBuilder):
         return PreferenceDataset(self.batches), None
 
 
+def rl_config(base_url: str, log_path: Path, **changes: Any) -> train.Config:
+    """The cookbook's RL loop on the addition problems (LoRA rank 8, 2 steps), with ``changes``."""
+    tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
+    settings: dict[str, Any] = {
+        "learning_rate": 1e-4,
+        "dataset_builder": AdditionDatasetBuilder(),
+        "model_name": BASE_MODEL,
+        "recipe_name": "nexrl_tinker_test",
+        "renderer_name": RENDERER,
+        "max_tokens": 8,
+        "log_path": str(log_path),
+        "eval_every": 0,
+        "save_every": 0,
+        "lora_rank": 8,
+        "base_url": base_url,
+        "max_steps": 2,
+        "num_groups_to_log": 0,
+    }
+    return train.Config(**{**settings, **changes})
+
+
 @pytest.fixture(scope="module")
 def group_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A service that trains each model on a worker group of two ranks (``--workers 2``)."""
@@ -152,24 +173,8 @@ def group_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_cookbook_rl_train_main_runs_three_steps(served_on: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The cookbook's RL loop (LoRA rank 8) on the in-process engine and on 2-rank groups."""
     base_url = request.getfixturevalue("base_url" if served_on == "engine" else "group_base_url")
-    tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
     log_path = tmp_path / "run"
-    config = train.Config(
-        learning_rate=1e-4,
-        dataset_builder=AdditionDatasetBuilder(),
-        model_name=BASE_MODEL,
-        recipe_name="nexrl_tinker_test",
-        renderer_name=RENDERER,
-        max_tokens=8,
-        log_path=str(log_path),
-        eval_every=0,
-        save_every=2,
-        lora_rank=8,
-        base_url=base_url,
-        max_steps=3,
-        num_groups_to_log=0,
-    )
-    asyncio.run(train.main(config))
+    asyncio.run(train.main(rl_config(base_url, log_path, save_every=2, max_steps=3)))
 
     metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = sorted({m["step"] for m in metrics if "step" in m})
@@ -184,39 +189,20 @@ def test_cookbook_rl_train_main_runs_three_steps(served_on: str, request: pytest
     assert final["state_path"].startswith("tinker://") and "/weights/" in final["state_path"]
 
 
-def async_rl_config(base_url: str, log_path: Path, async_config: train.AsyncConfig) -> train.Config:
-    tokenizer_utils.register_tokenizer(BASE_MODEL, _tiny_tokenizer)
-    return train.Config(
-        learning_rate=1e-4,
-        dataset_builder=AdditionDatasetBuilder(batches=4),
-        model_name=BASE_MODEL,
-        recipe_name="nexrl_tinker_test",
-        renderer_name=RENDERER,
-        max_tokens=8,
-        log_path=str(log_path),
-        eval_every=0,
-        save_every=0,
-        lora_rank=8,
-        base_url=base_url,
-        max_steps=2,
-        num_groups_to_log=0,
-        async_config=async_config,
-    )
-
-
 @pytest.mark.slow
 def test_cookbook_async_rl_trains_with_ppo_and_refuses_its_default_loss_in_words(base_url: str, tmp_path: Path) -> None:
     """The cookbook's async RL (sampling a step ahead of training) with ``loss_fn="ppo"``
     trains its steps; with ``AsyncConfig``'s default, ``stable_reinforce``, whose objective
     Tinker has not published, the first sample is refused with a 400 that says so."""
     ahead = train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2, loss_fn="ppo")
-    asyncio.run(train.main(async_rl_config(base_url, tmp_path / "ppo", ahead)))
+    asyncio.run(train.main(rl_config(base_url, tmp_path / "ppo", dataset_builder=AdditionDatasetBuilder(batches=4), async_config=ahead)))
     metrics = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert sorted({m["step"] for m in metrics if "step" in m})[:2] == [0, 1], metrics
 
     default = train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=2)
     with pytest.raises(Exception, match="record_stability_info is for the 'stable_reinforce' loss"):
-        asyncio.run(asyncio.wait_for(train.main(async_rl_config(base_url, tmp_path / "default", default)), timeout=300))
+        config = rl_config(base_url, tmp_path / "default", dataset_builder=AdditionDatasetBuilder(batches=4), async_config=default)
+        asyncio.run(asyncio.wait_for(train.main(config), timeout=300))
 
 
 def test_cookbook_train_dpo_main_lowers_the_dpo_loss(base_url: str, tmp_path: Path) -> None:
