@@ -95,11 +95,15 @@ def test_the_teacher_is_listed_as_sampleable_and_cannot_be_trained(teacher_servi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1], ids=["engine", "worker group"])
 def test_a_distillation_step_on_the_embedded_service_trains_on_the_teachers_scores(
-    tmp_path: Path, teacher_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, teacher_dir: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
     """Each datum's advantage on a trained token is ``-COEF * (sampler logprob - teacher
-    logprob)`` of that token, the teacher scored by the run's own embedded service."""
+    logprob)`` of that token, the teacher scored by the run's own embedded service, whether
+    the student trains in the service's process or on a worker group of its own
+    (``backend.options.workers``): the teacher, never trained, is served by the service's
+    sampler beside the student's sampling sessions, wherever the student's group is placed."""
     received: list[Any] = []
     train = TinkerServiceHolder.train
     monkeypatch.setattr(TinkerServiceHolder, "train", lambda self, datums, config: received.extend(datums) or train(self, datums, config))
@@ -109,12 +113,14 @@ def test_a_distillation_step_on_the_embedded_service_trains_on_the_teachers_scor
             [
                 f"output.dir={tmp_path / 'run'}", f"teacher.model={teacher_dir}", "algorithm.advantage.name=on_policy_distillation",
                 f"algorithm.advantage.options.kl_coef={COEF}", "schedule.steps=1", "schedule.validate_every=0",
-                "rollout.prompts_per_step=2", "rollout.group_size=2", "output.sinks=[]",
+                "rollout.prompts_per_step=2", "rollout.group_size=2", "output.sinks=[]", f"backend.options.workers={workers}",
             ],
         )  # fmt: skip
     run_training(config, progress_bar=False)
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["teacher/reverse_kl"] > 0 and row["train/grad_norm"] > 0
+    groups = list((tmp_path / "run" / "backend" / "service" / "workers").glob("*.log"))
+    assert len(groups) == workers, "the student trained on a worker group exactly when asked to"
     assert len(received) == 4
     for datum in received:
         sequence = list(datum.input_tokens) + [datum.target_tokens[-1]]
