@@ -128,7 +128,7 @@ def test_a_model_name_that_is_not_org_slash_name_is_refused_before_start(name: s
 
 
 HOLDER = r"""
-import json, sys, time
+import json, os, sys, time
 import transformers  # imported before the clock starts: 4-15 s on a loaded machine
 from nexrl_remote_api.testing import TINY
 from nexrl_tinker.holder import TinkerServiceHolder
@@ -141,6 +141,8 @@ began = time.monotonic()
 tokens = list(holder._service_tokenizer().encode(text, add_special_tokens=False))
 print(json.dumps({"seconds": time.monotonic() - began, "tokens": tokens}))
 holder.close()
+sys.stdout.flush()
+os._exit(0)  # past the interpreter's teardown, where the SDK's native threads once aborted the process (SIGABRT) after it had answered
 """
 
 
